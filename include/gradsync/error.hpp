@@ -1,0 +1,46 @@
+// gradsync: the exceptions a user can meet. Every one derives from gradsync::Error.
+#pragma once
+
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+namespace gradsync {
+
+/// Base of every gradsync exception; what() names the tensor, group and ranks involved.
+class Error : public std::runtime_error {
+ public:
+  explicit Error(const std::string& what) : std::runtime_error("gradsync: " + what) {}
+};
+
+/// Ranks disagree on the data-parallel registrations or the options that shape the exchange.
+class MismatchError : public Error {
+ public:
+  using Error::Error;
+};
+
+/// A collective did not complete within Options::stall_timeout.
+class StallError : public Error {
+ public:
+  using Error::Error;
+};
+
+/// A malformed option or GRADSYNC_* environment variable.
+class ConfigError : public Error {
+ public:
+  using Error::Error;
+};
+
+namespace impl {
+
+// Builds a message from streamable pieces: throw Error(impl::cat("tensor ", name, ...)).
+template <class... Args>
+std::string cat(Args&&... args) {
+  std::ostringstream os;
+  (os << ... << std::forward<Args>(args));
+  return os.str();
+}
+
+}  // namespace impl
+}  // namespace gradsync

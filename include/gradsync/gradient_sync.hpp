@@ -1,0 +1,343 @@
+// gradsync: GradientSync, the fused synchronization of a model's gradients.
+//
+// Data-parallel groups are packed into a persistent fusion buffer in the tensors' own memory space,
+// reduced chunk by chunk by the backend, and unpacked with every scale factor folded into one
+// multiplication. Local groups never enter the buffer; their scale is applied in place.
+#pragma once
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "config.hpp"
+#include "error.hpp"
+#include "impl/demangle.hpp"
+#include "impl/fusion_kernels.hpp"
+#include "local_var_policy.hpp"
+#include "options.hpp"
+#include "stats.hpp"
+#include "tensor_traits.hpp"
+
+namespace gradsync {
+namespace impl {
+
+// Largest element count of one fused chunk, whatever the threshold: one backend call must fit an
+// int count. A variable so tests can exercise the split on small tensors.
+inline std::size_t& max_chunk_elements() {
+  static std::size_t n = std::size_t(INT_MAX);
+  return n;
+}
+
+// Segments are split at this length so one team never serializes a huge tensor on a GPU.
+inline constexpr std::int64_t max_segment_elements = std::int64_t(1) << 20;
+
+}  // namespace impl
+
+template <class Backend, class Tensor>
+class GradientSync {
+  using traits = TensorTraits<Tensor>;
+  static_assert(is_tensor_v<Tensor>,
+                "gradsync::GradientSync<Backend, Tensor>: Tensor must be a Kokkos::View, std::vector<T> or "
+                "gradsync::Span<T, MemorySpace>, or have a gradsync::TensorTraits specialisation");
+
+ public:
+  using backend_type = Backend;
+  using tensor_type = Tensor;
+  using value_type = typename traits::value_type;
+  using memory_space = typename traits::memory_space;
+  using execution_space = typename traits::execution_space;
+
+  static_assert(is_supported_value_v<value_type>,
+                "gradsync::GradientSync: gradients must hold float or double (the types with a built-in "
+                "MPI and NCCL sum)");
+
+  explicit GradientSync(Backend backend, Options options = {}, execution_space exec = {})
+      : backend_(std::move(backend)), opt_(options), exec_(exec) {
+    validate_options(opt_);
+  }
+
+  /// Registers a gradient in `Group`. Any contiguous tensor with this sync's value type and memory
+  /// space is accepted (a View of any rank, a vector, a Span). `name` appears in error messages.
+  template <class Group, class U>
+  void add(const U& tensor, std::string name = {}) {
+    using UT = TensorTraits<U>;
+    static_assert(is_tensor_v<U>, "gradsync::GradientSync::add: argument is not a tensor gradsync knows");
+    static_assert(std::is_same_v<typename UT::value_type, value_type>,
+                  "gradsync::GradientSync::add: the tensor's value type differs from the sync's");
+    static_assert(std::is_same_v<typename UT::memory_space, memory_space>,
+                  "gradsync::GradientSync::add: the tensor lives in another memory space than the sync's");
+    static_assert(UT::is_writable, "gradsync::GradientSync::add: a gradient must be writable (not const)");
+    Entry e;
+    e.data = UT::data(tensor);
+    e.size = UT::size(tensor);
+    e.group = impl::type_name<Group>();
+    e.index_in_group = std::size_t(std::count_if(entries_.begin(), entries_.end(),
+                                                 [&](const Entry& o) { return o.group == e.group; }));
+    e.name = name.empty() ? impl::cat(e.group, "[", e.index_in_group, "]") : std::move(name);
+    e.policy_local = is_local_v<Group>;
+    e.policy_scale = local_scale_v<Group>;
+    if (!UT::is_contiguous(tensor))
+      throw Error(impl::cat("tensor '", e.name, "' (group ", e.group,
+                            ") is not contiguous: register a contiguous View or copy it into one"));
+    if constexpr (Kokkos::is_view<U>::value) e.keepalive = std::make_shared<U>(tensor);
+    for (const Entry& o : entries_)
+      if (e.size > 0 && o.size > 0 && e.data < o.data + o.size && o.data < e.data + e.size)
+        throw Error(impl::cat("tensor '", e.name, "' (group ", e.group, ") overlaps tensor '", o.name,
+                              "' (group ", o.group, ") already registered",
+                              e.data == o.data ? " (the same tensor registered twice)" : ""));
+    begin_change();
+    entries_.push_back(std::move(e));
+  }
+
+  /// Horovod parity: at run time, makes a registered gradient local (never communicated). It is
+  /// scaled by 1/world_size when Options::scale_local_gradients is set.
+  template <class U>
+  void register_local_var(const U& tensor) {
+    using UT = TensorTraits<U>;
+    static_assert(is_tensor_v<U>, "gradsync::GradientSync::register_local_var: argument is not a tensor");
+    const value_type* p = UT::data(tensor);
+    auto it = std::find_if(entries_.begin(), entries_.end(),
+                           [&](const Entry& e) { return e.data == p && e.size == UT::size(tensor); });
+    if (it == entries_.end())
+      throw Error(impl::cat("register_local_var: the tensor (", UT::size(tensor),
+                            " elements) is not registered with add<Group>() on rank ", backend_.rank()));
+    if (it->runtime_local) return;
+    begin_change();
+    it->runtime_local = true;
+  }
+
+  /// Call after each backward pass. Returns true when the gradients hold synchronized values
+  /// (every Nth call, N = backward_passes_per_step); otherwise they are accumulated internally.
+  bool synchronize() {
+    if (dirty_) build_plan();
+    ++stats_.passes;
+    ++pass_;
+    const int n_passes = opt_.backward_passes_per_step;
+    if (pass_ < n_passes) {
+      accumulate(pass_ == 1);
+      impl::fence(exec_, impl::label_fence_sync());
+      return false;
+    }
+    pass_ = 0;
+    reduce_data_parallel(n_passes > 1);
+    finish_local(n_passes > 1);
+    impl::fence(exec_, impl::label_fence_sync());
+    ++stats_.steps;
+    return true;
+  }
+
+  const Stats& stats() const { return stats_; }
+  const Options& options() const { return opt_; }
+  const Backend& backend() const { return backend_; }
+  std::size_t num_tensors() const { return entries_.size(); }
+
+  /// Whether the tensor registered at `data` is local (by its group's policy or at run time).
+  template <class U>
+  bool is_local(const U& tensor) const {
+    const value_type* p = TensorTraits<U>::data(tensor);
+    for (const Entry& e : entries_)
+      if (e.data == p) return e.local();
+    throw Error("is_local: the tensor is not registered");
+  }
+
+  /// Bytes of data-parallel gradient one synchronize() hands to the backend.
+  std::size_t data_parallel_bytes() const {
+    std::size_t n = 0;
+    for (const Entry& e : entries_)
+      if (!e.local()) n += e.size;
+    return n * sizeof(value_type);
+  }
+
+ private:
+  struct Entry {
+    value_type* data = nullptr;
+    std::size_t size = 0;
+    std::string group, name;
+    std::size_t index_in_group = 0;
+    bool policy_local = false;
+    LocalScale policy_scale = LocalScale::none;
+    bool runtime_local = false;
+    std::shared_ptr<void> keepalive;  // a copy of a registered View keeps its memory alive
+    bool local() const { return policy_local || runtime_local; }
+  };
+
+  struct Chunk {
+    std::int64_t begin = 0, end = 0;          // range in the fused index space
+    std::int64_t seg_begin = 0, seg_end = 0;  // its segments
+  };
+
+  using Seg = impl::Segment<value_type>;
+  using SegView = impl::SegmentView<value_type, memory_space>;
+  using Buffer = impl::BufferView<value_type, memory_space>;
+
+  static void validate_options(const Options& o) {
+    if (o.backward_passes_per_step < 1)
+      throw ConfigError(impl::cat("backward_passes_per_step must be >= 1, got ", o.backward_passes_per_step));
+    auto bad = [](double x) { return !std::isfinite(x) || x < 0; };
+    if (bad(o.prescale_factor))
+      throw ConfigError(impl::cat("prescale_factor must be finite and >= 0, got ", o.prescale_factor));
+    if (bad(o.postscale_factor))
+      throw ConfigError(impl::cat("postscale_factor must be finite and >= 0, got ", o.postscale_factor));
+  }
+
+  // Registrations may change between steps, never inside an aggregation cycle: the internal sums
+  // would no longer match the tensors.
+  void begin_change() {
+    if (pass_ != 0)
+      throw Error(impl::cat("registrations changed after pass ", pass_, " of ", opt_.backward_passes_per_step,
+                            " of an aggregation cycle; change them only after synchronize() returned true"));
+    dirty_ = true;
+  }
+
+  // Elements per chunk: the threshold in values (at least one), never more than one call can take.
+  // A threshold of 0 means no fusion: chunks then follow tensor boundaries instead.
+  std::size_t chunk_limit() const {
+    if (opt_.fusion_threshold_bytes == 0) return impl::max_chunk_elements();
+    const std::size_t by_bytes = opt_.fusion_threshold_bytes / sizeof(value_type);
+    return std::max<std::size_t>(1, std::min(by_bytes, impl::max_chunk_elements()));
+  }
+
+  template <class T, class M>
+  void ensure(Kokkos::View<T*, M>& v, std::size_t n, const char* label) {
+    if (v.extent(0) >= n) return;
+    v = Kokkos::View<T*, M>(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), n);
+    ++stats_.allocations;
+  }
+
+  void build_plan() {
+    const int n = backend_.size();
+    const int N = opt_.backward_passes_per_step;
+    const value_type inv_agg = opt_.average_aggregated_gradients ? value_type(1) / value_type(N) : value_type(1);
+
+    // Data-parallel tensors: fused offsets, chunks, and segments split at chunk boundaries.
+    std::vector<Seg> segs;
+    chunks_.clear();
+    std::int64_t total = 0;
+    for (const Entry& e : entries_)
+      if (!e.local()) total += std::int64_t(e.size);
+    const std::int64_t limit = std::int64_t(chunk_limit());
+    const bool per_tensor = opt_.fusion_threshold_bytes == 0;
+    std::int64_t offset = 0;
+    for (const Entry& e : entries_) {
+      if (e.local() || e.size == 0) continue;
+      for (std::int64_t done = 0; done < std::int64_t(e.size);) {
+        const std::int64_t pos = offset + done;
+        if (chunks_.empty() || pos >= chunks_.back().end) {
+          Chunk c;
+          c.begin = pos;
+          c.end = per_tensor ? std::min(pos + limit, offset + std::int64_t(e.size)) : std::min(pos + limit, total);
+          c.seg_begin = c.seg_end = std::int64_t(segs.size());
+          chunks_.push_back(c);
+        }
+        Chunk& c = chunks_.back();
+        const std::int64_t len =
+            std::min({std::int64_t(e.size) - done, c.end - pos, impl::max_segment_elements});
+        segs.push_back(Seg{e.data + done, pos, len, value_type(1)});
+        c.seg_end = std::int64_t(segs.size());
+        done += len;
+      }
+      offset += std::int64_t(e.size);
+    }
+    std::int64_t widest = 0;
+    for (const Chunk& c : chunks_) widest = std::max(widest, c.end - c.begin);
+    // One chunk-sized window suffices without aggregation; with it the buffer holds every sum.
+    windowed_ = N == 1;
+    ensure(buffer_, std::size_t(windowed_ ? widest : total), "gradsync::fusion_buffer");
+    upload(segs, dp_segs_, "gradsync::segments");
+
+    // Local tensors: scaled in place, accumulated beside the buffer when N > 1.
+    std::vector<Seg> lsegs;
+    std::int64_t local_total = 0;
+    for (const Entry& e : entries_) {
+      if (!e.local() || e.size == 0) continue;
+      const bool by_world = e.policy_local ? e.policy_scale == LocalScale::world_size : opt_.scale_local_gradients;
+      const value_type s = (by_world ? value_type(1) / value_type(n) : value_type(1)) * inv_agg;
+      if (N == 1 && s == value_type(1)) continue;  // nothing to do for this tensor
+      for (std::int64_t done = 0; done < std::int64_t(e.size); done += impl::max_segment_elements) {
+        const std::int64_t len = std::min(std::int64_t(e.size) - done, impl::max_segment_elements);
+        lsegs.push_back(Seg{e.data + done, local_total + done, len, s});
+      }
+      local_total += std::int64_t(e.size);
+    }
+    if (N > 1) ensure(local_acc_, std::size_t(local_total), "gradsync::local_accumulator");
+    upload(lsegs, local_segs_, "gradsync::local_segments");
+
+    double post = opt_.postscale_factor * double(inv_agg);
+    if (opt_.op == ReduceOp::average) post /= double(n);
+    post_factor_ = value_type(post);
+    pre_factor_ = value_type(opt_.prescale_factor);
+    n_dp_segs_ = std::int64_t(segs.size());
+    n_local_segs_ = std::int64_t(lsegs.size());
+    stats_.buffer_bytes = (buffer_.extent(0) + local_acc_.extent(0)) * sizeof(value_type);
+    ++stats_.plan_builds;
+    dirty_ = false;
+  }
+
+  void upload(const std::vector<Seg>& host, SegView& dev, const char* label) {
+    ensure(dev, host.size(), label);
+    if (host.empty()) return;
+    auto mirror = Kokkos::create_mirror_view(dev);
+    if (mirror.data() != dev.data()) ++stats_.allocations;  // a staging copy, only at plan time
+    std::copy(host.begin(), host.end(), mirror.data());
+    Kokkos::deep_copy(dev, mirror);
+  }
+
+  // Passes 1 .. N-1: sum gradients into the buffer (data-parallel) and the accumulator (local).
+  void accumulate(bool first) {
+    impl::launch_per_segment(
+        impl::label_pack(), exec_, n_dp_segs_,
+        impl::PackKernel<value_type, execution_space, memory_space>{dp_segs_, buffer_, 0, 0, pre_factor_, !first});
+    impl::launch_per_segment(impl::label_local(), exec_, n_local_segs_,
+                             impl::LocalKernel<value_type, execution_space, memory_space>{
+                                 local_segs_, local_acc_, first ? impl::LocalMode::store : impl::LocalMode::accumulate});
+  }
+
+  void reduce_data_parallel(bool aggregated) {
+    for (const Chunk& c : chunks_) {
+      const std::int64_t base = windowed_ ? c.begin : 0;
+      const std::int64_t nsegs = c.seg_end - c.seg_begin;
+      impl::launch_per_segment(impl::label_pack(), exec_, nsegs,
+                               impl::PackKernel<value_type, execution_space, memory_space>{
+                                   dp_segs_, buffer_, c.seg_begin, base, pre_factor_, aggregated});
+      impl::fence(exec_, impl::label_fence_pack());  // the backend reads the buffer outside Kokkos
+      const std::size_t len = std::size_t(c.end - c.begin);
+      backend_.allreduce_sum(buffer_.data() + (c.begin - base), len);
+      ++stats_.allreduce_calls;
+      stats_.bytes_allreduced += len * sizeof(value_type);
+      impl::launch_per_segment(impl::label_unpack(), exec_, nsegs,
+                               impl::UnpackKernel<value_type, execution_space, memory_space>{
+                                   dp_segs_, buffer_, c.seg_begin, base, post_factor_});
+    }
+  }
+
+  void finish_local(bool aggregated) {
+    impl::launch_per_segment(
+        impl::label_local(), exec_, n_local_segs_,
+        impl::LocalKernel<value_type, execution_space, memory_space>{
+            local_segs_, local_acc_, aggregated ? impl::LocalMode::finish : impl::LocalMode::scale});
+  }
+
+  Backend backend_;
+  Options opt_;
+  execution_space exec_;
+  std::vector<Entry> entries_;
+  Stats stats_;
+
+  // The plan, rebuilt when registrations change.
+  bool dirty_ = true;
+  bool windowed_ = true;
+  int pass_ = 0;
+  std::vector<Chunk> chunks_;
+  SegView dp_segs_, local_segs_;
+  std::int64_t n_dp_segs_ = 0, n_local_segs_ = 0;
+  Buffer buffer_, local_acc_;
+  value_type pre_factor_ = 1, post_factor_ = 1;
+};
+
+}  // namespace gradsync

@@ -1,0 +1,12 @@
+// gradsync: the whole public API.
+#pragma once
+
+#include "config.hpp"
+#include "error.hpp"
+#include "gradient_sync.hpp"
+#include "local_var_policy.hpp"
+#include "mpi_backend.hpp"
+#include "options.hpp"
+#include "self_backend.hpp"
+#include "stats.hpp"
+#include "tensor_traits.hpp"

@@ -1,0 +1,118 @@
+// gradsync internals: the batched kernels that move gradients into and out of the fusion buffer.
+//
+// One launch handles every segment of a chunk (a team per segment, threads over its elements), so
+// thousands of small tensors cost a few launches, not thousands.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "../config.hpp"
+
+namespace gradsync::impl {
+
+/// A contiguous piece of one gradient: `count` values at `ptr`, matched with `count` values of a
+/// gradsync buffer at `off`. `scale` is the per-tensor factor of local gradients.
+template <class T>
+struct Segment {
+  T* ptr = nullptr;
+  std::int64_t off = 0;
+  std::int64_t count = 0;
+  T scale = T(1);
+};
+
+template <class T, class MemorySpace>
+using SegmentView = Kokkos::View<Segment<T>*, MemorySpace>;
+
+template <class T, class MemorySpace>
+using BufferView = Kokkos::View<T*, MemorySpace>;
+
+// buf[off - base + i] = (accumulate ? buf[...] : 0) + prescale * ptr[i]
+template <class T, class ExecutionSpace, class MemorySpace>
+struct PackKernel {
+  using member_type = typename Kokkos::TeamPolicy<ExecutionSpace>::member_type;
+  SegmentView<T, MemorySpace> segs;
+  BufferView<T, MemorySpace> buf;
+  std::int64_t first_seg, base;
+  T prescale;
+  bool accumulate;
+
+  KOKKOS_INLINE_FUNCTION void operator()(const member_type& team) const {
+    const Segment<T> s = segs(first_seg + team.league_rank());
+    T* const out = buf.data() + (s.off - base);
+    const T* const in = s.ptr;
+    const T pre = prescale;
+    if (accumulate)
+      Kokkos::parallel_for(Kokkos::TeamThreadRange(team, s.count),
+                           [&](std::int64_t i) { out[i] += pre * in[i]; });
+    else
+      Kokkos::parallel_for(Kokkos::TeamThreadRange(team, s.count),
+                           [&](std::int64_t i) { out[i] = pre * in[i]; });
+  }
+};
+
+// ptr[i] = factor * buf[off - base + i]
+template <class T, class ExecutionSpace, class MemorySpace>
+struct UnpackKernel {
+  using member_type = typename Kokkos::TeamPolicy<ExecutionSpace>::member_type;
+  SegmentView<T, MemorySpace> segs;
+  BufferView<T, MemorySpace> buf;
+  std::int64_t first_seg, base;
+  T factor;
+
+  KOKKOS_INLINE_FUNCTION void operator()(const member_type& team) const {
+    const Segment<T> s = segs(first_seg + team.league_rank());
+    const T* const in = buf.data() + (s.off - base);
+    T* const out = s.ptr;
+    const T f = factor;
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, s.count),
+                         [&](std::int64_t i) { out[i] = f * in[i]; });
+  }
+};
+
+/// What the local kernel does to each local segment.
+enum class LocalMode {
+  scale,       // ptr *= scale                      (N == 1)
+  store,       // acc  = ptr                        (first pass of N > 1)
+  accumulate,  // acc += ptr                        (passes 2 .. N-1)
+  finish,      // ptr  = (acc + ptr) * scale        (pass N)
+};
+
+template <class T, class ExecutionSpace, class MemorySpace>
+struct LocalKernel {
+  using member_type = typename Kokkos::TeamPolicy<ExecutionSpace>::member_type;
+  SegmentView<T, MemorySpace> segs;
+  BufferView<T, MemorySpace> acc;
+  LocalMode mode;
+
+  KOKKOS_INLINE_FUNCTION void operator()(const member_type& team) const {
+    const Segment<T> s = segs(team.league_rank());
+    T* const g = s.ptr;
+    // acc is empty in scale mode: form the pointer only where it is used.
+    T* const a = mode == LocalMode::scale ? nullptr : acc.data() + s.off;
+    const T f = s.scale;
+    switch (mode) {
+      case LocalMode::scale:
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, s.count), [&](std::int64_t i) { g[i] *= f; });
+        break;
+      case LocalMode::store:
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, s.count), [&](std::int64_t i) { a[i] = g[i]; });
+        break;
+      case LocalMode::accumulate:
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, s.count), [&](std::int64_t i) { a[i] += g[i]; });
+        break;
+      case LocalMode::finish:
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, s.count),
+                             [&](std::int64_t i) { g[i] = f * (a[i] + g[i]); });
+        break;
+    }
+  }
+};
+
+template <class ExecutionSpace, class Kernel>
+void launch_per_segment(const std::string& label, const ExecutionSpace& exec, std::int64_t nsegs, const Kernel& k) {
+  if (nsegs <= 0) return;
+  Kokkos::parallel_for(label, Kokkos::TeamPolicy<ExecutionSpace>(exec, int(nsegs), Kokkos::AUTO), k);
+}
+
+}  // namespace gradsync::impl

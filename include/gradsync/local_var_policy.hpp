@@ -1,0 +1,37 @@
+// gradsync: the compile-time decision "is this parameter group data-parallel or local?".
+#pragma once
+
+namespace gradsync {
+
+/// How a local (model-parallel) group's gradients are scaled at synchronize().
+enum class LocalScale {
+  none,        ///< left as computed: the gradient of this rank's own loss
+  world_size,  ///< divided by the world size: the gradient of the global mean loss (DESIGN.md)
+};
+
+/// Policy of a data-parallel group: gradients are averaged (or summed) over all ranks.
+struct DataParallel {
+  static constexpr bool is_local = false;
+  static constexpr LocalScale scale = LocalScale::none;
+};
+
+/// Policy of a local group: gradients never leave the rank; `Scale` says how they are scaled.
+template <LocalScale Scale = LocalScale::world_size>
+struct KeepLocal {
+  static constexpr bool is_local = true;
+  static constexpr LocalScale scale = Scale;
+};
+
+/// Specialise per group type; the primary template makes every group data-parallel.
+///   template <> struct gradsync::LocalVarPolicy<Tables>
+///       : gradsync::KeepLocal<gradsync::LocalScale::world_size> {};
+template <class Group>
+struct LocalVarPolicy : DataParallel {};
+
+template <class Group>
+inline constexpr bool is_local_v = LocalVarPolicy<Group>::is_local;
+
+template <class Group>
+inline constexpr LocalScale local_scale_v = LocalVarPolicy<Group>::scale;
+
+}  // namespace gradsync

@@ -1,0 +1,189 @@
+// gradsync: the MPI backend. It works on a duplicate of the user's communicator (so gradsync's
+// messages never match the user's) and never initializes or finalizes MPI itself.
+#pragma once
+
+#include <mpi.h>
+
+#include <climits>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <type_traits>
+
+#include "config.hpp"
+#include "error.hpp"
+
+namespace gradsync {
+namespace impl {
+
+template <class T>
+MPI_Datatype mpi_type() {
+  if constexpr (std::is_same_v<T, float>) return MPI_FLOAT;
+  else if constexpr (std::is_same_v<T, double>) return MPI_DOUBLE;
+  else if constexpr (std::is_same_v<T, int>) return MPI_INT;
+  else if constexpr (std::is_same_v<T, char>) return MPI_CHAR;
+  else if constexpr (std::is_same_v<T, unsigned char>) return MPI_UNSIGNED_CHAR;
+  else if constexpr (std::is_same_v<T, std::int64_t>) return MPI_INT64_T;
+  else if constexpr (std::is_same_v<T, std::uint64_t>) return MPI_UINT64_T;
+  else static_assert(sizeof(T) == 0, "gradsync: no built-in MPI datatype for this type");
+}
+
+inline void mpi_check(int rc, const char* what) {
+  if (rc == MPI_SUCCESS) return;
+  char msg[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(rc, msg, &len);
+  throw Error(cat(what, " failed: ", std::string(msg, std::size_t(len))));
+}
+
+// Largest element count handed to one MPI call; larger buffers are split. A variable, not a
+// constant, so tests can exercise the split without allocating 2^31 elements.
+inline std::size_t& mpi_max_count() {
+  static std::size_t n = std::size_t(INT_MAX);
+  return n;
+}
+
+}  // namespace impl
+
+class MpiBackend {
+ public:
+  /// A nonblocking collective in flight. Keep it alive (and the buffer) until wait() or test().
+  struct Request {
+    MPI_Request req = MPI_REQUEST_NULL;
+  };
+
+  /// Works on a duplicate of `comm`; MPI must already be initialized by the caller.
+  explicit MpiBackend(MPI_Comm comm) {
+    int initialized = 0, finalized = 0;
+    MPI_Initialized(&initialized);
+    MPI_Finalized(&finalized);
+    if (!initialized || finalized)
+      throw Error("MpiBackend needs MPI to be initialized (call MPI_Init before building it)");
+    if (comm == MPI_COMM_NULL) throw Error("MpiBackend was given MPI_COMM_NULL");
+    comm_ = std::make_shared<Comm>(comm);
+    MPI_Comm_rank(comm_->comm, &rank_);
+    MPI_Comm_size(comm_->comm, &size_);
+  }
+
+  static constexpr const char* name() { return "mpi"; }
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  MPI_Comm comm() const { return comm_->comm; }
+
+  /// Host memory always; device memory only when the MPI library is CUDA-aware (see issue 7).
+  template <class MemorySpace>
+  bool can_access() const {
+    return Kokkos::SpaceAccessibility<Kokkos::HostSpace, MemorySpace>::accessible;
+  }
+
+  template <class T>
+  void allreduce_sum(T* buf, std::size_t n) const {
+    for_pieces(n, [&](std::size_t off, int cnt) {
+      impl::mpi_check(MPI_Allreduce(MPI_IN_PLACE, buf + off, cnt, impl::mpi_type<T>(), MPI_SUM, comm()),
+                      "MPI_Allreduce");
+    });
+  }
+
+  /// Nonblocking in-place sum; n must fit one MPI call (the fusion layer splits chunks).
+  template <class T>
+  Request iallreduce_sum(T* buf, std::size_t n) const {
+    Request r;
+    impl::mpi_check(MPI_Iallreduce(MPI_IN_PLACE, buf, checked_count(n), impl::mpi_type<T>(), MPI_SUM,
+                                   comm(), &r.req),
+                    "MPI_Iallreduce");
+    return r;
+  }
+  void wait(Request& r) const { impl::mpi_check(MPI_Wait(&r.req, MPI_STATUS_IGNORE), "MPI_Wait"); }
+  bool test(Request& r) const {
+    int done = 0;
+    impl::mpi_check(MPI_Test(&r.req, &done, MPI_STATUS_IGNORE), "MPI_Test");
+    return done != 0;
+  }
+
+  template <class T>
+  void allreduce_min(T* buf, std::size_t n) const { reduce_op(buf, n, MPI_MIN); }
+  template <class T>
+  void allreduce_max(T* buf, std::size_t n) const { reduce_op(buf, n, MPI_MAX); }
+
+  template <class T>
+  void broadcast(T* buf, std::size_t n, int root) const {
+    if (root < 0 || root >= size_)
+      throw Error(impl::cat("broadcast root ", root, " is not a rank of this ", size_, "-rank communicator"));
+    for_pieces(n, [&](std::size_t off, int cnt) {
+      impl::mpi_check(MPI_Bcast(buf + off, cnt, impl::mpi_type<T>(), root, comm()), "MPI_Bcast");
+    });
+  }
+
+  /// recv holds size()*n values: rank r's `n` values at recv + r*n.
+  template <class T>
+  void allgather(const T* send, T* recv, std::size_t n) const {
+    impl::mpi_check(MPI_Allgather(send, checked_count(n), impl::mpi_type<T>(), recv, checked_count(n),
+                                  impl::mpi_type<T>(), comm()),
+                    "MPI_Allgather");
+  }
+
+  /// Each rank sends n values to every rank: send and recv hold size()*n values.
+  template <class T>
+  void alltoall(const T* send, T* recv, std::size_t n) const {
+    impl::mpi_check(MPI_Alltoall(send, checked_count(n), impl::mpi_type<T>(), recv, checked_count(n),
+                                 impl::mpi_type<T>(), comm()),
+                    "MPI_Alltoall");
+  }
+
+  /// Variable all-to-all: counts and displacements in elements, one per rank.
+  template <class T>
+  void alltoallv(const T* send, const int* send_counts, const int* send_displs, T* recv,
+                 const int* recv_counts, const int* recv_displs) const {
+    impl::mpi_check(MPI_Alltoallv(send, send_counts, send_displs, impl::mpi_type<T>(), recv, recv_counts,
+                                  recv_displs, impl::mpi_type<T>(), comm()),
+                    "MPI_Alltoallv");
+  }
+
+  void barrier() const { impl::mpi_check(MPI_Barrier(comm()), "MPI_Barrier"); }
+
+ private:
+  // Owns the duplicate; shared so that copies of the backend use one communicator.
+  struct Comm {
+    MPI_Comm comm = MPI_COMM_NULL;
+    explicit Comm(MPI_Comm user) {
+      impl::mpi_check(MPI_Comm_dup(user, &comm), "MPI_Comm_dup");
+      // Errors come back as codes and become gradsync::Error instead of aborting the job.
+      MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
+    }
+    ~Comm() {
+      int finalized = 0;
+      MPI_Finalized(&finalized);
+      if (!finalized) MPI_Comm_free(&comm);
+    }
+    Comm(const Comm&) = delete;
+    Comm& operator=(const Comm&) = delete;
+  };
+
+  static int checked_count(std::size_t n) {
+    if (n > impl::mpi_max_count())
+      throw Error(impl::cat("a single MPI call of ", n, " elements exceeds the limit of ",
+                            impl::mpi_max_count()));
+    return int(n);
+  }
+
+  // Calls f(offset, count) over pieces of at most mpi_max_count() elements.
+  template <class F>
+  static void for_pieces(std::size_t n, F&& f) {
+    const std::size_t step = impl::mpi_max_count();
+    for (std::size_t off = 0; off < n; off += step) f(off, int(n - off < step ? n - off : step));
+  }
+
+  template <class T>
+  void reduce_op(T* buf, std::size_t n, MPI_Op op) const {
+    for_pieces(n, [&](std::size_t off, int cnt) {
+      impl::mpi_check(MPI_Allreduce(MPI_IN_PLACE, buf + off, cnt, impl::mpi_type<T>(), op, comm()),
+                      "MPI_Allreduce");
+    });
+  }
+
+  std::shared_ptr<Comm> comm_;
+  int rank_ = 0;
+  int size_ = 1;
+};
+
+}  // namespace gradsync

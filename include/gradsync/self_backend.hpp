@@ -1,0 +1,51 @@
+// gradsync: the single-process backend. Every collective over one rank is the identity.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+
+#include "error.hpp"
+
+namespace gradsync {
+
+class SelfBackend {
+ public:
+  /// Nonblocking operations complete at once; the request is empty.
+  struct Request {};
+
+  static constexpr const char* name() { return "self"; }
+  int rank() const { return 0; }
+  int size() const { return 1; }
+
+  /// Every memory space is reachable: nothing is ever moved.
+  template <class MemorySpace>
+  bool can_access() const { return true; }
+
+  template <class T>
+  void allreduce_sum(T*, std::size_t) const {}
+  template <class T>
+  Request iallreduce_sum(T*, std::size_t) const { return {}; }
+  void wait(Request&) const {}
+  bool test(Request&) const { return true; }
+
+  template <class T>
+  void allreduce_min(T*, std::size_t) const {}
+  template <class T>
+  void allreduce_max(T*, std::size_t) const {}
+  template <class T>
+  void broadcast(T*, std::size_t, int root) const { check_root(root); }
+  /// Host memory only: recv[0..n) = send[0..n).
+  template <class T>
+  void allgather(const T* send, T* recv, std::size_t n) const { std::copy(send, send + n, recv); }
+  /// Host memory only: each rank sends `n` values to every rank.
+  template <class T>
+  void alltoall(const T* send, T* recv, std::size_t n) const { std::copy(send, send + n, recv); }
+  void barrier() const {}
+
+ private:
+  static void check_root(int root) {
+    if (root != 0) throw Error(impl::cat("broadcast root ", root, " is not a rank of a 1-rank backend"));
+  }
+};
+
+}  // namespace gradsync

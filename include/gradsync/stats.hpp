@@ -1,0 +1,18 @@
+// gradsync: per-rank counters of what a GradientSync did.
+#pragma once
+
+#include <cstdint>
+
+namespace gradsync {
+
+struct Stats {
+  std::uint64_t bytes_allreduced = 0;   ///< bytes this rank handed to the backend's allreduce
+  std::uint64_t allreduce_calls = 0;    ///< backend allreduce calls (one per fused chunk)
+  std::uint64_t passes = 0;             ///< synchronize() calls
+  std::uint64_t steps = 0;              ///< synchronize() calls that returned true
+  std::uint64_t plan_builds = 0;        ///< times the fusion plan was (re)built
+  std::uint64_t allocations = 0;        ///< buffer allocations (fusion, accumulators, tables)
+  std::uint64_t buffer_bytes = 0;       ///< bytes held in fusion buffer and accumulators now
+};
+
+}  // namespace gradsync

@@ -1,0 +1,32 @@
+// Built against an installed gradsync: averages one data-parallel gradient and scales one local
+// gradient, and exits non-zero on any rank unless every value is right on every rank.
+#include <gradsync/gradsync.hpp>
+
+#include <cstdio>
+
+struct Dense {};
+struct Table {};
+template <>
+struct gradsync::LocalVarPolicy<Table> : gradsync::KeepLocal<gradsync::LocalScale::world_size> {};
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  int bad = 0;
+  Kokkos::initialize(argc, argv);
+  {
+    gradsync::GradientSync<gradsync::MpiBackend, Kokkos::View<double*>> sync(gradsync::MpiBackend(MPI_COMM_WORLD));
+    const int r = sync.backend().rank(), n = sync.backend().size();
+    Kokkos::View<double*> w("w", 100), t("t", 10 + r);
+    Kokkos::deep_copy(w, double(r + 1));
+    Kokkos::deep_copy(t, double(n));
+    sync.add<Dense>(w);
+    sync.add<Table>(t);
+    sync.synchronize();
+    bad = w(99) != (n + 1) / 2.0 || t(9) != 1.0 || sync.stats().bytes_allreduced != 100 * sizeof(double);
+    MPI_Allreduce(MPI_IN_PLACE, &bad, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    if (r == 0) std::printf("consumer: %s on %d ranks\n", bad ? "FAILED" : "ok", n);
+  }
+  Kokkos::finalize();
+  MPI_Finalize();
+  return bad;
+}

@@ -1,0 +1,318 @@
+// GradientSync against analytic per-rank values: every row of DESIGN.md's semantics table, both
+// reduce ops, pre/postscale, aggregation, fusion thresholds, communicators, stats, allocation.
+#include <gradsync/gradsync.hpp>
+
+#include <atomic>
+#include <cstdlib>
+#include <new>
+#include <numeric>
+#include <vector>
+
+#include "gradsync_test.hpp"
+
+using gradsync_test::rel_err;
+using gradsync_test::world_rank;
+using gradsync_test::world_size;
+
+struct Dense {};
+struct Tables {};
+struct Tower {};
+template <>
+struct gradsync::LocalVarPolicy<Tables> : gradsync::KeepLocal<gradsync::LocalScale::world_size> {};
+template <>
+struct gradsync::LocalVarPolicy<Tower> : gradsync::KeepLocal<gradsync::LocalScale::none> {};
+
+static_assert(gradsync::is_local_v<Tables> && gradsync::is_local_v<Tower> && !gradsync::is_local_v<Dense>);
+
+
+namespace {
+
+// The gradient of element i of tensor `tag` on rank r at (global) pass p. Distinct per tensor,
+// element, rank and pass, so a value in the wrong place or from the wrong pass cannot match.
+double grad_value(int tag, std::size_t i, int r, int p) { return (r + 1) * (i + 1) * 0.5 + 0.25 * p + tag; }
+
+enum class Kind { dense, runtime_local, table, tower };
+
+template <class T>
+struct TestTensor {
+  Kind kind;
+  int tag;
+  Kokkos::View<T*> v1;
+  Kokkos::View<T**> v2;  // used when two_d
+  bool two_d = false;
+  T* data() const { return two_d ? v2.data() : v1.data(); }
+  std::size_t size() const { return two_d ? v2.size() : v1.size(); }
+};
+
+// A hybrid model: data-parallel tensors of mixed shapes (zero-length, one element, 4096, 2-D),
+// one tensor made local at run time, and local groups whose count and sizes differ per rank.
+template <class T>
+std::vector<TestTensor<T>> make_model(int rank) {
+  std::vector<TestTensor<T>> m;
+  auto one = [&](Kind k, int tag, std::size_t n) {
+    m.push_back({k, tag, Kokkos::View<T*>("g", n), {}, false});
+  };
+  one(Kind::dense, 0, 37);
+  for (int j = 0; j <= rank; ++j) one(Kind::table, 100 + j, std::size_t(3 + 2 * rank + j));
+  one(Kind::dense, 1, 0);
+  one(Kind::tower, 200, std::size_t(5 + rank));
+  one(Kind::dense, 2, 1);
+  m.push_back({Kind::dense, 3, {}, Kokkos::View<T**>("g2", 5, 7), true});
+  one(Kind::runtime_local, 300, 11);
+  one(Kind::dense, 4, 4096);
+  return m;
+}
+
+template <class Sync, class T>
+void register_model(Sync& sync, std::vector<TestTensor<T>>& m) {
+  for (auto& t : m) {
+    switch (t.kind) {
+      case Kind::dense:
+      case Kind::runtime_local:
+        if (t.two_d) sync.template add<Dense>(t.v2);
+        else sync.template add<Dense>(t.v1);
+        break;
+      case Kind::table: sync.template add<Tables>(t.v1); break;
+      case Kind::tower: sync.template add<Tower>(t.v1); break;
+    }
+  }
+  for (auto& t : m)
+    if (t.kind == Kind::runtime_local) sync.register_local_var(t.v1);
+}
+
+template <class T>
+void fill(std::vector<TestTensor<T>>& m, int rank, int pass) {
+  for (auto& t : m) {
+    T* d = t.data();
+    for (std::size_t i = 0; i < t.size(); ++i) d[i] = T(grad_value(t.tag, i, rank, pass));
+  }
+}
+
+struct Config {
+  gradsync::Options opt;
+  std::vector<int> members;  // world ranks in the sync's communicator
+  int my_rank;               // this process's world rank (its model)
+};
+
+// Largest relative error over every tensor after the cycle of N passes ending at `last_pass`.
+template <class T>
+double max_error(const std::vector<TestTensor<T>>& m, const Config& c, int last_pass) {
+  const auto& o = c.opt;
+  const int N = o.backward_passes_per_step;
+  const double n = double(c.members.size());
+  const double agg = o.average_aggregated_gradients ? N : 1;
+  double worst = 0;
+  for (const auto& t : m) {
+    const T* d = t.data();
+    for (std::size_t i = 0; i < t.size(); ++i) {
+      auto cycle_sum = [&](int r) {
+        double s = 0;
+        for (int p = last_pass - N + 1; p <= last_pass; ++p) s += grad_value(t.tag, i, r, p);
+        return s;
+      };
+      double expect = 0;
+      switch (t.kind) {
+        case Kind::dense: {
+          double s = 0;
+          for (int r : c.members) s += cycle_sum(r);
+          expect = s * o.prescale_factor * o.postscale_factor / agg;
+          if (o.op == gradsync::ReduceOp::average) expect /= n;
+          break;
+        }
+        case Kind::table: expect = cycle_sum(c.my_rank) / n / agg; break;
+        case Kind::tower: expect = cycle_sum(c.my_rank) / agg; break;
+        case Kind::runtime_local:
+          expect = cycle_sum(c.my_rank) / agg / (o.scale_local_gradients ? n : 1.0);
+          break;
+      }
+      worst = std::max(worst, rel_err(double(d[i]), expect));
+    }
+  }
+  return worst;
+}
+
+// Runs `passes` backward passes through `sync` and checks every returned flag and every value.
+template <class T, class Sync>
+void run_and_check(Sync& sync, std::vector<TestTensor<T>>& m, const Config& c, int passes = 10) {
+  const int N = c.opt.backward_passes_per_step;
+  for (int p = 0; p < passes; ++p) {
+    fill(m, c.my_rank, p);
+    const bool ready = sync.synchronize();
+    const bool expect_ready = (p + 1) % N == 0;
+    CAPTURE(p);
+    GRADSYNC_CHECK_ALL(ready == expect_ready);
+    if (expect_ready) {
+      const double err = max_error(m, c, p);
+      CAPTURE(err);
+      GRADSYNC_CHECK_ALL(err <= gradsync_test::tol<T>());
+    }
+  }
+}
+
+std::vector<int> world_members() {
+  std::vector<int> r(static_cast<std::size_t>(world_size()));
+  std::iota(r.begin(), r.end(), 0);
+  return r;
+}
+
+template <class T>
+std::size_t dense_bytes(const std::vector<TestTensor<T>>& m) {
+  std::size_t n = 0;
+  for (const auto& t : m)
+    if (t.kind == Kind::dense) n += t.size();
+  return n * sizeof(T);
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("every row of the semantics table, against analytic values", T, float, double) {
+  using Sync = gradsync::GradientSync<gradsync::MpiBackend, Kokkos::View<T*>>;
+  const int rank = world_rank();
+  int config = 0;
+  for (auto op : {gradsync::ReduceOp::sum, gradsync::ReduceOp::average})
+    for (int N : {1, 3, 4})
+      for (bool avg_agg : {false, true}) {
+        Config c{{}, world_members(), rank};
+        c.opt.op = op;
+        c.opt.backward_passes_per_step = N;
+        c.opt.average_aggregated_gradients = avg_agg;
+        c.opt.scale_local_gradients = config % 2 == 0;
+        if (config % 3 == 1) {
+          c.opt.prescale_factor = 0.5;
+          c.opt.postscale_factor = 3.0;
+        }
+        c.opt.fusion_threshold_bytes = config % 4 == 0 ? 256 : std::size_t(4) << 20;
+        CAPTURE(config);
+        CAPTURE(N);
+        CAPTURE(avg_agg);
+        ++config;
+        auto m = make_model<T>(rank);
+        Sync sync(gradsync::MpiBackend(MPI_COMM_WORLD), c.opt);
+        register_model(sync, m);
+        run_and_check<T>(sync, m, c);
+        // Local tensors never reach the wire: bytes handed over are exactly the dense ones.
+        GRADSYNC_CHECK_ALL(sync.stats().bytes_allreduced == sync.stats().steps * dense_bytes(m));
+        GRADSYNC_CHECK_ALL(sync.stats().steps == std::uint64_t(10 / N));
+      }
+}
+
+TEST_CASE("fusion thresholds from 64 bytes to beyond the whole model give the same values") {
+  using T = double;
+  const int rank = world_rank();
+  for (int N : {1, 3})
+    for (std::size_t threshold : {std::size_t(64), std::size_t(100), std::size_t(4096), std::size_t(1) << 20,
+                                  std::size_t(1) << 30, std::size_t(0)}) {
+      Config c{{}, world_members(), rank};
+      c.opt.fusion_threshold_bytes = threshold;
+      c.opt.backward_passes_per_step = N;
+      CAPTURE(threshold);
+      CAPTURE(N);
+      auto m = make_model<T>(rank);
+      gradsync::GradientSync<gradsync::MpiBackend, Kokkos::View<T*>> sync(gradsync::MpiBackend(MPI_COMM_WORLD),
+                                                                         c.opt);
+      register_model(sync, m);
+      run_and_check<T>(sync, m, c, 6);
+      // Calls per step: one per chunk of floor(threshold / 8) values, or one per non-empty tensor.
+      std::size_t expect_calls = 0;
+      if (threshold == 0) {
+        for (const auto& t : m) expect_calls += t.kind == Kind::dense && t.size() > 0;
+      } else {
+        const std::size_t chunk = std::max<std::size_t>(1, threshold / sizeof(T)) * sizeof(T);
+        expect_calls = (dense_bytes(m) + chunk - 1) / chunk;
+      }
+      CAPTURE(sync.stats().allreduce_calls);
+      GRADSYNC_CHECK_ALL(sync.stats().allreduce_calls == sync.stats().steps * expect_calls);
+    }
+}
+
+TEST_CASE("a sync of local groups only puts zero bytes on the wire") {
+  const int rank = world_rank();
+  Kokkos::View<double*> a("a", 10 + rank), b("b", 3);
+  gradsync::GradientSync<gradsync::MpiBackend, Kokkos::View<double*>> sync(gradsync::MpiBackend(MPI_COMM_WORLD));
+  sync.add<Tables>(a);
+  sync.add<Tower>(b);
+  for (int p = 0; p < 3; ++p) {
+    Kokkos::deep_copy(a, 6.0);
+    Kokkos::deep_copy(b, 6.0);
+    CHECK(sync.synchronize());
+  }
+  GRADSYNC_CHECK_ALL(sync.stats().bytes_allreduced == 0);
+  GRADSYNC_CHECK_ALL(sync.stats().allreduce_calls == 0);
+  GRADSYNC_CHECK_ALL(rel_err(a(0), 6.0 / world_size()) < 1e-15 && b(2) == 6.0);
+}
+
+TEST_CASE("SelfBackend, MPI_COMM_SELF and a split communicator reduce over their own ranks") {
+  using T = double;
+  const int rank = world_rank();
+  gradsync::Options opt;
+  opt.backward_passes_per_step = 2;
+  opt.prescale_factor = 2.0;
+
+  SUBCASE("SelfBackend") {
+    auto m = make_model<T>(rank);
+    gradsync::GradientSync<gradsync::SelfBackend, Kokkos::View<T*>> sync(gradsync::SelfBackend{}, opt);
+    register_model(sync, m);
+    run_and_check<T>(sync, m, Config{opt, {rank}, rank});
+  }
+  SUBCASE("MPI_COMM_SELF") {
+    auto m = make_model<T>(rank);
+    gradsync::GradientSync<gradsync::MpiBackend, Kokkos::View<T*>> sync(gradsync::MpiBackend(MPI_COMM_SELF), opt);
+    register_model(sync, m);
+    run_and_check<T>(sync, m, Config{opt, {rank}, rank});
+  }
+  SUBCASE("split by rank parity") {
+    MPI_Comm half;
+    MPI_Comm_split(MPI_COMM_WORLD, rank % 2, rank, &half);
+    std::vector<int> members;
+    for (int r = rank % 2; r < world_size(); r += 2) members.push_back(r);
+    {
+      auto m = make_model<T>(rank);
+      gradsync::GradientSync<gradsync::MpiBackend, Kokkos::View<T*>> sync(gradsync::MpiBackend(half), opt);
+      register_model(sync, m);
+      run_and_check<T>(sync, m, Config{opt, members, rank});
+    }
+    MPI_Comm_free(&half);
+  }
+}
+
+namespace {
+std::atomic<long> g_kokkos_allocs{0};
+void count_kokkos_alloc(const Kokkos::Tools::SpaceHandle, const char*, const void*, std::uint64_t) {
+  ++g_kokkos_allocs;
+}
+}  // namespace
+
+TEST_CASE("no allocation after the first synchronize") {
+  using T = float;
+  const int rank = world_rank();
+  Kokkos::Tools::Experimental::set_allocate_data_callback(count_kokkos_alloc);
+  for (int N : {1, 3}) {
+    gradsync::Options opt;
+    opt.backward_passes_per_step = N;
+    opt.fusion_threshold_bytes = 1024;  // many chunks through one window
+    auto m = make_model<T>(rank);
+    gradsync::GradientSync<gradsync::MpiBackend, Kokkos::View<T*>> sync(gradsync::MpiBackend(MPI_COMM_WORLD), opt);
+    register_model(sync, m);
+    fill(m, rank, 0);
+    sync.synchronize();
+    const auto after_first = sync.stats();
+    const long kokkos_before = g_kokkos_allocs.load();
+    long heap = 0;
+    for (int p = 1; p <= 12; ++p) {
+      fill(m, rank, p);
+      const long before = gradsync_test::heap_allocations();
+      sync.synchronize();
+      heap += gradsync_test::heap_allocations() - before;
+    }
+    CAPTURE(N);
+    CAPTURE(heap);
+    GRADSYNC_CHECK_ALL(heap == 0);
+    GRADSYNC_CHECK_ALL(g_kokkos_allocs.load() == kokkos_before);
+    GRADSYNC_CHECK_ALL(sync.stats().allocations == after_first.allocations);
+    GRADSYNC_CHECK_ALL(sync.stats().plan_builds == 1);
+    // The window is one chunk when N == 1; with aggregation it holds every data-parallel sum.
+    const std::size_t expect_buffer = N == 1 ? 1024 : dense_bytes(m);
+    GRADSYNC_CHECK_ALL(sync.stats().buffer_bytes >= expect_buffer);
+  }
+  Kokkos::Tools::Experimental::set_allocate_data_callback(nullptr);
+}
