@@ -67,11 +67,9 @@ class GradientSync {
 
   explicit GradientSync(Backend backend, Options options = {}, execution_space exec = {})
       : backend_(std::move(backend)),
-        opt_(options.read_environment ? apply_env(options) : options),
+        opt_(prepare_options(options)),
         exec_(exec),
-        ctl_(backend_) {
-    validate_options(opt_);
-  }
+        ctl_(backend_, opt_) {}
 
   /// Registers a gradient in `Group`. Any contiguous tensor with this sync's value type and memory
   /// space is accepted (a View of any rank, a vector, a Span). `name` appears in error messages.
@@ -190,6 +188,13 @@ class GradientSync {
   using SegView = impl::SegmentView<value_type, memory_space>;
   using Buffer = impl::BufferView<value_type, memory_space>;
 
+  // Environment overrides applied, then validated, before anything collective starts.
+  static Options prepare_options(const Options& given) {
+    Options o = given.read_environment ? apply_env(given) : given;
+    validate_options(o);
+    return o;
+  }
+
   static void validate_options(const Options& o) {
     if (o.backward_passes_per_step < 1)
       throw ConfigError(impl::cat("backward_passes_per_step must be >= 1, got ", o.backward_passes_per_step));
@@ -226,6 +231,7 @@ class GradientSync {
         regs.push_back({e.group, e.name, e.size, e.index_in_group, e.policy_local, e.runtime_local});
       impl::check_consistency(backend_, ctl_, opt_, regs, int(sizeof(value_type)), call,
                               impl::max_chunk_elements());
+      ++stats_.consistency_checks;
     }
   }
 

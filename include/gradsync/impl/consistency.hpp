@@ -49,13 +49,14 @@ struct OptionWords {
   std::int64_t w[count] = {};
   static const char* name(int i) {
     static const char* const names[count] = {
-        "value type (bytes)", "op", "prescale_factor", "postscale_factor", "fusion_threshold_bytes",
+        "value type", "op", "prescale_factor", "postscale_factor", "fusion_threshold_bytes",
         "backward_passes_per_step", "average_aggregated_gradients", "consistency_check", "check_finite",
         "gradsync::impl::max_chunk_elements()", "synchronize() calls so far"};
     return names[i];
   }
   static std::string show(int i, std::int64_t v) {
     switch (i) {
+      case 0: return v == 4 ? "float" : v == 8 ? "double" : cat(v, "-byte values");
       case 1: return to_string(ReduceOp(v));
       case 2:
       case 3: {
@@ -166,9 +167,11 @@ void check_consistency(const Backend& backend, Control<Backend>& ctl, const Opti
       }
       if (differ)
         msg = cat("ranks disagree on ", OptionWords::name(i), ": ", by_rank(what),
-                  i == 10 ? ". A rank skipped or added a synchronize() call"
-                          : ". Set the same options on every rank (a GRADSYNC_* environment variable set on some "
-                            "ranks only overrides them there)");
+                  i == 0    ? ". Use the same GradientSync<Backend, Tensor> value type on every rank"
+                  : i == 9  ? ". Set the same override of max_chunk_elements() on every rank"
+                  : i == 10 ? ". A rank skipped or added a synchronize() call"
+                            : ". Set the same options on every rank (a GRADSYNC_* environment variable set on some "
+                              "ranks only overrides them there)");
     }
     if (msg.empty()) msg = "ranks disagree on the options (hash mismatch)";
     throw MismatchError(msg);

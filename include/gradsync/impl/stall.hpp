@@ -92,12 +92,23 @@ class Control {
   static constexpr bool mpi = has_mpi_comm<Backend>::value;
 
  public:
-  explicit Control(const Backend& b) : rank_(b.rank()), size_(b.size()) {
+  // Collective over the backend's ranks, like building the backend: the duplicate is created
+  // nonblocking and waited for here with the stall deadline, so a rank that never builds its
+  // GradientSync is reported instead of hanging the others. (Open MPI needs the MPI_Comm_idup to
+  // complete before other collectives are issued on the parent communicator: it runs further
+  // rounds of its context-id agreement during progress.)
+  Control(const Backend& b, const Options& o) : rank_(b.rank()), size_(b.size()) {
     if constexpr (mpi) {
       state_ = std::make_shared<State>();
-      if (size_ > 1)
-        if (MPI_Comm_idup(b.comm(), &state_->comm, &state_->dup_req) != MPI_SUCCESS)
-          throw Error("MPI_Comm_idup of the side channel failed");
+      if (size_ == 1) return;
+      check(MPI_Comm_idup(b.comm(), state_->comm, &state_->dup_req), "MPI_Comm_idup");
+      try {
+        ready(o, WaitSite{"creation of the side channel (MPI_Comm_idup) in the GradientSync constructor", 0, -1, 0});
+      } catch (...) {
+        // The pending duplication still refers to the backend's communicator: keep it alive.
+        graveyard().push_back(std::make_shared<Backend>(b));
+        throw;
+      }
     }
   }
   int rank() const { return rank_; }
@@ -109,7 +120,7 @@ class Control {
     if constexpr (mpi) {
       ready(o, site);
       MPI_Request r = MPI_REQUEST_NULL;
-      check(MPI_Iallreduce(MPI_IN_PLACE, buf, n, MPI_INT64_T, MPI_MIN, state_->comm, &r), "MPI_Iallreduce");
+      check(MPI_Iallreduce(MPI_IN_PLACE, buf, n, MPI_INT64_T, MPI_MIN, *state_->comm, &r), "MPI_Iallreduce");
       site.what = "consistency check (allreduce)";
       wait_request(r, o, site);
     } else {
@@ -127,7 +138,7 @@ class Control {
     if constexpr (mpi) {
       ready(o, site);
       MPI_Request r = MPI_REQUEST_NULL;
-      check(MPI_Iallgather(send, bytes, MPI_BYTE, recv, bytes, MPI_BYTE, state_->comm, &r), "MPI_Iallgather");
+      check(MPI_Iallgather(send, bytes, MPI_BYTE, recv, bytes, MPI_BYTE, *state_->comm, &r), "MPI_Iallgather");
       site.what = "consistency check (allgather)";
       wait_request(r, o, site);
     } else {
@@ -187,7 +198,7 @@ class Control {
       for (int r = 0; r < size_; ++r) {
         if (r == rank_) continue;
         MPI_Request q;
-        if (MPI_Isend(n, int(sizeof(Notice)), MPI_BYTE, r, kTag, state_->comm, &q) == MPI_SUCCESS)
+        if (MPI_Isend(n, int(sizeof(Notice)), MPI_BYTE, r, kTag, *state_->comm, &q) == MPI_SUCCESS)
           MPI_Request_free(&q);
       }
     }
@@ -203,7 +214,7 @@ class Control {
     if (k == ErrorKind::stall && o.stall_action == StallAction::abort) {
       std::fprintf(stderr, "gradsync: %s\ngradsync: calling MPI_Abort (stall_action = abort)\n", msg.c_str());
       std::fflush(stderr);
-      if constexpr (mpi) MPI_Abort(comm_ready() ? state_->comm : MPI_COMM_WORLD, 1);
+      if constexpr (mpi) MPI_Abort(comm_ready() ? *state_->comm : MPI_COMM_WORLD, 1);
       std::abort();
     }
     throw_kind(k, msg);
@@ -217,19 +228,25 @@ class Control {
     char text[496] = {};
   };
   struct State {
-    MPI_Comm comm = MPI_COMM_NULL;
+    // On the heap: MPI_Comm_idup writes the handle when it completes, possibly after this State
+    // is gone (a peer never built its GradientSync); then the handle is leaked, not written late.
+    MPI_Comm* comm = new MPI_Comm(MPI_COMM_NULL);
     MPI_Request dup_req = MPI_REQUEST_NULL;
     bool dup_done = false;
+    State() = default;
+    State(const State&) = delete;
+    State& operator=(const State&) = delete;
     ~State() {
       int finalized = 0;
       MPI_Finalized(&finalized);
-      if (finalized || comm == MPI_COMM_NULL) return;
-      if (!dup_done) {  // never waited: free the duplicate only if it completed by now
+      if (finalized) return;
+      if (!dup_done && dup_req != MPI_REQUEST_NULL) {
         int flag = 0;
         MPI_Test(&dup_req, &flag, MPI_STATUS_IGNORE);
-        if (!flag) return;
+        if (!flag) return;  // still pending: leak the handle's storage
       }
-      MPI_Comm_free(&comm);
+      if (*comm != MPI_COMM_NULL) MPI_Comm_free(comm);
+      delete comm;
     }
   };
 
@@ -252,7 +269,6 @@ class Control {
   // (a rank that never built its GradientSync), without missing-rank names.
   void ready(const Options& o, WaitSite site) {
     if (comm_ready()) return;
-    site.what = "creation of the side channel (MPI_Comm_idup)";
     wait_request(state_->dup_req, o, site);
     state_->dup_done = true;
   }
@@ -287,7 +303,7 @@ class Control {
     for (int r = 0; r < size_; ++r) {
       if (r == rank_) continue;
       MPI_Request q;
-      if (MPI_Isend(n, int(sizeof(Notice)), MPI_BYTE, r, kTag, state_->comm, &q) == MPI_SUCCESS)
+      if (MPI_Isend(n, int(sizeof(Notice)), MPI_BYTE, r, kTag, *state_->comm, &q) == MPI_SUCCESS)
         MPI_Request_free(&q);
     }
   }
@@ -297,10 +313,10 @@ class Control {
     for (;;) {
       int flag = 0;
       MPI_Status st;
-      MPI_Iprobe(MPI_ANY_SOURCE, kTag, state_->comm, &flag, &st);
+      MPI_Iprobe(MPI_ANY_SOURCE, kTag, *state_->comm, &flag, &st);
       if (!flag) return;
       Notice n;
-      MPI_Recv(&n, int(sizeof(Notice)), MPI_BYTE, st.MPI_SOURCE, kTag, state_->comm, MPI_STATUS_IGNORE);
+      MPI_Recv(&n, int(sizeof(Notice)), MPI_BYTE, st.MPI_SOURCE, kTag, *state_->comm, MPI_STATUS_IGNORE);
       n.text[sizeof(n.text) - 1] = '\0';
       if (n.kind == kArrived) {
         seen_step_.resize(std::size_t(size_), -1);
@@ -313,7 +329,7 @@ class Control {
         for (auto& p : keep_) graveyard().push_back(std::move(p));
         keep_.clear();
         throw_kind(ErrorKind(n.kind - kFailedBase),
-                   cat("rank ", st.MPI_SOURCE, " failed before ", site.what, " of synchronize() call ", site.step,
+                   cat("rank ", st.MPI_SOURCE, " failed before the ", site.what, " of synchronize() call ", site.step,
                        ", so rank ", rank_, " stops too: ", msg));
       }
     }
