@@ -328,7 +328,8 @@ class GradientSync {
     n_local_segs_ = std::int64_t(lsegs.size());
     stats_.buffer_bytes = (buffer_.extent(0) + local_acc_.extent(0) + staging_.extent(0)) * sizeof(value_type);
     // What a collective left incomplete by a stall may still write into.
-    ctl_.keep_on_failure({std::make_shared<Buffer>(buffer_), std::make_shared<decltype(staging_)>(staging_)});
+    ctl_.keep_on_failure({std::make_shared<Buffer>(buffer_), std::make_shared<decltype(staging_)>(staging_),
+                          std::make_shared<Backend>(backend_)});
     ++stats_.plan_builds;
     dirty_ = false;
   }

@@ -177,9 +177,16 @@ class Control {
       if (o.stall_timeout > 0 && waited >= o.stall_timeout) {
         if constexpr (mpi) {
           if (!notified) post_arrived(site.step);
-          poll_notices(site);
+          // A rank that arrived just before this deadline posts its notice up to notify_at later:
+          // wait that long (at most) so that it is not reported missing.
+          const auto grace_end = clock::now() + std::chrono::duration<double>(1.2 * notify_at + 0.05);
+          while (!all_arrived() && clock::now() < grace_end) {
+            if (test()) return;
+            poll_notices(site);
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+          }
         }
-        fail(ErrorKind::stall, report(site, waited, true), o);
+        fail(ErrorKind::stall, report(site, std::chrono::duration<double>(clock::now() - t0).count(), true), o);
       }
       // Spin for the first millisecond (latency), then yield (oversubscribed ranks), then sleep.
       if (waited > 0.010) std::this_thread::sleep_for(std::chrono::microseconds(100));
@@ -209,8 +216,7 @@ class Control {
 
   /// Throws (or aborts) after telling nothing to anyone: the report is complete.
   [[noreturn]] void fail(ErrorKind k, const std::string& msg, const Options& o) {
-    for (auto& p : keep_) graveyard().push_back(std::move(p));
-    keep_.clear();
+    bury();
     if (k == ErrorKind::stall && o.stall_action == StallAction::abort) {
       std::fprintf(stderr, "gradsync: %s\ngradsync: calling MPI_Abort (stall_action = abort)\n", msg.c_str());
       std::fflush(stderr);
@@ -295,6 +301,17 @@ class Control {
       if (seen_step_[r] >= step) arrived_[r] = 1;
   }
 
+  // After giving up on a collective: what it may still touch is never freed. That includes the
+  // communicators: freeing one with an operation pending lets MPI reuse its context id, and the
+  // stale operation then matches the messages of a new communicator.
+  void bury() {
+    for (auto& p : keep_) graveyard().push_back(std::move(p));
+    keep_.clear();
+    if (state_) graveyard().push_back(state_);
+  }
+
+  bool all_arrived() const { return std::find(arrived_.begin(), arrived_.end(), 0) == arrived_.end(); }
+
   void post_arrived(std::int64_t step) {
     if (size_ == 1 || !comm_ready()) return;
     auto* n = new Notice();  // leaked on purpose, see tell_peers; one per stalled wait
@@ -326,8 +343,7 @@ class Control {
       } else if (n.kind >= kFailedBase) {
         std::string msg = n.text;
         if (msg.rfind("gradsync: ", 0) == 0) msg = msg.substr(10);
-        for (auto& p : keep_) graveyard().push_back(std::move(p));
-        keep_.clear();
+        bury();
         throw_kind(ErrorKind(n.kind - kFailedBase),
                    cat("rank ", st.MPI_SOURCE, " failed before the ", site.what, " of synchronize() call ", site.step,
                        ", so rank ", rank_, " stops too: ", msg));
@@ -344,7 +360,11 @@ class Control {
       if (comm_ready()) {
         std::vector<int> missing, present;
         for (int r = 0; r < size_; ++r) (arrived_[std::size_t(r)] ? present : missing).push_back(r);
-        s += cat("missing ranks: ", rank_list(missing), " (arrived: ", rank_list(present), ")");
+        if (missing.empty())
+          s += "every rank arrived, yet the collective has not completed (a rank gave up on an earlier one, or "
+               "the ranks' collectives do not match)";
+        else
+          s += cat("missing ranks: ", rank_list(missing), " (arrived: ", rank_list(present), ")");
       } else {
         s += "missing ranks unknown (the side channel is not established yet)";
       }
