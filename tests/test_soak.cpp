@@ -136,5 +136,8 @@ TEST_CASE("soak: 2000 steps, registrations changing every 100 steps, exact value
   // One check and one plan per registration change: 20 blocks.
   GRADSYNC_CHECK_ALL(checks == std::uint64_t(steps / block) && builds == std::uint64_t(steps / block));
   // Flat: 17 more syncs (each two communicators and its buffers) built and freed after warm-up.
+  // (Not under AddressSanitizer: its quarantine holds freed memory by design.)
+#if !defined(__SANITIZE_ADDRESS__)
   GRADSYNC_CHECK_ALL(growth_kib < 2048);
+#endif
 }

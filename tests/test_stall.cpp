@@ -152,6 +152,23 @@ TEST_CASE("a rank that never builds its GradientSync: the others' constructors e
   if (rank != victim) CHECK(has(c.what, "GradientSync constructor"));
 }
 
+TEST_CASE("registrations changed on one rank only: every rank stops, saying where each one waits") {
+  if (world_size() < 2) return;
+  const int rank = world_rank(), victim = world_size() - 1;
+  View g("g", 16), extra("extra", 4);
+  Sync sync(gradsync::MpiBackend(MPI_COMM_WORLD), stall_opts());
+  sync.add<Dense>(g);
+  fill(g, rank, 0);
+  sync.synchronize();
+  if (rank == victim) sync.add<Dense>(extra);  // the bug: a rank-dependent registration
+  MPI_Barrier(MPI_COMM_WORLD);
+  const Caught c = catch_stall([&] { sync.synchronize(); });
+  CAPTURE(c.what);
+  GRADSYNC_CHECK_ALL(c.stall);
+  GRADSYNC_CHECK_ALL(has(c.what, "the ranks wait in different collectives") &&
+                     has(c.what, "rank " + std::to_string(victim) + ": consistency check (allreduce)"));
+}
+
 // Run by ctest on its own (--no-skip): the report goes to stderr and the job ends with MPI_Abort.
 TEST_CASE("stall_action abort" * doctest::skip()) {
   const int rank = world_rank(), victim = world_size() - 1;

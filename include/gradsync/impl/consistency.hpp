@@ -18,7 +18,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
-#include <map>
 #include <string>
 #include <vector>
 
@@ -79,24 +78,6 @@ inline std::int64_t double_bits(double d) {
   std::int64_t v;
   std::memcpy(&v, &d, sizeof v);
   return v;
-}
-
-// Groups ranks by what they reported: "rank 0: X; ranks 1-3: Y".
-inline std::string by_rank(const std::vector<std::string>& what) {
-  std::map<std::string, std::vector<int>> groups;
-  std::vector<std::string> order;
-  for (std::size_t r = 0; r < what.size(); ++r) {
-    auto& g = groups[what[r]];
-    if (g.empty()) order.push_back(what[r]);
-    g.push_back(int(r));
-  }
-  std::string s;
-  for (const auto& k : order) {
-    const auto& g = groups[k];
-    if (!s.empty()) s += "; ";
-    s += cat(g.size() == 1 ? "rank " : "ranks ", g.size() == 1 ? std::to_string(g[0]) : rank_list(g), ": ", k);
-  }
-  return s;
 }
 
 template <std::size_t N>

@@ -54,6 +54,28 @@ inline std::string rank_list(const std::vector<int>& ranks) {
   return s + "]";
 }
 
+// Groups ranks by what they reported: "rank 0: X; ranks [1-3]: Y".
+inline std::string by_rank(const std::vector<std::string>& what) {
+  std::vector<std::string> order;
+  std::vector<std::vector<int>> groups;
+  for (std::size_t r = 0; r < what.size(); ++r) {
+    const auto it = std::find(order.begin(), order.end(), what[r]);
+    if (it == order.end()) {
+      order.push_back(what[r]);
+      groups.push_back({int(r)});
+    } else {
+      groups[std::size_t(it - order.begin())].push_back(int(r));
+    }
+  }
+  std::string s;
+  for (std::size_t k = 0; k < order.size(); ++k) {
+    const auto& g = groups[k];
+    if (!s.empty()) s += "; ";
+    s += cat(g.size() == 1 ? "rank " : "ranks ", g.size() == 1 ? std::to_string(g[0]) : rank_list(g), ": ", order[k]);
+  }
+  return s;
+}
+
 // Memory a collective that never completed may still write into (the peers' late contributions
 // land there). Moved here on a stall or peer failure and never freed, so destroying the
 // GradientSync after catching the error cannot turn into a use-after-free inside MPI.
@@ -167,7 +189,7 @@ class Control {
       if constexpr (mpi) poll_notices(site);
       if (notify_at >= 0 && !notified && waited >= notify_at) {
         notified = true;
-        if constexpr (mpi) post_arrived(site.step);
+        if constexpr (mpi) post_arrived(site.step, where_of(site));
       }
       if (warn > 0 && !warned && waited >= warn) {
         warned = true;
@@ -176,7 +198,7 @@ class Control {
       }
       if (o.stall_timeout > 0 && waited >= o.stall_timeout) {
         if constexpr (mpi) {
-          if (!notified) post_arrived(site.step);
+          if (!notified) post_arrived(site.step, where_of(site));
           // A rank that arrived just before this deadline posts its notice up to notify_at later:
           // wait that long (at most) so that it is not reported missing.
           const auto grace_end = clock::now() + std::chrono::duration<double>(1.2 * notify_at + 0.05);
@@ -295,6 +317,7 @@ class Control {
 
   void reset_arrivals(std::int64_t step) {
     arrived_.assign(std::size_t(size_), 0);
+    where_.assign(std::size_t(size_), std::string());
     arrived_[std::size_t(rank_)] = 1;
     arrival_step_ = step;
     for (std::size_t r = 0; r < seen_step_.size(); ++r)
@@ -312,11 +335,12 @@ class Control {
 
   bool all_arrived() const { return std::find(arrived_.begin(), arrived_.end(), 0) == arrived_.end(); }
 
-  void post_arrived(std::int64_t step) {
+  void post_arrived(std::int64_t step, const std::string& where) {
     if (size_ == 1 || !comm_ready()) return;
     auto* n = new Notice();  // leaked on purpose, see tell_peers; one per stalled wait
     n->kind = kArrived;
     n->step = step;
+    std::strncpy(n->text, where.c_str(), sizeof(n->text) - 1);
     for (int r = 0; r < size_; ++r) {
       if (r == rank_) continue;
       MPI_Request q;
@@ -339,7 +363,10 @@ class Control {
         seen_step_.resize(std::size_t(size_), -1);
         auto& s = seen_step_[std::size_t(st.MPI_SOURCE)];
         s = std::max(s, n.step);
-        if (n.step >= arrival_step_) arrived_[std::size_t(st.MPI_SOURCE)] = 1;
+        if (n.step >= arrival_step_) {
+          arrived_[std::size_t(st.MPI_SOURCE)] = 1;
+          where_[std::size_t(st.MPI_SOURCE)] = n.text;
+        }
       } else if (n.kind >= kFailedBase) {
         std::string msg = n.text;
         if (msg.rfind("gradsync: ", 0) == 0) msg = msg.substr(10);
@@ -351,9 +378,14 @@ class Control {
     }
   }
 
-  std::string report(const WaitSite& site, double waited, bool final_report) {
+  static std::string where_of(const WaitSite& site) {
     std::string where = site.what;
     if (site.chunk >= 0) where += cat(" of chunk ", site.chunk + 1, " of ", site.chunks);
+    return where;
+  }
+
+  std::string report(const WaitSite& site, double waited, bool final_report) {
+    const std::string where = where_of(site);
     std::string s = cat("rank ", rank_, " has waited ", waited, " s for the ", where, " in synchronize() call ",
                         site.step, "; ");
     if constexpr (mpi) {
@@ -365,6 +397,18 @@ class Control {
                "the ranks' collectives do not match)";
         else
           s += cat("missing ranks: ", rank_list(missing), " (arrived: ", rank_list(present), ")");
+        // Arrived ranks waiting in different collectives: typically registrations changed on some
+        // ranks only (they run the consistency check, the others the allreduce).
+        bool differ = false;
+        for (int r = 0; r < size_; ++r)
+          differ |= arrived_[std::size_t(r)] && r != rank_ && where_[std::size_t(r)] != where;
+        if (differ && missing.empty()) {
+          std::vector<std::string> full(static_cast<std::size_t>(size_));
+          for (int r = 0; r < size_; ++r) full[std::size_t(r)] = r == rank_ ? where : where_[std::size_t(r)];
+          s += cat("; the ranks wait in different collectives: ", by_rank(full),
+                   " (registrations changed on some ranks only? Check mode every_step turns this into a "
+                   "MismatchError)");
+        }
       } else {
         s += "missing ranks unknown (the side channel is not established yet)";
       }
@@ -380,6 +424,7 @@ class Control {
   std::shared_ptr<State> state_;
   std::vector<char> arrived_;
   std::vector<std::int64_t> seen_step_;
+  std::vector<std::string> where_;
   std::int64_t arrival_step_ = 0;
   std::vector<std::shared_ptr<void>> keep_;
 };
