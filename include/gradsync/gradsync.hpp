@@ -2,6 +2,7 @@
 #pragma once
 
 #include "config.hpp"
+#include "env.hpp"
 #include "error.hpp"
 #include "gradient_sync.hpp"
 #include "local_var_policy.hpp"
