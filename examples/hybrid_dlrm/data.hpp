@@ -33,12 +33,14 @@ class Generator {
   }
 
   /// Fills `count` samples starting at global position `first` of batch `step`:
-  /// dense [count][F], ids [count][T], label [count].
+  /// dense [count][F], ids [count][T], label [count]. Returns the sum over these samples of the
+  /// teacher's own expected loss (the entropy of its click probability): the floor of the loss.
   template <class HostMatrix, class HostIds, class HostLabels>
-  void fill(std::uint64_t step, Index first, Index count, const HostMatrix& dense, const HostIds& ids,
+  double fill(std::uint64_t step, Index first, Index count, const HostMatrix& dense, const HostIds& ids,
             const HostLabels& label) const {
     const int T = cfg_.num_tables(), F = cfg_.dense_features();
     std::vector<int> row(std::size_t(T), 0);
+    double floor = 0;
     for (Index s = 0; s < count; ++s) {
       const std::uint64_t g = step * std::uint64_t(cfg_.batch) + std::uint64_t(first + s);
       double logit = -1.0;  // a click rate near 25%, as in Criteo
@@ -61,7 +63,9 @@ class Generator {
         logit += 1.5 * normal(teacher_seed, 100, std::uint64_t(row[0])) * normal(teacher_seed, 101, std::uint64_t(row[1]));
       const double p = 1.0 / (1.0 + std::exp(-logit));
       label(s) = uniform(hash(cfg_.seed, 0x1a, g, 0)) < p ? 1.0 : 0.0;
+      if (p > 0 && p < 1) floor -= p * std::log(p) + (1 - p) * std::log1p(-p);
     }
+    return floor;
   }
 
  private:

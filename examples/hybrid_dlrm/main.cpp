@@ -204,7 +204,7 @@ int run_check(const Config& c) {
   const bool ok = worst_all <= tol;
   if (me == 0) {
     if (ok)
-      std::printf("check PASSED: %d ranks reproduce the single-process model, max relative difference %.1e <= %.0e "
+      std::printf("check PASSED: %d rank(s) reproduce the single-process model, max relative difference %.1e <= %.0e "
                   "(worst: %s)\n",
                   n, worst_all, tol, worst_what.c_str());
     else {
@@ -220,21 +220,31 @@ int run_check(const Config& c) {
   return ok ? 0 : 1;
 }
 
+// Mean of the last k values.
+double mean(const std::vector<double>& v, std::size_t k) {
+  double s = 0;
+  for (std::size_t i = v.size() - k; i < v.size(); ++i) s += v[i];
+  return s / double(k);
+}
+
 template <class Group>
 int run_train(const Config& c) {
   dlrm::Trainer<gradsync::MpiBackend, Group> tr(c, gradsync::MpiBackend(MPI_COMM_WORLD));
   const int me = tr.rank();
   print_model(c, tr);
   if (me == 0)
-    std::printf("training %d steps, SGD lr %g, seed %llu, tables %s (bytes are per rank, per step)\n", c.steps, c.lr,
+    std::printf("training %d steps, SGD lr %g, seed %llu, tables %s\n"
+                "  (loss: this batch; avg: since the last line; teacher: the loss of the model that labels the data;\n"
+                "   bytes: sent by one rank per step, the all-to-all's the largest over ranks)\n", c.steps, c.lr,
                 (unsigned long long)c.seed, scale_name<Group>());
-  std::vector<double> losses;
+  std::vector<double> losses, floors;
   const auto t0 = Clock::now();
   auto t_last = t0;
   std::uint64_t a2a_last = 0, sync_last = 0;
   int step_last = 0;
   for (int step = 0; step < c.steps; ++step) {
     losses.push_back(tr.compute_gradients(std::uint64_t(step)));
+    floors.push_back(tr.teacher_loss());
     tr.apply_sgd();
     if ((step + 1) % c.log_every == 0 || step == 0 || step + 1 == c.steps) {
       MPI_Barrier(MPI_COMM_WORLD);  // time whole steps of every rank
@@ -244,7 +254,8 @@ int run_train(const Config& c) {
       const double a2a = max_over_ranks(double(tr.alltoall_stats().total() - a2a_last)) / steps;
       const double sync = double(tr.sync_stats().bytes_allreduced - sync_last) / steps;
       if (me == 0)
-        std::printf("step %5d  loss %.4f  %8.0f samples/s  sync %s  all-to-all %s\n", step, losses.back(),
+        std::printf("step %5d  loss %.4f (avg %.4f, teacher %.4f)  %6.0f samples/s  sent/step: sync %s, all-to-all %s\n",
+                    step, losses.back(), mean(losses, std::size_t(steps)), mean(floors, std::size_t(steps)),
                     steps * double(c.batch) / dt, mib(sync).c_str(), mib(a2a).c_str());
       t_last = now;
       step_last = step + 1;
@@ -256,8 +267,7 @@ int run_train(const Config& c) {
   if (c.steps == 0) return 0;
   // Every batch is new data, so a step's loss (taken before its update) is a held-out loss.
   const std::size_t tail = std::min<std::size_t>(20, losses.size());
-  double last = 0;
-  for (std::size_t i = losses.size() - tail; i < losses.size(); ++i) last += losses[i] / double(tail);
+  const double last = mean(losses, tail);
   const double drop = 1 - last / losses.front();
   const auto& a = tr.alltoall_stats();
   const double ids = max_over_ranks(double(a.ids)), emb = max_over_ranks(double(a.embeddings)),
@@ -265,8 +275,9 @@ int run_train(const Config& c) {
   if (me == 0) {
     std::printf("summary: %d steps of %d samples in %.2f s, %.0f samples/s on %d ranks\n", c.steps, c.batch, secs,
                 double(c.steps) * c.batch / secs, tr.size());
-    std::printf("  loss %.4f at step 0, %.4f averaged over the last %zu steps: %.1f%% lower\n", losses.front(), last,
-                tail, 100 * drop);
+    std::printf("  loss %.4f at step 0, %.4f averaged over the last %zu steps: %.1f%% lower "
+                "(the teacher itself scores %.4f on those batches)\n",
+                losses.front(), last, tail, 100 * drop, mean(floors, tail));
     std::printf("  sent per rank per step: gradient sync %s (%llu allreduce calls in all), all-to-all %s "
                 "(ids %s, embeddings %s, their gradients %s; max over ranks); tables sent 0 bytes\n",
                 mib(double(tr.sync_stats().bytes_allreduced) / c.steps).c_str(),

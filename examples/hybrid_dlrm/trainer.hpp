@@ -96,7 +96,7 @@ class Trainer {
   /// Generates this rank's share of global batch `step`, runs forward and backward, synchronizes
   /// the gradients. Returns the global mean loss of the batch (before the update).
   Real compute_gradients(std::uint64_t step) {
-    gen_.fill(step, lo_[std::size_t(r_)], b_, dense_h_, ids_local_h_, label_h_);
+    Real sums[2] = {0, gen_.fill(step, lo_[std::size_t(r_)], b_, dense_h_, ids_local_h_, label_h_)};
     Kokkos::deep_copy(dense_, dense_h_);
     Kokkos::deep_copy(label_, label_h_);
     exchange_ids();
@@ -116,9 +116,8 @@ class Trainer {
     Kokkos::parallel_for("dlrm::interaction", range(b_ * cfg_.interaction_width()),
                          InteractionForward{h, inter_, emb_, pair_i_, pair_j_, dim_, cfg_.interaction_width()});
     forward(top_, inter_);
-    Real loss = 0;  // the plain sum of this rank's sample losses
     Kokkos::parallel_reduce("dlrm::sigmoid_bce", range(b_),
-                            SigmoidBce{top_.back().y, top_.back().dy, label_, Real(n_) / Real(B_)}, loss);
+                            SigmoidBce{top_.back().y, top_.back().dy, label_, Real(n_) / Real(B_)}, sums[0]);
 
     backward(top_, dinter_);
     Kokkos::parallel_for("dlrm::interaction_backward", range(b_ * cfg_.num_vectors() * dim_),
@@ -137,9 +136,10 @@ class Trainer {
     Kokkos::fence();
     sync_.synchronize();
 
-    // The global mean loss, for reporting: (1/B) x the sum over every sample.
-    backend_.allreduce_sum(&loss, 1);
-    return loss / Real(B_);
+    // The global mean loss (and the teacher's), for reporting: (1/B) x the sums over every sample.
+    backend_.allreduce_sum(sums, 2);
+    teacher_loss_ = sums[1] / Real(B_);
+    return sums[0] / Real(B_);
   }
 
   /// One SGD step: MLPs everywhere, only the touched rows of this rank's tables.
@@ -164,6 +164,8 @@ class Trainer {
   const std::vector<int>& owners() const { return owner_; }
   const gradsync::Stats& sync_stats() const { return sync_.stats(); }
   const AllToAllStats& alltoall_stats() const { return stats_; }
+  /// The teacher's own expected loss on the last batch: what a perfect model would score.
+  Real teacher_loss() const { return teacher_loss_; }
   Index local_samples() const { return b_; }
   std::int64_t owned_rows() const { return row_offset_h_(Index(my_.size())); }
   std::size_t mlp_parameters() const { return sync_.data_parallel_bytes() / sizeof(Real); }
@@ -488,6 +490,7 @@ class Trainer {
   std::vector<std::pair<int, Index>> sort_buf_;
 
   AllToAllStats stats_;
+  Real teacher_loss_ = 0;
 };
 
 }  // namespace dlrm
