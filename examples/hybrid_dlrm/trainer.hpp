@@ -96,7 +96,8 @@ class Trainer {
   /// Generates this rank's share of global batch `step`, runs forward and backward, synchronizes
   /// the gradients. Returns the global mean loss of the batch (before the update).
   Real compute_gradients(std::uint64_t step) {
-    Real sums[2] = {0, gen_.fill(step, lo_[std::size_t(r_)], b_, dense_h_, ids_local_h_, label_h_)};
+    Real sums[3] = {0, gen_.fill(step, lo_[std::size_t(r_)], b_, dense_h_, ids_local_h_, label_h_), 0};
+    for (Index s = 0; s < b_; ++s) sums[2] += label_h_(s);
     Kokkos::deep_copy(dense_, dense_h_);
     Kokkos::deep_copy(label_, label_h_);
     exchange_ids();
@@ -137,8 +138,10 @@ class Trainer {
     sync_.synchronize();
 
     // The global mean loss (and the teacher's), for reporting: (1/B) x the sums over every sample.
-    backend_.allreduce_sum(sums, 2);
+    backend_.allreduce_sum(sums, 3);
     teacher_loss_ = sums[1] / Real(B_);
+    clicks_ += sums[2];
+    samples_ += Real(B_);
     return sums[0] / Real(B_);
   }
 
@@ -166,6 +169,11 @@ class Trainer {
   const AllToAllStats& alltoall_stats() const { return stats_; }
   /// The teacher's own expected loss on the last batch: what a perfect model would score.
   Real teacher_loss() const { return teacher_loss_; }
+  /// The loss of the best constant prediction (the click rate of every batch so far).
+  Real constant_loss() const {
+    const Real p = samples_ > 0 ? clicks_ / samples_ : Real(0.5);
+    return p <= 0 || p >= 1 ? Real(0) : -(p * std::log(p) + (1 - p) * std::log1p(-p));
+  }
   Index local_samples() const { return b_; }
   std::int64_t owned_rows() const { return row_offset_h_(Index(my_.size())); }
   std::size_t mlp_parameters() const { return sync_.data_parallel_bytes() / sizeof(Real); }
@@ -490,7 +498,7 @@ class Trainer {
   std::vector<std::pair<int, Index>> sort_buf_;
 
   AllToAllStats stats_;
-  Real teacher_loss_ = 0;
+  Real teacher_loss_ = 0, clicks_ = 0, samples_ = 0;
 };
 
 }  // namespace dlrm
