@@ -132,8 +132,9 @@ inline void validate(const Config& c) {
   if (c.log_every < 1) fail("--log-every must be >= 1");
 }
 
-/// Parses the command line; returns false (after printing usage) for --help.
-inline bool parse(Config& c, int argc, char** argv) {
+/// Parses the command line, skipping Kokkos' --kokkos-* options; returns false for --help (after
+/// printing the usage when `print`).
+inline bool parse(Config& c, int argc, char** argv, bool print = true) {
   std::vector<std::string> a(argv + 1, argv + argc);
   std::string bottom, top;
   for (std::size_t i = 0; i < a.size(); ++i) {
@@ -143,9 +144,10 @@ inline bool parse(Config& c, int argc, char** argv) {
     };
     const std::string& o = a[i];
     if (o == "--help" || o == "-h") {
-      usage(argv[0]);
+      if (print) usage(argv[0]);
       return false;
-    } else if (o == "--batch") c.batch = std::stoi(value());
+    } else if (o.rfind("--kokkos-", 0) == 0) continue;
+    else if (o == "--batch") c.batch = std::stoi(value());
     else if (o == "--steps") c.steps = std::stoi(value()), c.steps_given = true;
     else if (o == "--lr") c.lr = std::stod(value());
     else if (o == "--rows") c.row_cap = std::stoll(value());

@@ -81,8 +81,8 @@ void print_model(const Config& c, const T& tr) {
     for (std::size_t i = 0; i < v.size(); ++i) s += (i ? "-" : "") + std::to_string(v[i]);
     return s;
   };
-  std::printf("hybrid_dlrm: %d ranks, global batch %d, %d tables x dim %d (rows capped at %lld: %lld rows, %.1f MiB)\n",
-              n, c.batch, c.num_tables(), c.dim, (long long)c.row_cap, (long long)total_rows,
+  std::printf("hybrid_dlrm: %d rank%s, global batch %d, %d tables x dim %d (rows capped at %lld: %lld rows, %.1f MiB)\n",
+              n, n == 1 ? "" : "s", c.batch, c.num_tables(), c.dim, (long long)c.row_cap, (long long)total_rows,
               double(total_rows) * c.dim * sizeof(Real) / (1024.0 * 1024.0));
   std::printf("  bottom MLP %s, dot interaction (%d pairs), top MLP %s: %zu parameters, data-parallel\n",
               join(c.bottom).c_str(), c.num_pairs(), join(c.top).c_str(), tr.mlp_parameters());
@@ -204,9 +204,9 @@ int run_check(const Config& c) {
   const bool ok = worst_all <= tol;
   if (me == 0) {
     if (ok)
-      std::printf("check PASSED: %d rank(s) reproduce the single-process model, max relative difference %.1e <= %.0e "
+      std::printf("check PASSED: %d rank%s reproduce the single-process model, max relative difference %.1e <= %.0e "
                   "(worst: %s)\n",
-                  n, worst_all, tol, worst_what.c_str());
+                  n, n == 1 ? "" : "s", worst_all, tol, worst_what.c_str());
     else {
       std::printf("check FAILED: max relative difference %.3e > %.0e (worst: %s)\n", worst_all, tol,
                   worst_what.c_str());
@@ -311,16 +311,25 @@ int run(const Config& c) {
 
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
+  // Options first (Kokkos' own --kokkos-* ones are left to Kokkos), so --help needs no Kokkos.
+  Config c;
+  try {
+    if (!dlrm::parse(c, argc, argv, world_rank() == 0)) {
+      MPI_Finalize();
+      return 0;
+    }
+  } catch (const std::exception& e) {
+    if (world_rank() == 0) std::fprintf(stderr, "hybrid_dlrm: %s\n", e.what());
+    MPI_Finalize();
+    return 2;
+  }
   Kokkos::initialize(argc, argv);
   int status = 0;
   try {
-    Config c;
-    if (dlrm::parse(c, argc, argv)) status = c.scale_tables ? run<Tables>(c) : run<TablesUnscaled>(c);
+    status = c.scale_tables ? run<Tables>(c) : run<TablesUnscaled>(c);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "hybrid_dlrm (rank %d): %s\n", world_rank(), e.what());
-    Kokkos::finalize();
     MPI_Abort(MPI_COMM_WORLD, 2);
-    return 2;
   }
   Kokkos::finalize();
   MPI_Finalize();
