@@ -6,6 +6,7 @@
 #include "gradient_sync.hpp"
 #include "local_var_policy.hpp"
 #include "mpi_backend.hpp"
+#include "optimizers.hpp"
 #include "options.hpp"
 #include "self_backend.hpp"
 #include "stats.hpp"
