@@ -3,7 +3,10 @@
 // computation on the global batch.
 #include <gradsync/gradsync.hpp>
 
+#include <atomic>
 #include <cmath>
+#include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -410,4 +413,43 @@ TEST_CASE("clip_grad_norm: non-finite norms") {
   }
   GRADSYNC_CHECK_ALL(threw);  // every rank sees the infinite norm
   CHECK_THROWS_AS(dopt.clip_grad_norm(-1.0), gradsync::ConfigError);
+}
+
+namespace {
+std::atomic<long> g_kokkos_allocs{0};
+void count_kokkos_alloc(const Kokkos::Tools::SpaceHandle, const char*, const void*, std::uint64_t) { ++g_kokkos_allocs; }
+}  // namespace
+
+TEST_CASE("a shared sync (Sync as a reference type); steady steps allocate nothing") {
+  const int rank = world_rank();
+  gradsync::Options o;
+  o.backward_passes_per_step = 2;
+  Sync sync(gradsync::MpiBackend(MPI_COMM_WORLD), o);
+  gradsync::AdamOptions ao;
+  ao.amsgrad = true;
+  gradsync::DistributedOptimizer<gradsync::Adam<View>, Sync&> dopt(gradsync::Adam<View>(ao), sync);
+  View w("w", 300), gw("gw", 300), t("t", std::size_t(5 + rank)), gt("gt", std::size_t(5 + rank));
+  dopt.add<Dense>(w, gw);
+  dopt.add<Tower>(t, gt);
+  GRADSYNC_CHECK_ALL(sync.num_tensors() == 2 && &dopt.sync() == &sync);
+  auto pass = [&](int p) {
+    for (std::size_t i = 0; i < gw.size(); ++i) gw(i) = std::sin(rank + p + 0.01 * double(i));
+    for (std::size_t i = 0; i < gt.size(); ++i) gt(i) = std::cos(rank + p + 0.1 * double(i));
+    if (dopt.synchronize()) {
+      dopt.clip_grad_norm(0.5);
+      dopt.apply();
+    }
+  };
+  pass(0);
+  pass(1);  // the first full cycle builds every plan and table
+  Kokkos::Tools::Experimental::set_allocate_data_callback(count_kokkos_alloc);
+  const long kokkos_before = g_kokkos_allocs.load(), heap_before = gradsync_test::heap_allocations();
+  for (int p = 2; p < 12; ++p) pass(p);
+  const long heap = gradsync_test::heap_allocations() - heap_before, kokkos = g_kokkos_allocs.load() - kokkos_before;
+  Kokkos::Tools::Experimental::set_allocate_data_callback(nullptr);
+  CAPTURE(heap);
+  CAPTURE(kokkos);
+  GRADSYNC_CHECK_ALL(heap == 0 && kokkos == 0);
+  GRADSYNC_CHECK_ALL(sync.stats().steps == 6 && dopt.optimizer().step_count(0) == 6);
+  GRADSYNC_CHECK_ALL(sync.stats().bytes_allreduced == 6 * 300 * sizeof(double));
 }

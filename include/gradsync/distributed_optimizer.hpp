@@ -120,10 +120,14 @@ class DistributedOptimizer {
     if (GT::size(grad) != e.size)
       throw Error(impl::cat("DistributedOptimizer::add: parameter '", e.name, "' (group ", group, ") has ", e.size,
                             " values but its gradient has ", GT::size(grad), " on rank ", sync().backend().rank()));
+    // Checked here, before the sync and the optimizer register anything, so a failed add leaves both as they were.
     for (const Entry& o : entries_)
-      if (o.param == e.param && e.size > 0)
-        throw Error(impl::cat("DistributedOptimizer::add: parameter '", e.name, "' (group ", group,
-                              ") is already registered as '", o.name, "' on rank ", sync().backend().rank()));
+      if (e.size > 0 && o.size > 0 && e.param < o.param + o.size && o.param < e.param + e.size)
+        throw Error(impl::cat("DistributedOptimizer::add: parameter '", e.name, "' (group ", group, ") overlaps parameter '",
+                              o.name, "' already registered on rank ", sync().backend().rank(),
+                              e.param == o.param ? " (the same parameter registered twice)" : ""));
+    if (!PT::is_contiguous(param))
+      throw Error(impl::cat("DistributedOptimizer::add: parameter '", e.name, "' (group ", group, ") is not contiguous"));
     sync().template add<Group>(grad, name);
     e.slot = opt_.add(param, grad);
     entries_.push_back(std::move(e));

@@ -154,7 +154,7 @@ class GlobalNorm {
     std::copy(host.begin(), host.end(), mirror.data());
     Kokkos::deep_copy(segs_, mirror);
     n_segs_ = std::int64_t(host.size());
-    keys_.swap(scratch_);
+    keys_.assign(scratch_.begin(), scratch_.end());  // scratch_ keeps its capacity: no allocation next time
     world_ = n;
     built_ = true;
   }
