@@ -2,6 +2,7 @@
 // its output are in tests/reference/): every parameter after every step, 1e-12 relative in double.
 #include <gradsync/gradsync.hpp>
 
+#include <cstdint>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -163,4 +164,47 @@ TEST_CASE("a learning-rate schedule takes effect at the next step; std::vector p
   sgd.step();
   CHECK(rel_err(p[0], 1.0 - 0.3 * 0.5) < 1e-15);
   CHECK(rel_err(p[1], 2.0 + 0.3) < 1e-15);
+}
+
+TEST_CASE("parameters with different step counts (after a broadcast) each get their own bias correction") {
+  using View = Kokkos::View<double*>;
+  View p("p", 4), q("q", 3), q2("q2", 3), gp("gp", 4), gq("gq", 3);
+  for (int i = 0; i < 4; ++i) p(i) = 0.1 * i, gp(i) = 0.3 - 0.2 * i;
+  for (int i = 0; i < 3; ++i) q(i) = q2(i) = 1 - 0.2 * i, gq(i) = 0.05 * i - 0.1;
+  gradsync::AdamW<View> both, alone;
+  both.add(p, gp);
+  both.add(q, gq);
+  alone.add(q2, gq);
+  auto set_count = [](auto& opt, std::size_t slot, std::int64_t n) {
+    opt.for_each_state(slot, [&](auto* data, std::size_t) {
+      if constexpr (std::is_same_v<std::remove_pointer_t<decltype(data)>, std::int64_t>) *data = n;
+    });
+  };
+  set_count(both, 1, 5);
+  set_count(alone, 0, 5);
+  both.step();
+  alone.step();
+  bool same = true;
+  for (int i = 0; i < 3; ++i) same = same && q(i) == q2(i);
+  CHECK(same);
+  CHECK(both.step_count(0) == 1);
+  CHECK(both.step_count(1) == 6);
+}
+
+TEST_CASE("a parameter longer than one kernel segment (2^20 values) is updated everywhere") {
+  using View = Kokkos::View<double*>;
+  const std::size_t n = (std::size_t(1) << 20) * 2 + 7;
+  View p("p", n), g("g", n);
+  Kokkos::deep_copy(p, 1.0);
+  Kokkos::deep_copy(g, 2.0);
+  gradsync::SgdOptions o;
+  o.lr = 0.25;
+  o.momentum = 0.5;
+  gradsync::Sgd<View> sgd(o);
+  sgd.add(p, g);
+  sgd.step();  // buf = g, p = 1 - 0.25 * 2
+  sgd.step();  // buf = 0.5 * 2 + 2, p = 0.5 - 0.25 * 3
+  std::size_t wrong = 0;
+  for (std::size_t i = 0; i < n; ++i) wrong += p(i) != -0.25;
+  CHECK(wrong == 0);
 }
