@@ -1,11 +1,10 @@
 // DistributedOptimizer: Horovod's aggregation-with-local-variables and partial-optimizer checks,
 // broadcast of parameters and optimizer state, and the hybrid global norm against a single-process
 // computation on the global batch.
-#include <gradsync/gradsync.hpp>
-
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <gradsync/gradsync.hpp>
 #include <limits>
 #include <string>
 #include <vector>
@@ -230,7 +229,8 @@ TEST_CASE("broadcast_parameters: data-parallel parameters and state from root, l
       ok = ok && now_p == before_p[std::size_t(t)] && now_s == before_s[std::size_t(t)];
       ok = ok && dopt.optimizer().step_count(std::size_t(t)) == rank + 1;
     } else {
-      ok = ok && now_p == bcast_copy(before_p[std::size_t(t)], root) && now_s == bcast_copy(before_s[std::size_t(t)], root);
+      ok = ok && now_p == bcast_copy(before_p[std::size_t(t)], root) &&
+           now_s == bcast_copy(before_s[std::size_t(t)], root);
       ok = ok && dopt.optimizer().step_count(std::size_t(t)) == size;
     }
   }
@@ -417,7 +417,9 @@ TEST_CASE("clip_grad_norm: non-finite norms") {
 
 namespace {
 std::atomic<long> g_kokkos_allocs{0};
-void count_kokkos_alloc(const Kokkos::Tools::SpaceHandle, const char*, const void*, std::uint64_t) { ++g_kokkos_allocs; }
+void count_kokkos_alloc(const Kokkos::Tools::SpaceHandle, const char*, const void*, std::uint64_t) {
+  ++g_kokkos_allocs;
+}
 }  // namespace
 
 TEST_CASE("a shared sync (Sync as a reference type); steady steps allocate nothing") {

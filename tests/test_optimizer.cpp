@@ -1,9 +1,8 @@
 // Sgd, Adam and AdamW against trajectories produced by PyTorch 1.13's torch.optim (the script and
 // its output are in tests/reference/): every parameter after every step, 1e-12 relative in double.
-#include <gradsync/gradsync.hpp>
-
 #include <cstdint>
 #include <cstring>
+#include <gradsync/gradsync.hpp>
 #include <string>
 #include <vector>
 
@@ -111,8 +110,10 @@ TEST_CASE("optimizer state: allocated once, in the parameters' memory space, vis
   sgd.add(p, g);
   int buffers = 0, counters = 0;
   sgd.for_each_state(0, [&](auto* data, std::size_t n) {
-    if constexpr (std::is_same_v<std::remove_pointer_t<decltype(data)>, double>) buffers += n == 3;
-    else counters += n == 1 && *data == 0;
+    if constexpr (std::is_same_v<std::remove_pointer_t<decltype(data)>, double>)
+      buffers += n == 3;
+    else
+      counters += n == 1 && *data == 0;
   });
   CHECK(buffers == 1);
   CHECK(counters == 1);

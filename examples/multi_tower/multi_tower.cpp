@@ -9,11 +9,10 @@
 // the global norm used for clipping counts the trunk once and each tower once.
 //
 //   mpirun -np 4 ./multi_tower [steps]
-#include <gradsync/gradsync.hpp>
-
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <gradsync/gradsync.hpp>
 #include <random>
 #include <vector>
 
@@ -33,8 +32,10 @@ struct Model {
   View w, u, v;  // trunk (hidden x in_dim), tower (width x hidden), head (width)
   int width;
   Model(int width_, const char* tag)
-      : w(std::string(tag) + "_w", hidden * in_dim), u(std::string(tag) + "_u", std::size_t(width_ * hidden)),
-        v(std::string(tag) + "_v", std::size_t(width_)), width(width_) {}
+      : w(std::string(tag) + "_w", hidden * in_dim),
+        u(std::string(tag) + "_u", std::size_t(width_ * hidden)),
+        v(std::string(tag) + "_v", std::size_t(width_)),
+        width(width_) {}
 };
 
 void randomize(View x, std::mt19937& rng, double scale) {
@@ -137,10 +138,12 @@ int main(int argc, char** argv) {
     MPI_Allreduce(MPI_IN_PLACE, &all_towers, 1, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);
     const bool fell = loss < 0.02 * first_loss;
     if (rank == 0) {
-      std::printf("%d ranks: global loss %.3e -> %.3e (%s)\n", size, first_loss, loss, fell ? "loss fell" : "did NOT fall");
-      std::printf("per step: %zu bytes of trunk gradient allreduced, plus 8 bytes for the global norm; the towers "
-                  "(%ld values over all ranks, %ld on rank 0) never left their ranks\n",
-                  dopt.sync().data_parallel_bytes(), all_towers, tower_values);
+      std::printf("%d ranks: global loss %.3e -> %.3e (%s)\n", size, first_loss, loss,
+                  fell ? "loss fell" : "did NOT fall");
+      std::printf(
+          "per step: %zu bytes of trunk gradient allreduced, plus 8 bytes for the global norm; the towers "
+          "(%ld values over all ranks, %ld on rank 0) never left their ranks\n",
+          dopt.sync().data_parallel_bytes(), all_towers, tower_values);
     }
     status = fell ? 0 : 1;
   }

@@ -42,8 +42,8 @@ struct StateProbe {
 template <class O, class = void>
 struct has_state_visitor : std::false_type {};
 template <class O>
-struct has_state_visitor<O, std::void_t<decltype(std::declval<O&>().for_each_state(std::size_t(0),
-                                                                                      std::declval<StateProbe&>()))>>
+struct has_state_visitor<
+    O, std::void_t<decltype(std::declval<O&>().for_each_state(std::size_t(0), std::declval<StateProbe&>()))>>
     : std::true_type {};
 
 template <class O, class = void>
@@ -91,8 +91,7 @@ class DistributedOptimizer {
                 "(the optimizer interface at the top of gradsync/optimizers.hpp)");
 
   /// Takes the optimizer; takes the sync too, or refers to it when Sync is a reference type.
-  DistributedOptimizer(Optimizer optimizer, Sync sync)
-      : opt_(std::move(optimizer)), sync_(std::forward<Sync>(sync)) {}
+  DistributedOptimizer(Optimizer optimizer, Sync sync) : opt_(std::move(optimizer)), sync_(std::forward<Sync>(sync)) {}
 
   /// Registers a parameter and its gradient in `Group`: the gradient with the sync, the pair with
   /// the optimizer. Local groups may differ from rank to rank; data-parallel ones must agree.
@@ -112,7 +111,8 @@ class DistributedOptimizer {
     e.size = PT::size(param);
     const std::string group = impl::type_name<Group>();
     if (name.empty()) {
-      const auto in_group = std::count_if(entries_.begin(), entries_.end(), [&](const Entry& o) { return o.group == group; });
+      const auto in_group =
+          std::count_if(entries_.begin(), entries_.end(), [&](const Entry& o) { return o.group == group; });
       name = impl::cat(group, "[", in_group, "]");
     }
     e.name = name;
@@ -123,11 +123,13 @@ class DistributedOptimizer {
     // Checked here, before the sync and the optimizer register anything, so a failed add leaves both as they were.
     for (const Entry& o : entries_)
       if (e.size > 0 && o.size > 0 && e.param < o.param + o.size && o.param < e.param + e.size)
-        throw Error(impl::cat("DistributedOptimizer::add: parameter '", e.name, "' (group ", group, ") overlaps parameter '",
-                              o.name, "' already registered on rank ", sync().backend().rank(),
+        throw Error(impl::cat("DistributedOptimizer::add: parameter '", e.name, "' (group ", group,
+                              ") overlaps parameter '", o.name, "' already registered on rank ",
+                              sync().backend().rank(),
                               e.param == o.param ? " (the same parameter registered twice)" : ""));
     if (!PT::is_contiguous(param))
-      throw Error(impl::cat("DistributedOptimizer::add: parameter '", e.name, "' (group ", group, ") is not contiguous"));
+      throw Error(
+          impl::cat("DistributedOptimizer::add: parameter '", e.name, "' (group ", group, ") is not contiguous"));
     sync().template add<Group>(grad, name);
     e.slot = opt_.add(param, grad);
     entries_.push_back(std::move(e));
@@ -171,7 +173,8 @@ class DistributedOptimizer {
   void broadcast_parameters(int root) {
     const auto& b = sync().backend();
     if (root < 0 || root >= b.size())
-      throw Error(impl::cat("broadcast_parameters: root ", root, " is not a rank of this ", b.size(), "-rank communicator"));
+      throw Error(
+          impl::cat("broadcast_parameters: root ", root, " is not a rank of this ", b.size(), "-rank communicator"));
     Kokkos::fence();  // pending kernels may still write parameters or state
     const std::vector<const Entry*> dp = data_parallel_entries();
     check_agreement(dp, root);
@@ -181,7 +184,8 @@ class DistributedOptimizer {
       if constexpr (impl::has_state_visitor<Optimizer>::value)
         opt_.for_each_state(e->slot, [&](auto* data, std::size_t n) {
           using T = std::remove_pointer_t<decltype(data)>;
-          if constexpr (std::is_same_v<T, value_type>) broadcast_values(data, n, root);
+          if constexpr (std::is_same_v<T, value_type>)
+            broadcast_values(data, n, root);
           else {
             static_assert(std::is_same_v<T, std::int64_t>,
                           "optimizer for_each_state: state is value_type buffers or std::int64_t counters");
@@ -271,8 +275,8 @@ class DistributedOptimizer {
     if (first == none && dp.size() != std::size_t(root_count)) first = std::int64_t(common);
     std::vector<std::int64_t> firsts(std::size_t(n), none);
     firsts[std::size_t(me)] = first;
-    impl::via_reachable<Kokkos::HostSpace, memory_space>(
-        b, firsts.data(), firsts.size(), [&](std::int64_t* p) { b.allreduce_min(p, firsts.size()); });
+    impl::via_reachable<Kokkos::HostSpace, memory_space>(b, firsts.data(), firsts.size(),
+                                                         [&](std::int64_t* p) { b.allreduce_min(p, firsts.size()); });
     std::string ranks;
     std::int64_t at = none;
     for (int r = 0; r < n; ++r)
@@ -282,13 +286,14 @@ class DistributedOptimizer {
       }
     if (ranks.empty()) return;
     const std::size_t i = std::size_t(at);
-    const std::string here = i < dp.size() ? impl::cat("'", dp[i]->name, "' (group ", dp[i]->group, ", ", dp[i]->size,
-                                                       " values)")
-                                           : std::string("none");
-    const std::string there = i < std::size_t(root_count) ? impl::cat(root_sizes[i + 1], " values") : std::string("none");
-    throw MismatchError(impl::cat("broadcast_parameters(root ", root, "): the data-parallel parameters of rank(s) ", ranks,
-                                  " differ from root's, first at data-parallel parameter #", i, ": on rank ", me, " ",
-                                  here, ", on rank ", root, " ", there, " (", dp.size(), " vs ", root_count,
+    const std::string here = i < dp.size()
+                                 ? impl::cat("'", dp[i]->name, "' (group ", dp[i]->group, ", ", dp[i]->size, " values)")
+                                 : std::string("none");
+    const std::string there =
+        i < std::size_t(root_count) ? impl::cat(root_sizes[i + 1], " values") : std::string("none");
+    throw MismatchError(impl::cat("broadcast_parameters(root ", root, "): the data-parallel parameters of rank(s) ",
+                                  ranks, " differ from root's, first at data-parallel parameter #", i, ": on rank ", me,
+                                  " ", here, ", on rank ", root, " ", there, " (", dp.size(), " vs ", root_count,
                                   " data-parallel parameters)"));
   }
 

@@ -93,7 +93,8 @@ class GlobalNorm {
     refresh(sync);
     double local_part = 0;
     if (n_segs_ > 0)
-      Kokkos::parallel_reduce(impl::label_norm(), Kokkos::TeamPolicy<execution_space>(exec_, int(n_segs_), Kokkos::AUTO),
+      Kokkos::parallel_reduce(impl::label_norm(),
+                              Kokkos::TeamPolicy<execution_space>(exec_, int(n_segs_), Kokkos::AUTO),
                               impl::SquaredNormKernel<value_type, execution_space, memory_space>{segs_}, local_part);
     const auto& b = sync.backend();
     if (b.template can_access<Kokkos::HostSpace>()) {

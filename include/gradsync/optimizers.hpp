@@ -142,9 +142,9 @@ struct AdamKernel {
   OptSegmentView<T, MemorySpace> segs;
   std::int64_t first_seg;
   T beta1, one_minus_beta1, beta2, one_minus_beta2, eps;
-  T weight_decay;       // Adam: L2 coefficient; unused by AdamW
-  T decay_factor;       // AdamW: 1 - lr * weight_decay; 1 for Adam
-  T neg_step_size;      // -lr / (1 - beta1^t)
+  T weight_decay;   // Adam: L2 coefficient; unused by AdamW
+  T decay_factor;   // AdamW: 1 - lr * weight_decay; 1 for Adam
+  T neg_step_size;  // -lr / (1 - beta1^t)
   T bias_correction2_sqrt;
   bool decoupled, amsgrad, maximize;
 
@@ -156,8 +156,10 @@ struct AdamKernel {
   KOKKOS_INLINE_FUNCTION void update(const OptSegment<T>& s, std::int64_t i) const {
     T g = maximize ? -s.grad[i] : s.grad[i];
     T p = s.param[i];
-    if (decoupled) p = p * decay_factor;
-    else if (weight_decay != T(0)) g = g + weight_decay * p;
+    if (decoupled)
+      p = p * decay_factor;
+    else if (weight_decay != T(0))
+      g = g + weight_decay * p;
     const T m = s.s0[i] * beta1 + one_minus_beta1 * g;
     const T v = s.s1[i] * beta2 + one_minus_beta2 * g * g;
     s.s0[i] = m;
@@ -223,9 +225,9 @@ class OptimizerSlots {
     using PT = TensorTraits<P>;
     using GT = TensorTraits<G>;
     static_assert(is_tensor_v<P> && is_tensor_v<G>, "gradsync optimizer add(param, grad): not tensors gradsync knows");
-    static_assert(std::is_same_v<typename PT::value_type, value_type> &&
-                      std::is_same_v<typename GT::value_type, value_type>,
-                  "gradsync optimizer add(param, grad): value types differ from the optimizer's");
+    static_assert(
+        std::is_same_v<typename PT::value_type, value_type> && std::is_same_v<typename GT::value_type, value_type>,
+        "gradsync optimizer add(param, grad): value types differ from the optimizer's");
     static_assert(std::is_same_v<typename PT::memory_space, memory_space> &&
                       std::is_same_v<typename GT::memory_space, memory_space>,
                   "gradsync optimizer add(param, grad): tensors live in another memory space than the optimizer's");
@@ -236,8 +238,7 @@ class OptimizerSlots {
     s.size = PT::size(param);
     const std::size_t index = slots_.size();
     if (GT::size(grad) != s.size)
-      throw Error(impl::cat(who, " parameter #", index, ": ", s.size, " values but its gradient has ",
-                            GT::size(grad)));
+      throw Error(impl::cat(who, " parameter #", index, ": ", s.size, " values but its gradient has ", GT::size(grad)));
     if (!PT::is_contiguous(param) || !GT::is_contiguous(grad))
       throw Error(impl::cat(who, " parameter #", index, ": parameter and gradient must be contiguous"));
     for (const Slot& o : slots_)
@@ -343,11 +344,17 @@ class Sgd : public impl::OptimizerSlots<Tensor, 1> {
           throw ConfigError("Sgd: momentum was switched on after parameters were added without a momentum buffer");
     using T = value_type;
     this->for_each_run([&](std::int64_t first, std::int64_t n, std::int64_t step) {
-      impl::SgdKernel<T, execution_space, memory_space> k{this->segs_,  first,
-                                                          T(-opt_.lr),  T(opt_.momentum),
-                                                          T(1 - opt_.dampening), T(opt_.weight_decay),
-                                                          opt_.momentum != 0, step == 0,
-                                                          opt_.nesterov, opt_.maximize};
+      impl::SgdKernel<T, execution_space, memory_space> k;
+      k.segs = this->segs_;
+      k.first_seg = first;
+      k.neg_lr = T(-opt_.lr);
+      k.momentum = T(opt_.momentum);
+      k.keep = T(1 - opt_.dampening);
+      k.weight_decay = T(opt_.weight_decay);
+      k.use_momentum = opt_.momentum != 0;
+      k.first_step = step == 0;  // PyTorch's momentum buffer starts as the first direction
+      k.nesterov = opt_.nesterov;
+      k.maximize = opt_.maximize;
       impl::launch_per_segment(impl::label_sgd(), this->exec_, n, k);
     });
   }
@@ -404,20 +411,21 @@ class AdamBase : public OptimizerSlots<Tensor, 3> {
       const double t = double(done + 1);
       const double bias_correction1 = 1 - std::pow(opt_.beta1, t);
       const double bias_correction2 = 1 - std::pow(opt_.beta2, t);
-      AdamKernel<T, execution_space, memory_space> k{this->segs_,
-                                                     first,
-                                                     T(opt_.beta1),
-                                                     T(1 - opt_.beta1),
-                                                     T(opt_.beta2),
-                                                     T(1 - opt_.beta2),
-                                                     T(opt_.eps),
-                                                     T(opt_.weight_decay),
-                                                     T(Decoupled ? 1 - opt_.lr * opt_.weight_decay : 1.0),
-                                                     T(-(opt_.lr / bias_correction1)),
-                                                     T(std::sqrt(bias_correction2)),
-                                                     Decoupled,
-                                                     opt_.amsgrad,
-                                                     opt_.maximize};
+      AdamKernel<T, execution_space, memory_space> k;
+      k.segs = this->segs_;
+      k.first_seg = first;
+      k.beta1 = T(opt_.beta1);
+      k.one_minus_beta1 = T(1 - opt_.beta1);
+      k.beta2 = T(opt_.beta2);
+      k.one_minus_beta2 = T(1 - opt_.beta2);
+      k.eps = T(opt_.eps);
+      k.weight_decay = T(opt_.weight_decay);
+      k.decay_factor = T(Decoupled ? 1 - opt_.lr * opt_.weight_decay : 1.0);
+      k.neg_step_size = T(-(opt_.lr / bias_correction1));
+      k.bias_correction2_sqrt = T(std::sqrt(bias_correction2));
+      k.decoupled = Decoupled;
+      k.amsgrad = opt_.amsgrad;
+      k.maximize = opt_.maximize;
       launch_per_segment(label_adam(), this->exec_, n, k);
     });
   }
@@ -442,8 +450,7 @@ template <class Tensor>
 class Adam : public impl::AdamBase<Tensor, false> {
  public:
   using execution_space = typename impl::AdamBase<Tensor, false>::execution_space;
-  explicit Adam(AdamOptions options = {}, execution_space exec = {})
-      : impl::AdamBase<Tensor, false>(options, exec) {}
+  explicit Adam(AdamOptions options = {}, execution_space exec = {}) : impl::AdamBase<Tensor, false>(options, exec) {}
 };
 
 /// torch.optim.AdamW as a Kokkos kernel (decoupled weight decay, default 1e-2).
@@ -451,8 +458,7 @@ template <class Tensor>
 class AdamW : public impl::AdamBase<Tensor, true> {
  public:
   using execution_space = typename impl::AdamBase<Tensor, true>::execution_space;
-  explicit AdamW(AdamWOptions options = {}, execution_space exec = {})
-      : impl::AdamBase<Tensor, true>(options, exec) {}
+  explicit AdamW(AdamWOptions options = {}, execution_space exec = {}) : impl::AdamBase<Tensor, true>(options, exec) {}
 };
 
 }  // namespace gradsync
