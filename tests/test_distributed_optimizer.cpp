@@ -455,3 +455,70 @@ TEST_CASE("a shared sync (Sync as a reference type); steady steps allocate nothi
   GRADSYNC_CHECK_ALL(sync.stats().steps == 6 && dopt.optimizer().step_count(0) == 6);
   GRADSYNC_CHECK_ALL(sync.stats().bytes_allreduced == 6 * 300 * sizeof(double));
 }
+
+TEST_CASE("global_norm in float accumulates in double") {
+  const int rank = world_rank(), size = world_size();
+  using FView = Kokkos::View<float*>;
+  using FSync = gradsync::GradientSync<gradsync::MpiBackend, FView>;
+  gradsync::DistributedOptimizer dopt(gradsync::Sgd<FView>(), FSync(gradsync::MpiBackend(MPI_COMM_WORLD)));
+  FView w("w", 6), gw("gw", 6), a("a", std::size_t(2 + rank)), ga("ga", std::size_t(2 + rank)), c("c", 1), gc("gc", 1);
+  dopt.add<Dense>(w, gw);
+  dopt.add<Tower>(a, ga);
+  dopt.add<Dense>(c, gc);
+  dopt.register_local_var(c);
+  const RankGrads mine = rank_grads(rank);
+  for (std::size_t i = 0; i < 6; ++i) gw(i) = float(mine.w[i]);
+  for (std::size_t i = 0; i < a.size(); ++i) ga(i) = float(mine.a[i]);
+  gc(0) = float(mine.c);
+  GRADSYNC_CHECK_ALL(dopt.synchronize());
+  const double norm = dopt.global_norm(), expect = single_process_norm(size);
+  CAPTURE(norm);
+  CAPTURE(expect);
+  GRADSYNC_CHECK_ALL(rel_err(norm, expect) < 1e-6);
+}
+
+namespace {
+
+// A backend that reaches no memory space directly: every collective of broadcast_parameters and
+// global_norm goes through a staging copy (the path of device memory with an MPI that is not
+// CUDA-aware, and of host counters with a device-only backend), testable without a GPU.
+struct UnreachableBackend : gradsync::MpiBackend {
+  using gradsync::MpiBackend::MpiBackend;
+  template <class MemorySpace>
+  bool can_access() const {
+    return false;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("broadcast_parameters and global_norm through staging copies") {
+  const int rank = world_rank(), size = world_size(), root = size - 1;
+  using USync = gradsync::GradientSync<UnreachableBackend, View>;
+  gradsync::DistributedOptimizer dopt(gradsync::Adam<View>(), USync(UnreachableBackend(MPI_COMM_WORLD)));
+  View a("a", 7), ga("ga", 7), t("t", std::size_t(1 + rank)), gt("gt", std::size_t(1 + rank));
+  dopt.add<Dense>(a, ga);
+  dopt.add<Tower>(t, gt);
+  for (std::size_t i = 0; i < a.size(); ++i) a(i) = init_value(rank, 0, i), ga(i) = std::sin(rank + 0.5 * double(i));
+  for (std::size_t i = 0; i < t.size(); ++i) t(i) = init_value(rank, 1, i), gt(i) = std::cos(rank + double(i));
+  for (int s = 0; s <= rank; ++s) dopt.apply();
+  const std::vector<double> a0(a.data(), a.data() + a.size()), t0(t.data(), t.data() + t.size());
+  const std::vector<double> sa0 = state_of(dopt.optimizer(), 0), st0 = state_of(dopt.optimizer(), 1);
+  dopt.broadcast_parameters(root);
+  bool ok = std::vector<double>(a.data(), a.data() + a.size()) == bcast_copy(a0, root) &&
+            state_of(dopt.optimizer(), 0) == bcast_copy(sa0, root) &&
+            std::vector<double>(t.data(), t.data() + t.size()) == t0 && state_of(dopt.optimizer(), 1) == st0;
+  GRADSYNC_CHECK_ALL(ok);
+  GRADSYNC_CHECK_ALL(dopt.synchronize());  // the sync stages its fused chunks through host memory too
+  double sq = 0;
+  for (int r = 0; r < size; ++r)
+    for (std::size_t i = 0; i < std::size_t(1 + r); ++i) sq += std::pow(std::cos(r + double(i)) / size, 2);
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    double avg = 0;
+    for (int r = 0; r < size; ++r) avg += std::sin(r + 0.5 * double(i)) / size;
+    sq += avg * avg;
+  }
+  const double norm = dopt.global_norm();
+  CAPTURE(norm);
+  GRADSYNC_CHECK_ALL(rel_err(norm, std::sqrt(sq)) < 1e-14);
+}
