@@ -199,12 +199,15 @@ TEST_CASE_TEMPLATE("every row of the semantics table, against analytic values", 
 TEST_CASE("fusion thresholds from 64 bytes to beyond the whole model give the same values") {
   using T = double;
   const int rank = world_rank();
+  for (auto staging : {gradsync::HostStaging::automatic, gradsync::HostStaging::always})
   for (int N : {1, 3})
     for (std::size_t threshold : {std::size_t(64), std::size_t(100), std::size_t(4096), std::size_t(1) << 20,
                                   std::size_t(1) << 30, std::size_t(0)}) {
       Config c{{}, world_members(), rank};
       c.opt.fusion_threshold_bytes = threshold;
       c.opt.backward_passes_per_step = N;
+      c.opt.host_staging = staging;  // always: every chunk goes through the host mirror
+      CAPTURE(int(staging));
       CAPTURE(threshold);
       CAPTURE(N);
       auto m = make_model<T>(rank);

@@ -18,7 +18,6 @@
 #include <gradsync/gradsync.hpp>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <numeric>

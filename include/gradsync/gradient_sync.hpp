@@ -19,6 +19,7 @@
 #include "error.hpp"
 #include "impl/demangle.hpp"
 #include "impl/fusion_kernels.hpp"
+#include "impl/fusion_plan.hpp"
 #include "local_var_policy.hpp"
 #include "options.hpp"
 #include "stats.hpp"
@@ -33,9 +34,6 @@ inline std::size_t& max_chunk_elements() {
   static std::size_t n = std::size_t(INT_MAX);
   return n;
 }
-
-// Segments are split at this length so one team never serializes a huge tensor on a GPU.
-inline constexpr std::int64_t max_segment_elements = std::int64_t(1) << 20;
 
 }  // namespace impl
 
@@ -146,6 +144,13 @@ class GradientSync {
     throw Error("is_local: the tensor is not registered");
   }
 
+  /// Calls f(data, size, is_local) for every registered gradient, in registration order (used by
+  /// global_norm and DistributedOptimizer to tell local from data-parallel tensors).
+  template <class F>
+  void for_each_tensor(F&& f) const {
+    for (const Entry& e : entries_) f(e.data, e.size, e.local());
+  }
+
   /// Bytes of data-parallel gradient one synchronize() hands to the backend.
   std::size_t data_parallel_bytes() const {
     std::size_t n = 0;
@@ -165,11 +170,6 @@ class GradientSync {
     bool runtime_local = false;
     std::shared_ptr<void> keepalive;  // a copy of a registered View keeps its memory alive
     bool local() const { return policy_local || runtime_local; }
-  };
-
-  struct Chunk {
-    std::int64_t begin = 0, end = 0;          // range in the fused index space
-    std::int64_t seg_begin = 0, seg_end = 0;  // its segments
   };
 
   using Seg = impl::Segment<value_type>;
@@ -216,39 +216,21 @@ class GradientSync {
     const value_type inv_agg = opt_.average_aggregated_gradients ? value_type(1) / value_type(N) : value_type(1);
 
     // Data-parallel tensors: fused offsets, chunks, and segments split at chunk boundaries.
-    std::vector<Seg> segs;
-    chunks_.clear();
-    std::int64_t total = 0;
+    std::vector<typename impl::FusionPlan<value_type>::Tensor> dp;
     for (const Entry& e : entries_)
-      if (!e.local()) total += std::int64_t(e.size);
-    const std::int64_t limit = std::int64_t(chunk_limit());
-    const bool per_tensor = opt_.fusion_threshold_bytes == 0;
-    std::int64_t offset = 0;
-    for (const Entry& e : entries_) {
-      if (e.local() || e.size == 0) continue;
-      for (std::int64_t done = 0; done < std::int64_t(e.size);) {
-        const std::int64_t pos = offset + done;
-        if (chunks_.empty() || pos >= chunks_.back().end) {
-          Chunk c;
-          c.begin = pos;
-          c.end = per_tensor ? std::min(pos + limit, offset + std::int64_t(e.size)) : std::min(pos + limit, total);
-          c.seg_begin = c.seg_end = std::int64_t(segs.size());
-          chunks_.push_back(c);
-        }
-        Chunk& c = chunks_.back();
-        const std::int64_t len =
-            std::min({std::int64_t(e.size) - done, c.end - pos, impl::max_segment_elements});
-        segs.push_back(Seg{e.data + done, pos, len, value_type(1)});
-        c.seg_end = std::int64_t(segs.size());
-        done += len;
-      }
-      offset += std::int64_t(e.size);
-    }
-    std::int64_t widest = 0;
-    for (const Chunk& c : chunks_) widest = std::max(widest, c.end - c.begin);
-    // One chunk-sized window suffices without aggregation; with it the buffer holds every sum.
+      if (!e.local()) dp.push_back({e.data, e.size});
+    auto plan = impl::FusionPlan<value_type>::build(dp, std::int64_t(chunk_limit()), opt_.fusion_threshold_bytes == 0);
+    chunks_ = std::move(plan.chunks);
+    const std::vector<Seg>& segs = plan.segments;
+    // Without aggregation the buffer is `pipeline_depth` chunk-sized slots that chunks cycle
+    // through; with it the buffer holds every data-parallel sum between passes.
     windowed_ = N == 1;
-    ensure(buffer_, std::size_t(windowed_ ? widest : total), "gradsync::fusion_buffer");
+    slot_size_ = windowed_ ? plan.widest : 0;
+    const std::int64_t capacity =
+        windowed_ ? plan.widest * std::min<std::int64_t>(pipeline_depth, std::int64_t(chunks_.size())) : plan.total;
+    ensure(buffer_, std::size_t(capacity), "gradsync::fusion_buffer");
+    staged_ = use_host_staging();
+    if (staged_) ensure(staging_, std::size_t(capacity), "gradsync::host_staging");
     upload(segs, dp_segs_, "gradsync::segments");
 
     // Local tensors: scaled in place, accumulated beside the buffer when N > 1.
@@ -274,7 +256,7 @@ class GradientSync {
     pre_factor_ = value_type(opt_.prescale_factor);
     n_dp_segs_ = std::int64_t(segs.size());
     n_local_segs_ = std::int64_t(lsegs.size());
-    stats_.buffer_bytes = (buffer_.extent(0) + local_acc_.extent(0)) * sizeof(value_type);
+    stats_.buffer_bytes = (buffer_.extent(0) + local_acc_.extent(0) + staging_.extent(0)) * sizeof(value_type);
     ++stats_.plan_builds;
     dirty_ = false;
   }
@@ -298,22 +280,78 @@ class GradientSync {
                                  local_segs_, local_acc_, first ? impl::LocalMode::store : impl::LocalMode::accumulate});
   }
 
-  void reduce_data_parallel(bool aggregated) {
-    for (const Chunk& c : chunks_) {
-      const std::int64_t base = windowed_ ? c.begin : 0;
-      const std::int64_t nsegs = c.seg_end - c.seg_begin;
-      impl::launch_per_segment(impl::label_pack(), exec_, nsegs,
-                               impl::PackKernel<value_type, execution_space, memory_space>{
-                                   dp_segs_, buffer_, c.seg_begin, base, pre_factor_, aggregated});
-      impl::fence(exec_, impl::label_fence_pack());  // the backend reads the buffer outside Kokkos
-      const std::size_t len = std::size_t(c.end - c.begin);
-      backend_.allreduce_sum(buffer_.data() + (c.begin - base), len);
-      ++stats_.allreduce_calls;
-      stats_.bytes_allreduced += len * sizeof(value_type);
-      impl::launch_per_segment(impl::label_unpack(), exec_, nsegs,
-                               impl::UnpackKernel<value_type, execution_space, memory_space>{
-                                   dp_segs_, buffer_, c.seg_begin, base, post_factor_});
+  // Where chunk c lives in the buffer: its slot when windowed, its own place otherwise.
+  std::int64_t buffer_pos(std::size_t c) const {
+    return windowed_ ? std::int64_t(c % pipeline_depth) * slot_size_ : chunks_[c].begin;
+  }
+
+  // Packs chunk c into its place (the kernels index the buffer by segment offset - base).
+  void pack_chunk(std::size_t c, bool aggregated) {
+    const impl::Chunk& ch = chunks_[c];
+    impl::launch_per_segment(impl::label_pack(), exec_, ch.seg_end - ch.seg_begin,
+                             impl::PackKernel<value_type, execution_space, memory_space>{
+                                 dp_segs_, buffer_, ch.seg_begin, ch.begin - buffer_pos(c), pre_factor_, aggregated});
+  }
+
+  void unpack_chunk(std::size_t c) {
+    const impl::Chunk& ch = chunks_[c];
+    impl::launch_per_segment(impl::label_unpack(), exec_, ch.seg_end - ch.seg_begin,
+                             impl::UnpackKernel<value_type, execution_space, memory_space>{
+                                 dp_segs_, buffer_, ch.seg_begin, ch.begin - buffer_pos(c), post_factor_});
+  }
+
+  // The chunk's values as the backend sees them: in the fusion buffer, or in the host mirror.
+  template <class View>
+  static auto window(const View& v, std::int64_t pos, std::int64_t len) {
+    return Kokkos::subview(v, std::make_pair(std::size_t(pos), std::size_t(pos + len)));
+  }
+
+  // Packs chunk c and hands it to the backend without waiting for the reduction.
+  void launch_chunk(std::size_t c, bool aggregated) {
+    const std::int64_t pos = buffer_pos(c), len = chunks_[c].size();
+    pack_chunk(c, aggregated);
+    if (staged_) Kokkos::deep_copy(exec_, window(staging_, pos, len), window(buffer_, pos, len));
+    impl::fence(exec_, impl::label_fence_pack());  // the backend reads the buffer outside Kokkos
+    value_type* data = (staged_ ? staging_.data() : buffer_.data()) + pos;
+    requests_[c % pipeline_depth] = backend_.iallreduce_sum(data, std::size_t(len));
+    ++stats_.allreduce_calls;
+    stats_.bytes_allreduced += std::size_t(len) * sizeof(value_type);
+  }
+
+  // Waits for chunk c's reduction and unpacks it into the gradients.
+  void complete_chunk(std::size_t c) {
+    backend_.wait(requests_[c % pipeline_depth]);
+    if (staged_) {
+      const std::int64_t pos = buffer_pos(c), len = chunks_[c].size();
+      Kokkos::deep_copy(exec_, window(buffer_, pos, len), window(staging_, pos, len));
     }
+    unpack_chunk(c);
+  }
+
+  // Chunk k is reduced while chunk k+1 is packed and chunk k-1 unpacked: up to pipeline_depth
+  // chunks are in flight, each in its own slot of the buffer.
+  void reduce_data_parallel(bool aggregated) {
+    const std::size_t n = chunks_.size();
+    for (std::size_t c = 0; c < n; ++c) {
+      if (c >= pipeline_depth) complete_chunk(c - pipeline_depth);
+      launch_chunk(c, aggregated);
+    }
+    for (std::size_t c = n > pipeline_depth ? n - pipeline_depth : 0; c < n; ++c) complete_chunk(c);
+  }
+
+  // Host staging: when the backend cannot read the buffer's memory space, or when asked to.
+  bool use_host_staging() const {
+    const bool reachable = backend_.template can_access<memory_space>();
+    switch (opt_.host_staging) {
+      case HostStaging::always: return true;
+      case HostStaging::never:
+        if (!reachable)
+          throw ConfigError(impl::cat("host_staging = never, but backend '", Backend::name(),
+                                      "' cannot access the gradients' memory space ", memory_space::name()));
+        return false;
+      case HostStaging::automatic: break;
+    }
+    return !reachable;
   }
 
   void finish_local(bool aggregated) {
@@ -333,7 +371,12 @@ class GradientSync {
   bool dirty_ = true;
   bool windowed_ = true;
   int pass_ = 0;
-  std::vector<Chunk> chunks_;
+  static constexpr std::size_t pipeline_depth = 2;
+  std::vector<impl::Chunk> chunks_;
+  std::int64_t slot_size_ = 0;
+  bool staged_ = false;
+  typename Backend::Request requests_[pipeline_depth];
+  impl::BufferView<value_type, impl::staging_space_t<memory_space>> staging_;
   SegView dp_segs_, local_segs_;
   std::int64_t n_dp_segs_ = 0, n_local_segs_ = 0;
   Buffer buffer_, local_acc_;

@@ -27,6 +27,21 @@ using SegmentView = Kokkos::View<Segment<T>*, MemorySpace>;
 template <class T, class MemorySpace>
 using BufferView = Kokkos::View<T*, MemorySpace>;
 
+/// Where a chunk in MemorySpace is staged for a backend that cannot reach it: pinned host memory
+/// for CUDA device memory (fast, asynchronous copies), plain host memory otherwise.
+template <class MemorySpace>
+struct staging_space {
+  using type = Kokkos::HostSpace;
+};
+#if defined(KOKKOS_ENABLE_CUDA)
+template <>
+struct staging_space<Kokkos::CudaSpace> {
+  using type = Kokkos::CudaHostPinnedSpace;
+};
+#endif
+template <class MemorySpace>
+using staging_space_t = typename staging_space<MemorySpace>::type;
+
 // buf[off - base + i] = (accumulate ? buf[...] : 0) + prescale * ptr[i]
 template <class T, class ExecutionSpace, class MemorySpace>
 struct PackKernel {
