@@ -1,7 +1,6 @@
 // The variable all-to-all the hybrid example moves embeddings with: MpiBackend over real ranks,
 // SelfBackend as its 1-rank twin.
 #include <gradsync/gradsync.hpp>
-
 #include <vector>
 
 #include "gradsync_test.hpp"
@@ -29,7 +28,8 @@ bool exchange_is_exact(const Backend& b) {
   b.alltoallv(send.data(), sc.data(), sd.data(), recv.data(), rc.data(), rd.data());
   bool ok = true;
   for (int p = 0; p < n; ++p)
-    for (int k = 0; k < rc[std::size_t(p)]; ++k) ok = ok && recv[std::size_t(rd[std::size_t(p)] + k)] == T(p * 1000 + r * 10 + k);
+    for (int k = 0; k < rc[std::size_t(p)]; ++k)
+      ok = ok && recv[std::size_t(rd[std::size_t(p)] + k)] == T(p * 1000 + r * 10 + k);
   return ok;
 }
 

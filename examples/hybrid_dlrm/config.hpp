@@ -19,9 +19,9 @@ namespace dlrm {
 
 struct Config {
   // Model (rows before the cap).
-  std::vector<std::int64_t> table_rows = {1460,  583,     10131227, 2202608, 305,  24,     12517, 633,   3,
-                                          93145, 5683,    8351593,  3194,    27,   14992,  5461306, 10,  5652,
-                                          2173,  4,       7046547,  18,      15,   286181, 105,     142572};
+  std::vector<std::int64_t> table_rows = {1460,  583,  10131227, 2202608, 305, 24,     12517,   633,   3,
+                                          93145, 5683, 8351593,  3194,    27,  14992,  5461306, 10,    5652,
+                                          2173,  4,    7046547,  18,      15,  286181, 105,     142572};
   int dim = 16;
   std::vector<int> bottom = {13, 512, 256, 64, 16};
   std::vector<int> top = {367, 512, 256, 1};
@@ -35,9 +35,8 @@ struct Config {
   std::uint64_t seed = 1;  // model initialisation and data stream; the teacher's seed is fixed
   int log_every = 10;
   bool check = false;
-  bool scale_tables = true;    // --table-scale world_size (default) | none
-  double min_loss_drop = -1;   // --min-loss-drop F: fail unless the held-out loss fell by F
-  int eval_batch = 0;          // held-out batch size; 0: 4 x batch
+  bool scale_tables = true;   // --table-scale world_size (default) | none
+  double min_loss_drop = -1;  // --min-loss-drop F: fail unless the loss fell by the fraction F
 
   int num_tables() const { return int(table_rows.size()); }
   int dense_features() const { return bottom.front(); }
@@ -61,7 +60,6 @@ inline void usage(const char* argv0) {
       "  --check            prove n ranks == 1 process on the same global batches (exit 1 if not)\n"
       "  --table-scale M    world_size (default) or none: the LocalScale of the table group\n"
       "  --min-loss-drop F  exit 1 unless the held-out loss fell by the fraction F\n"
-      "  --eval-batch B     held-out batch size (default 4 x batch)\n"
       "  --bottom-mlp L     e.g. 13-512-256-64-16 (first = 13 dense features, last = dim)\n"
       "  --top-mlp L        e.g. 367-512-256-1 (first = interaction width, last = 1)\n"
       "  --config FILE      read table_rows, embedding_dim, bottom_mlp, top_mlp from a DLRM JSON\n",
@@ -146,30 +144,44 @@ inline bool parse(Config& c, int argc, char** argv, bool print = true) {
     if (o == "--help" || o == "-h") {
       if (print) usage(argv[0]);
       return false;
-    } else if (o.rfind("--kokkos-", 0) == 0) continue;
-    else if (o == "--batch") c.batch = std::stoi(value());
-    else if (o == "--steps") c.steps = std::stoi(value()), c.steps_given = true;
-    else if (o == "--lr") c.lr = std::stod(value());
-    else if (o == "--rows") c.row_cap = std::stoll(value());
-    else if (o == "--seed") c.seed = std::stoull(value());
-    else if (o == "--log-every") c.log_every = std::stoi(value());
-    else if (o == "--check") c.check = true;
+    } else if (o.rfind("--kokkos-", 0) == 0)
+      continue;
+    else if (o == "--batch")
+      c.batch = std::stoi(value());
+    else if (o == "--steps")
+      c.steps = std::stoi(value()), c.steps_given = true;
+    else if (o == "--lr")
+      c.lr = std::stod(value());
+    else if (o == "--rows")
+      c.row_cap = std::stoll(value());
+    else if (o == "--seed")
+      c.seed = std::stoull(value());
+    else if (o == "--log-every")
+      c.log_every = std::stoi(value());
+    else if (o == "--check")
+      c.check = true;
     else if (o == "--table-scale") {
       const std::string& m = value();
-      if (m == "world_size") c.scale_tables = true;
-      else if (m == "none") c.scale_tables = false;
-      else throw std::runtime_error("--table-scale takes world_size or none, not " + m);
-    } else if (o == "--min-loss-drop") c.min_loss_drop = std::stod(value());
-    else if (o == "--eval-batch") c.eval_batch = std::stoi(value());
-    else if (o == "--bottom-mlp") bottom = value();
-    else if (o == "--top-mlp") top = value();
-    else if (o == "--config") read_json(c, value());
-    else throw std::runtime_error("unknown option " + o + " (see --help)");
+      if (m == "world_size")
+        c.scale_tables = true;
+      else if (m == "none")
+        c.scale_tables = false;
+      else
+        throw std::runtime_error("--table-scale takes world_size or none, not " + m);
+    } else if (o == "--min-loss-drop")
+      c.min_loss_drop = std::stod(value());
+    else if (o == "--bottom-mlp")
+      bottom = value();
+    else if (o == "--top-mlp")
+      top = value();
+    else if (o == "--config")
+      read_json(c, value());
+    else
+      throw std::runtime_error("unknown option " + o + " (see --help)");
   }
   if (!bottom.empty()) c.bottom = impl::parse_dash_list<int>(bottom);
   if (!top.empty()) c.top = impl::parse_dash_list<int>(top);
   if (c.check && !c.steps_given) c.steps = 3;
-  if (c.eval_batch <= 0) c.eval_batch = 4 * c.batch;
   validate(c);
   return true;
 }

@@ -37,7 +37,7 @@ class Generator {
   /// teacher's own expected loss (the entropy of its click probability): the floor of the loss.
   template <class HostMatrix, class HostIds, class HostLabels>
   double fill(std::uint64_t step, Index first, Index count, const HostMatrix& dense, const HostIds& ids,
-            const HostLabels& label) const {
+              const HostLabels& label) const {
     const int T = cfg_.num_tables(), F = cfg_.dense_features();
     std::vector<int> row(std::size_t(T), 0);
     double floor = 0;
@@ -53,14 +53,16 @@ class Generator {
       for (int t = 0; t < T; ++t) {
         const double u = uniform(hash(cfg_.seed, 0xca, g, std::uint64_t(t)));
         const std::int64_t rows = cfg_.rows(t);
-        const std::int64_t r = std::min<std::int64_t>(rows - 1, std::int64_t(double(rows) * std::pow(u, skew_[std::size_t(t)])));
+        const std::int64_t r =
+            std::min<std::int64_t>(rows - 1, std::int64_t(double(rows) * std::pow(u, skew_[std::size_t(t)])));
         row[std::size_t(t)] = int(r);
         ids(s, t) = int(r);
         logit += table_w_[std::size_t(t)] * normal(teacher_seed, 2 + std::uint64_t(t), std::uint64_t(r));
       }
       // One interaction the model can only learn through a dot product of two embeddings.
       if (T >= 2)
-        logit += 1.5 * normal(teacher_seed, 100, std::uint64_t(row[0])) * normal(teacher_seed, 101, std::uint64_t(row[1]));
+        logit +=
+            1.5 * normal(teacher_seed, 100, std::uint64_t(row[0])) * normal(teacher_seed, 101, std::uint64_t(row[1]));
       const double p = 1.0 / (1.0 + std::exp(-logit));
       label(s) = uniform(hash(cfg_.seed, 0x1a, g, 0)) < p ? 1.0 : 0.0;
       if (p > 0 && p < 1) floor -= p * std::log(p) + (1 - p) * std::log1p(-p);

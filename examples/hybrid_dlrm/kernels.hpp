@@ -6,7 +6,6 @@
 #pragma once
 
 #include <Kokkos_Core.hpp>
-
 #include <cmath>
 #include <cstdint>
 
@@ -26,8 +25,8 @@ namespace math = ::Kokkos::Experimental;
 
 template <class T>
 using View1 = Kokkos::View<T*, Kokkos::LayoutRight, Mem>;
-using Matrix = Kokkos::View<Real**, Kokkos::LayoutRight, Mem>;   // rows = samples (or outputs)
-using Cube = Kokkos::View<Real***, Kokkos::LayoutRight, Mem>;    // [sample][table][dim]
+using Matrix = Kokkos::View<Real**, Kokkos::LayoutRight, Mem>;  // rows = samples (or outputs)
+using Cube = Kokkos::View<Real***, Kokkos::LayoutRight, Mem>;   // [sample][table][dim]
 
 inline Kokkos::RangePolicy<Exec, Kokkos::IndexType<Index>> range(Index n) {
   return Kokkos::RangePolicy<Exec, Kokkos::IndexType<Index>>(0, n);
@@ -178,8 +177,10 @@ struct InteractionBackward {
     Real acc = i == 0 ? dout(s, d) : Real(0);
     for (int j = 0; j < vectors; ++j)
       if (j != i) acc += dout(s, dim + pair_index(i, j)) * vec(h, e, s, j, d);
-    if (i == 0) dh(s, d) = acc;
-    else de(s, i - 1, d) = acc;
+    if (i == 0)
+      dh(s, d) = acc;
+    else
+      de(s, i - 1, d) = acc;
   }
 };
 

@@ -7,13 +7,12 @@
 // Embedding tables are model-parallel (whole tables spread over the ranks, a gradsync local group
 // with KeepLocal<LocalScale::world_size>); the MLPs are data-parallel (a GradientSync group).
 // See trainer.hpp for the data flow and docs/HYBRID.md for the numbers this program prints.
-#include <gradsync/gradsync.hpp>
-
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <exception>
+#include <gradsync/gradsync.hpp>
 #include <limits>
 #include <string>
 #include <vector>
@@ -54,15 +53,17 @@ double sum_over_ranks(double x) {
 
 std::string mib(double bytes) {
   char s[32];
-  if (bytes < 1024.0 * 1024.0) std::snprintf(s, sizeof s, "%.1f KiB", bytes / 1024.0);
-  else std::snprintf(s, sizeof s, "%.2f MiB", bytes / (1024.0 * 1024.0));
+  if (bytes < 1024.0 * 1024.0)
+    std::snprintf(s, sizeof s, "%.1f KiB", bytes / 1024.0);
+  else
+    std::snprintf(s, sizeof s, "%.2f MiB", bytes / (1024.0 * 1024.0));
   return s;
 }
 
 template <class Group>
 const char* scale_name() {
   return gradsync::local_scale_v<Group> == gradsync::LocalScale::world_size ? "LocalScale::world_size"
-                                                                             : "LocalScale::none";
+                                                                            : "LocalScale::none";
 }
 
 template <class T>
@@ -81,9 +82,10 @@ void print_model(const Config& c, const T& tr) {
     for (std::size_t i = 0; i < v.size(); ++i) s += (i ? "-" : "") + std::to_string(v[i]);
     return s;
   };
-  std::printf("hybrid_dlrm: %d rank%s, global batch %d, %d tables x dim %d (rows capped at %lld: %lld rows, %.1f MiB)\n",
-              n, n == 1 ? "" : "s", c.batch, c.num_tables(), c.dim, (long long)c.row_cap, (long long)total_rows,
-              double(total_rows) * c.dim * sizeof(Real) / (1024.0 * 1024.0));
+  std::printf(
+      "hybrid_dlrm: %d rank%s, global batch %d, %d tables x dim %d (rows capped at %lld: %lld rows, %.1f MiB)\n", n,
+      n == 1 ? "" : "s", c.batch, c.num_tables(), c.dim, (long long)c.row_cap, (long long)total_rows,
+      double(total_rows) * c.dim * sizeof(Real) / (1024.0 * 1024.0));
   std::printf("  bottom MLP %s, dot interaction (%d pairs), top MLP %s: %zu parameters, data-parallel\n",
               join(c.bottom).c_str(), c.num_pairs(), join(c.top).c_str(), tr.mlp_parameters());
   std::printf("  tables: model-parallel, whole tables balanced by rows:");
@@ -145,9 +147,10 @@ int run_check(const Config& c) {
   const int n = dist.size(), me = dist.rank();
   print_model(c, dist);
   if (me == 0)
-    std::printf("check: %d ranks vs the single-process model on the same %d global batch(es) of %d samples,\n"
-                "       tables %s; every gradient and every parameter after each SGD step, tolerance 1e-10\n",
-                n, c.steps, c.batch, scale_name<Group>());
+    std::printf(
+        "check: %d ranks vs the single-process model on the same %d global batch(es) of %d samples,\n"
+        "       tables %s; every gradient and every parameter after each SGD step, tolerance 1e-10\n",
+        n, c.steps, c.batch, scale_name<Group>());
   const double tol = 1e-10;
   double ratio0 = 1;
   Worst overall;
@@ -161,8 +164,10 @@ int run_check(const Config& c) {
     double ab = 0, bb = 0;  // least-squares factor between the n-rank and 1-rank table gradients
     for (int t : dist.owned_tables()) {
       const auto a = dist.table_gradient(t), b = ref.table_gradient(t);
-      if (a.first != b.first) tab_g.add(std::numeric_limits<double>::infinity(), "table " + std::to_string(t) + " rows");
-      else tab_g.add(rel_diff(a.second.data(), b.second.data(), a.second.size()), "table " + std::to_string(t));
+      if (a.first != b.first)
+        tab_g.add(std::numeric_limits<double>::infinity(), "table " + std::to_string(t) + " rows");
+      else
+        tab_g.add(rel_diff(a.second.data(), b.second.data(), a.second.size()), "table " + std::to_string(t));
       for (std::size_t i = 0; i < a.second.size() && i < b.second.size(); ++i) {
         ab += a.second[i] * b.second[i];
         bb += b.second[i] * b.second[i];
@@ -182,11 +187,13 @@ int run_check(const Config& c) {
     }
 
     const double gm = max_over_ranks(mlp_g.value), gt = max_over_ranks(tab_g.value), pm = max_over_ranks(params.value);
-    for (const Worst* w : {&mlp_g, &tab_g, &params}) overall.add(w->value, "step " + std::to_string(step) + ", " + w->what);
+    for (const Worst* w : {&mlp_g, &tab_g, &params})
+      overall.add(w->value, "step " + std::to_string(step) + ", " + w->what);
     if (me == 0)
-      std::printf("  step %d  loss %.12f (1 process %.12f)  max rel diff: MLP grads %.1e, table grads %.1e "
-                  "(n-rank / 1-process = %.6f), parameters after the step %.1e\n",
-                  step, loss_d, loss_r, gm, gt, ratio, pm);
+      std::printf(
+          "  step %d  loss %.12f (1 process %.12f)  max rel diff: MLP grads %.1e, table grads %.1e "
+          "(n-rank / 1-process = %.6f), parameters after the step %.1e\n",
+          step, loss_d, loss_r, gm, gt, ratio, pm);
   }
   // The worst tensor over all ranks, named by the rank that holds it.
   struct {
@@ -204,17 +211,19 @@ int run_check(const Config& c) {
   const bool ok = worst_all <= tol;
   if (me == 0) {
     if (ok)
-      std::printf("check PASSED: %d rank%s reproduce the single-process model, max relative difference %.1e <= %.0e "
-                  "(worst: %s)\n",
-                  n, n == 1 ? "" : "s", worst_all, tol, worst_what.c_str());
+      std::printf(
+          "check PASSED: %d rank%s reproduce the single-process model, max relative difference %.1e <= %.0e "
+          "(worst: %s)\n",
+          n, n == 1 ? "" : "s", worst_all, tol, worst_what.c_str());
     else {
       std::printf("check FAILED: max relative difference %.3e > %.0e (worst: %s)\n", worst_all, tol,
                   worst_what.c_str());
       if (std::abs(ratio0 - 1) > 1e-6)
-        std::printf("  MISMATCH: table gradients are %.6f x the single-process ones at step 0, factor n = %d ranks:\n"
-                    "  each owner sums dL_r/dE over all %d ranks (the gradient of n x the mean loss); "
-                    "KeepLocal<LocalScale::world_size> divides it by n\n",
-                    ratio0, n, n);
+        std::printf(
+            "  MISMATCH: table gradients are %.6f x the single-process ones at step 0, factor n = %d ranks:\n"
+            "  each owner sums dL_r/dE over all %d ranks (the gradient of n x the mean loss); "
+            "KeepLocal<LocalScale::world_size> divides it by n\n",
+            ratio0, n, n);
     }
   }
   return ok ? 0 : 1;
@@ -233,10 +242,11 @@ int run_train(const Config& c) {
   const int me = tr.rank();
   print_model(c, tr);
   if (me == 0)
-    std::printf("training %d steps, SGD lr %g, seed %llu, tables %s\n"
-                "  (loss: this batch; avg: since the last line; teacher: the loss of the model that labels the data;\n"
-                "   bytes: sent by one rank per step, the all-to-all's the largest over ranks)\n", c.steps, c.lr,
-                (unsigned long long)c.seed, scale_name<Group>());
+    std::printf(
+        "training %d steps, SGD lr %g, seed %llu, tables %s\n"
+        "  (loss: this batch; avg: since the last line; teacher: the loss of the model that labels the data;\n"
+        "   bytes: sent by one rank per step, the all-to-all's the largest over ranks)\n",
+        c.steps, c.lr, (unsigned long long)c.seed, scale_name<Group>());
   std::vector<double> losses, floors;
   const auto t0 = Clock::now();
   auto t_last = t0;
@@ -254,9 +264,10 @@ int run_train(const Config& c) {
       const double a2a = max_over_ranks(double(tr.alltoall_stats().total() - a2a_last)) / steps;
       const double sync = double(tr.sync_stats().bytes_allreduced - sync_last) / steps;
       if (me == 0)
-        std::printf("step %5d  loss %.4f (avg %.4f, teacher %.4f)  %6.0f samples/s  sent/step: sync %s, all-to-all %s\n",
-                    step, losses.back(), mean(losses, std::size_t(steps)), mean(floors, std::size_t(steps)),
-                    steps * double(c.batch) / dt, mib(sync).c_str(), mib(a2a).c_str());
+        std::printf(
+            "step %5d  loss %.4f (avg %.4f, teacher %.4f)  %6.0f samples/s  sent/step: sync %s, all-to-all %s\n", step,
+            losses.back(), mean(losses, std::size_t(steps)), mean(floors, std::size_t(steps)),
+            steps * double(c.batch) / dt, mib(sync).c_str(), mib(a2a).c_str());
       t_last = now;
       step_last = step + 1;
       a2a_last = tr.alltoall_stats().total();
@@ -281,15 +292,17 @@ int run_train(const Config& c) {
   if (me == 0) {
     std::printf("summary: %d steps of %d samples in %.2f s, %.0f samples/s on %d ranks\n", c.steps, c.batch, secs,
                 double(c.steps) * c.batch / secs, tr.size());
-    std::printf("  loss %.4f at step 0, %.4f averaged over the last %zu steps: %.1f%% lower\n"
-                "  (on those batches the teacher itself scores %.4f; always predicting the click rate, %.4f)\n",
-                losses.front(), last, tail, 100 * drop, mean(floors, tail), tr.constant_loss());
-    std::printf("  sent per step by each rank: gradient sync %s (MLP gradients only, %llu allreduce calls in all;\n"
-                "  the tables' gradients sent 0 bytes); all-to-all %s on the busiest rank, %d (ids %s, embeddings %s,\n"
-                "  embedding gradients %s)\n",
-                mib(double(tr.sync_stats().bytes_allreduced) / c.steps).c_str(),
-                (unsigned long long)tr.sync_stats().allreduce_calls, mib(busiest.value / c.steps).c_str(), busiest.rank,
-                mib(parts[0] / c.steps).c_str(), mib(parts[1] / c.steps).c_str(), mib(parts[2] / c.steps).c_str());
+    std::printf(
+        "  loss %.4f at step 0, %.4f averaged over the last %zu steps: %.1f%% lower\n"
+        "  (on those batches the teacher itself scores %.4f; always predicting the click rate, %.4f)\n",
+        losses.front(), last, tail, 100 * drop, mean(floors, tail), tr.constant_loss());
+    std::printf(
+        "  sent per step by each rank: gradient sync %s (MLP gradients only, %llu allreduce calls in all;\n"
+        "  the tables' gradients sent 0 bytes); all-to-all %s on the busiest rank, %d (ids %s, embeddings %s,\n"
+        "  embedding gradients %s)\n",
+        mib(double(tr.sync_stats().bytes_allreduced) / c.steps).c_str(),
+        (unsigned long long)tr.sync_stats().allreduce_calls, mib(busiest.value / c.steps).c_str(), busiest.rank,
+        mib(parts[0] / c.steps).c_str(), mib(parts[1] / c.steps).c_str(), mib(parts[2] / c.steps).c_str());
   }
   if (c.min_loss_drop >= 0 && !(drop >= c.min_loss_drop)) {
     if (me == 0)

@@ -15,11 +15,10 @@
 // KeepLocal<LocalScale::world_size>. With SelfBackend the same code is the single-process model.
 #pragma once
 
-#include <gradsync/gradsync.hpp>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <gradsync/gradsync.hpp>
 #include <numeric>
 #include <stdexcept>
 #include <string>
@@ -80,8 +79,8 @@ class Trainer {
     B_ = cfg_.batch;
     dim_ = cfg_.dim;
     if (B_ < n_)
-      throw std::runtime_error("the global batch (" + std::to_string(B_) + ") must hold at least one sample per rank (" +
-                               std::to_string(n_) + " ranks)");
+      throw std::runtime_error("the global batch (" + std::to_string(B_) +
+                               ") must hold at least one sample per rank (" + std::to_string(n_) + " ranks)");
     for (int p = 0; p <= n_; ++p) lo_.push_back(Index(B_) * p / n_);
     for (int p = 0; p < n_; ++p) cnt_.push_back(lo_[std::size_t(p) + 1] - lo_[std::size_t(p)]);
     b_ = cnt_[std::size_t(r_)];
@@ -120,9 +119,9 @@ class Trainer {
                             SigmoidBce{top_.back().y, top_.back().dy, label_, Real(n_) / Real(B_)}, sums[0]);
 
     backward(top_, dinter_);
-    Kokkos::parallel_for("dlrm::interaction_backward", range(b_ * cfg_.num_vectors() * dim_),
-                         InteractionBackward{dinter_, h, bottom_.back().dy, emb_, demb_, pair_index_, dim_,
-                                             cfg_.num_vectors()});
+    Kokkos::parallel_for(
+        "dlrm::interaction_backward", range(b_ * cfg_.num_vectors() * dim_),
+        InteractionBackward{dinter_, h, bottom_.back().dy, emb_, demb_, pair_index_, dim_, cfg_.num_vectors()});
     backward(bottom_, Matrix());
 
     // Backward all-to-all: each embedding gradient returns to its table's owner.
@@ -130,9 +129,9 @@ class Trainer {
                          PackEmbeddingGrads{demb_, table_offset_, emb_recv_, T_, dim_});
     alltoallv(emb_recv_, emb_recv_h_, emb_rcount_, emb_rdispl_, emb_send_, emb_send_h_, emb_scount_, emb_sdispl_,
               stats_.gradients);
-    Kokkos::parallel_for("dlrm::sparse_row_gradient", range(Index(my_.size()) * B_ * dim_),
-                         SparseRowGradient{emb_send_, pos_, uniq_first_, uniq_count_, csr_begin_, csr_sample_,
-                                           table_grad_, B_, dim_});
+    Kokkos::parallel_for(
+        "dlrm::sparse_row_gradient", range(Index(my_.size()) * B_ * dim_),
+        SparseRowGradient{emb_send_, pos_, uniq_first_, uniq_count_, csr_begin_, csr_sample_, table_grad_, B_, dim_});
     Kokkos::fence();
     sync_.synchronize();
 
@@ -151,9 +150,9 @@ class Trainer {
         Kokkos::parallel_for("dlrm::sgd", range(Index(l.w.size())), AxpyUpdate{l.w.data(), l.gw.data(), cfg_.lr});
         Kokkos::parallel_for("dlrm::sgd", range(Index(l.b.size())), AxpyUpdate{l.b.data(), l.gb.data(), cfg_.lr});
       }
-    Kokkos::parallel_for("dlrm::sgd_sparse_rows", range(uniq_total_ * dim_),
-                         SparseRowUpdate{tables_, table_grad_, row_offset_, uniq_first_, uniq_table_, uniq_row_, cfg_.lr,
-                                         dim_});
+    Kokkos::parallel_for(
+        "dlrm::sgd_sparse_rows", range(uniq_total_ * dim_),
+        SparseRowUpdate{tables_, table_grad_, row_offset_, uniq_first_, uniq_table_, uniq_row_, cfg_.lr, dim_});
     Kokkos::fence();
   }
 
@@ -301,7 +300,7 @@ class Trainer {
     id_rcount_ = id_sdispl_ = id_rdispl_ = emb_scount_ = emb_rcount_ = emb_sdispl_ = emb_rdispl_ = id_scount_;
     for (int p = 0; p < n_; ++p) {
       id_scount_[std::size_t(p)] = int(Index(tables_of_[std::size_t(p)].size()) * b_);  // my samples' ids of p's tables
-      id_rcount_[std::size_t(p)] = int(m * cnt_[std::size_t(p)]);                     // p's samples' ids of my tables
+      id_rcount_[std::size_t(p)] = int(m * cnt_[std::size_t(p)]);                       // p's samples' ids of my tables
       emb_scount_[std::size_t(p)] = id_rcount_[std::size_t(p)] * dim_;
       emb_rcount_[std::size_t(p)] = id_scount_[std::size_t(p)] * dim_;
     }
