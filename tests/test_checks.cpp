@@ -210,7 +210,7 @@ TEST_CASE("shape, count, order, value type, option and policy mismatches: every 
     sync.add<Dense>(a, "a");
     expect_mismatch([&] { sync.synchronize(); }, {"fusion_threshold_bytes", rank_word(last) + ": 1024", "4194304"});
   }
-  SUBCASE("reduce op and scale factors") {
+  SUBCASE("reduce op, scale factors and aggregation settings") {
     gradsync::Options o = opts();
     if (rank == last) o.op = gradsync::ReduceOp::sum;
     View a("a", 10);
@@ -222,6 +222,16 @@ TEST_CASE("shape, count, order, value type, option and policy mismatches: every 
     Sync sync2(gradsync::MpiBackend(MPI_COMM_WORLD), p);
     sync2.add<Dense>(a, "a");
     expect_mismatch([&] { sync2.synchronize(); }, {"postscale_factor", "rank 0: 0.5"});
+    gradsync::Options q = opts();
+    if (rank == last) q.average_aggregated_gradients = true;
+    Sync sync3(gradsync::MpiBackend(MPI_COMM_WORLD), q);
+    sync3.add<Dense>(a, "a");
+    expect_mismatch([&] { sync3.synchronize(); }, {"average_aggregated_gradients", rank_word(last) + ": true"});
+    gradsync::Options l = opts();
+    if (rank == last) l.scale_local_gradients = false;
+    Sync sync4(gradsync::MpiBackend(MPI_COMM_WORLD), l);
+    sync4.add<Dense>(a, "a");
+    expect_mismatch([&] { sync4.synchronize(); }, {"scale_local_gradients", rank_word(last) + ": false"});
   }
   SUBCASE("policy: register_local_var on one rank only") {
     View a("a", 10), b("b", 20), c("c", 30);

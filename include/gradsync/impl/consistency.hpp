@@ -44,13 +44,14 @@ inline std::uint64_t fnv1a(const void* p, std::size_t n, std::uint64_t h = 14695
 
 // The options that must agree, as words, with their names for the message.
 struct OptionWords {
-  static constexpr int count = 11;
+  static constexpr int count = 12;
   std::int64_t w[count] = {};
   static const char* name(int i) {
     static const char* const names[count] = {
         "value type", "op", "prescale_factor", "postscale_factor", "fusion_threshold_bytes",
         "backward_passes_per_step", "average_aggregated_gradients", "consistency_check", "check_finite",
-        "gradsync::impl::max_chunk_elements()", "synchronize() calls so far"};
+        "gradsync::impl::max_chunk_elements()", "synchronize() calls so far",
+        "scale_local_gradients"};
     return names[i];
   }
   static std::string show(int i, std::int64_t v) {
@@ -64,7 +65,8 @@ struct OptionWords {
         return cat(d);
       }
       case 6:
-      case 8: return v ? "true" : "false";
+      case 8:
+      case 11: return v ? "true" : "false";
       case 7: {
         static const char* const m[] = {"off", "on_change", "every_step"};
         return v >= 0 && v < 3 ? m[v] : cat(v);
@@ -107,6 +109,7 @@ void check_consistency(const Backend& backend, Control<Backend>& ctl, const Opti
   ow.w[8] = o.check_finite;
   ow.w[9] = std::int64_t(max_chunk);
   ow.w[10] = passes;
+  ow.w[11] = o.scale_local_gradients;  // not exchanged, but local gradients would follow another loss
 
   // Per data-parallel tensor: a non-negative hash of (group, size, value type).
   std::vector<std::int64_t> h;
