@@ -261,6 +261,35 @@ TEST_CASE("shape, count, order, value type, option and policy mismatches: every 
   }
 }
 
+TEST_CASE("every_step: registrations changed on one rank only are a MismatchError, not a stall") {
+  if (world_size() < 2) return;
+  const int rank = world_rank(), last = world_size() - 1;
+  gradsync::Options o = opts();
+  o.consistency_check = gradsync::CheckMode::every_step;
+  View a("a", 10), extra("extra", 4);
+  Sync sync(gradsync::MpiBackend(MPI_COMM_WORLD), o);
+  sync.add<Dense>(a, "a");
+  fill(a, rank, 0);
+  sync.synchronize();
+  if (rank == last) sync.add<Dense>(extra, "extra");
+  expect_mismatch([&] { sync.synchronize(); },
+                  {"data-parallel tensor #1", rank_word(last) + ": 'extra'", "no tensor"});
+}
+
+TEST_CASE("check_finite and resize detection on the single-process backend") {
+  gradsync::Options o = opts();
+  o.check_finite = true;
+  std::vector<double> v(20, 1.0);
+  gradsync::GradientSync<gradsync::SelfBackend, std::vector<double>> sync(gradsync::SelfBackend{}, o);
+  sync.add<Dense>(v, "v");
+  CHECK_NOTHROW(sync.synchronize());
+  v[13] = std::numeric_limits<double>::quiet_NaN();
+  CHECK(has(outcome_of([&] { sync.synchronize(); }).what, "gradient 'v' (group Dense, 20 values) holds NaN or Inf on rank 0"));
+  v[13] = 1.0;
+  v.push_back(2.0);
+  CHECK(has(outcome_of([&] { sync.synchronize(); }).what, "(20 -> 21 elements) on rank 0"));
+}
+
 TEST_CASE("a NaN or Inf in a gradient: every rank throws, naming the tensor and the rank (check_finite)") {
   const int rank = world_rank();
   const int last = world_size() - 1;
