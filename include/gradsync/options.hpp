@@ -22,7 +22,9 @@ enum class HostStaging {
 enum class CheckMode {
   off,         ///< never (a mismatch then hangs until stall_timeout or gives wrong numbers)
   on_change,   ///< before the first exchange and after every change of the registrations
-  every_step,  ///< on every synchronize() call (debugging: also catches a rank that skipped a call)
+  every_step,  ///< on every synchronize() call (debugging: one small allreduce and a few heap
+               ///< allocations per call; turns a registration changed on some ranks only into a
+               ///< MismatchError instead of a stall)
 };
 
 /// What the ranks that arrived do when a collective has not completed within stall_timeout.
@@ -45,7 +47,8 @@ struct Options {
   // ---- never hang, never silently wrong (docs/ERRORS.md) ----
   CheckMode consistency_check = CheckMode::on_change;  ///< cross-rank check of the registrations
   /// Seconds a collective may wait for the other ranks before the stall is reported and acted on
-  /// (stall_action). 0 waits forever. Environment: GRADSYNC_STALL_TIMEOUT_S.
+  /// (stall_action). 0 waits forever in the backend's blocking wait (no warning either).
+  /// Environment: GRADSYNC_STALL_TIMEOUT_S.
   double stall_timeout = 300.0;
   /// Seconds after which a waiting rank prints a warning naming the missing ranks (once per wait).
   /// 0 disables the warning. Environment: GRADSYNC_STALL_WARNING_S.
