@@ -160,30 +160,63 @@ struct team_member<CudaStream> {
 #if defined(__CUDACC__)
 namespace cuda {
 
-// Grid: x = segment, y = a few blocks per segment (segments hold at most max_segment_elements
-// values), threads stride through the segment, so accesses are coalesced and a chunk of large
-// tensors fills the device.
+// Grid: x = segment, y = enough blocks to cover the longest segment (max_segment_elements values)
+// in one pass. Each thread loads its values_per_thread values before storing any, so that many
+// loads are in flight (memory-level parallelism close to cudaMemcpy's), with coalesced accesses.
 inline constexpr unsigned threads_per_block = 256;
-inline constexpr unsigned values_per_thread = 8;
+inline constexpr int values_per_thread = 8;
 
 template <class T>
 __global__ void pack(const Segment<T>* segs, T* buf, std::int64_t first_seg, std::int64_t base, T pre, bool acc) {
+  constexpr int V = values_per_thread;
   const Segment<T> s = segs[first_seg + blockIdx.x];
   T* const out = buf + (s.off - base);
-  const std::int64_t stride = std::int64_t(gridDim.y) * blockDim.x;
-  for (std::int64_t i = std::int64_t(blockIdx.y) * blockDim.x + threadIdx.x; i < s.count; i += stride) {
-    const T v = pre * s.ptr[i];
-    out[i] = acc ? out[i] + v : v;
+  const T* const in = s.ptr;
+  const std::int64_t step = std::int64_t(blockDim.x);
+  for (std::int64_t start = std::int64_t(blockIdx.y) * step * V + threadIdx.x; start < s.count;
+       start += std::int64_t(gridDim.y) * step * V) {
+    T v[V];
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      const std::int64_t i = start + k * step;
+      v[k] = i < s.count ? pre * in[i] : T(0);
+    }
+    if (acc) {
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        const std::int64_t i = start + k * step;
+        if (i < s.count) v[k] = out[i] + v[k];
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      const std::int64_t i = start + k * step;
+      if (i < s.count) out[i] = v[k];
+    }
   }
 }
 
 template <class T>
 __global__ void unpack(const Segment<T>* segs, const T* buf, std::int64_t first_seg, std::int64_t base, T f) {
+  constexpr int V = values_per_thread;
   const Segment<T> s = segs[first_seg + blockIdx.x];
   const T* const in = buf + (s.off - base);
-  const std::int64_t stride = std::int64_t(gridDim.y) * blockDim.x;
-  for (std::int64_t i = std::int64_t(blockIdx.y) * blockDim.x + threadIdx.x; i < s.count; i += stride)
-    s.ptr[i] = f * in[i];
+  T* const out = s.ptr;
+  const std::int64_t step = std::int64_t(blockDim.x);
+  for (std::int64_t start = std::int64_t(blockIdx.y) * step * V + threadIdx.x; start < s.count;
+       start += std::int64_t(gridDim.y) * step * V) {
+    T v[V];
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      const std::int64_t i = start + k * step;
+      v[k] = i < s.count ? in[i] : T(0);
+    }
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      const std::int64_t i = start + k * step;
+      if (i < s.count) out[i] = f * v[k];
+    }
+  }
 }
 
 template <class T>

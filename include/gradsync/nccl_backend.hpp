@@ -71,10 +71,15 @@ class NcclBackend {
   /// Joins every rank of `comm` (collective over it) on the current CUDA device; collectives are
   /// enqueued on `stream`, which the caller keeps alive as long as the backend.
   NcclBackend(MPI_Comm comm, cudaStream_t stream) : state_(std::make_shared<State>(comm, stream)) {}
-  explicit NcclBackend(MPI_Comm comm, CudaStream stream = {}) : NcclBackend(comm, stream.stream()) {}
+  NcclBackend(MPI_Comm comm, CudaStream stream) : NcclBackend(comm, stream.stream()) {}
 #if defined(KOKKOS_ENABLE_CUDA)
-  /// On the stream of a Kokkos CUDA execution space instance (the default instance by default).
-  NcclBackend(MPI_Comm comm, const Kokkos::Cuda& exec) : NcclBackend(comm, exec.cuda_stream()) {}
+  /// On the stream of a Kokkos CUDA execution space instance: by default the default instance, the
+  /// one a GradientSync over Kokkos::CudaSpace views uses unless given another.
+  explicit NcclBackend(MPI_Comm comm, const Kokkos::Cuda& exec = Kokkos::Cuda())
+      : NcclBackend(comm, exec.cuda_stream()) {}
+#else
+  /// On the legacy default stream.
+  explicit NcclBackend(MPI_Comm comm) : NcclBackend(comm, CudaStream{}) {}
 #endif
 
   static constexpr const char* name() { return "nccl"; }
