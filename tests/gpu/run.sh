@@ -60,7 +60,7 @@ t_test=$(( $(date +%s) - t0 ))
 tests_line=$(grep -E "tests passed|tests failed" "$build/ctest.log" | tail -1)
 skipped=$(grep -E "\(Skipped\)" "$build/ctest.log" | sed 's/^[[:space:]]*//' | tr '\n' ' ')
 cuda_lines=$(grep -E "Test +#[0-9]+: (nccl_backend|gpu_sync)" "$build/ctest.log" |
-  sed -E 's/^.*Test +#[0-9]+: //; s/ \.+ +/ /; s/ +/ /g; s/\*\*\*//' | tr '\n' ';')
+  sed -E 's/^.*Test +#[0-9]+: //; s/ \.+ *(\*\*\*)?/ /; s/ +/ /g' | tr '\n' ';')
 [ $ctest_rc -eq 0 ] || grep -B2 -A20 -E "\*\*\*Failed|\*\*\*Timeout" "$build/ctest.log" | head -80
 
 # ---- 4. the benchmark ----
