@@ -32,11 +32,42 @@ cap=$(echo "$gpus" | head -1 | awk -F', ' '{print $(NF-1)}' | tr -d .)
 command -v nvcc >/dev/null || die "nvcc not found (set CUDA_HOME; looked in $cuda/bin)"
 [ -f "${NCCL_HOME:-$cuda}/include/nccl.h" ] || [ -f /usr/include/nccl.h ] ||
   die "nccl.h not found in ${NCCL_HOME:-$cuda}/include or /usr/include (set NCCL_HOME)"
-if ! bash "$root/cmake/deps.sh"; then
-  die "gradsync's Debian packages are missing and could not be installed (no root or no apt mirror);
-  this machine needs: cmake make g++ libtrilinos-kokkos-dev libopenmpi-dev openmpi-bin doctest-dev"
-fi
 mkdir -p "$build"
+# gradsync's Debian packages: installed (cmake/deps.sh installs them as root with a mirror), or
+# unpacked from a bundle made by tests/gpu/bundle_deps.sh on a Debian 12 machine that has a mirror.
+bundle="${GRADSYNC_GPU_DEPS:-$root/.gpu-deps}"
+if [ "${GRADSYNC_USE_BUNDLED_DEPS:-0}" != 1 ] && bash "$root/cmake/deps.sh" 2>/dev/null; then
+  echo "== dependencies: installed packages"
+elif compgen -G "$bundle/*.deb" >/dev/null; then
+  command -v dpkg-deb >/dev/null || die "dpkg-deb is needed to unpack $bundle"
+  sysroot="$build/sysroot"
+  lib="$sysroot/usr/lib/x86_64-linux-gnu"
+  rm -rf "$sysroot" && mkdir -p "$sysroot"
+  for f in "$bundle"/*.deb; do dpkg-deb -x "$f" "$sysroot" || die "cannot unpack $f"; done
+  # Keep only the libraries this machine lacks (Open MPI's and Kokkos' own always): a bundled copy
+  # of one it has could be older than what its own programs (cmake, nvcc) need.
+  for so in "$lib"/lib*.so.*; do
+    n=$(basename "$so")
+    case "$n" in libmpi*|libopen-*|libmca_*|liboshmem*|libompitrace*|libpmix*|libtrilinos*) continue ;; esac
+    ldconfig -p | grep -q "^[[:space:]]$n " && rm -f "$so"
+  done
+  # Relocation: Open MPI follows OPAL_PREFIX; PMIx reads its component path from its own file.
+  sed -i "s|= /usr/lib/|= $sysroot/usr/lib/|" "$lib/pmix2/share/pmix-mca-params.conf" 2>/dev/null
+  # Debian's doctest CMake package names /usr outright.
+  sed -i "s|set(_IMPORT_PREFIX \"/usr\")|set(_IMPORT_PREFIX \"$sysroot/usr\")|" "$sysroot"/usr/lib/cmake/*/*Targets.cmake
+  for t in mpicxx mpic++ mpicc mpirun mpiexec; do ln -sf "$t.openmpi" "$sysroot/usr/bin/$t"; done
+  export OPAL_PREFIX="$sysroot/usr" PATH="$sysroot/usr/bin:$PATH"
+  export LD_LIBRARY_PATH="$lib:$lib/openmpi/lib:$LD_LIBRARY_PATH"
+  export CMAKE_PREFIX_PATH="$sysroot/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}"
+  echo "== dependencies: $(ls "$bundle"/*.deb | wc -l) bundled packages unpacked into $sysroot"
+else
+  die "gradsync's Debian packages are missing and could not be installed (no root or no apt mirror).
+  Either install: cmake make g++ libtrilinos-kokkos-dev libopenmpi-dev openmpi-bin doctest-dev,
+  or run 'bash tests/gpu/bundle_deps.sh' on a Debian 12 machine with a mirror and bring .gpu-deps/ here"
+fi
+command -v cmake >/dev/null || die "cmake not found"
+generator=()
+command -v make >/dev/null || { command -v ninja >/dev/null && generator=(-G Ninja); }
 echo "== GPUs: $(echo "$gpus" | tr '\n' ';') nvcc $(nvcc --version | sed -n 's/.*release \([0-9.]*\).*/\1/p'), arch sm_$cap"
 
 # ---- 2. build ----
@@ -46,7 +77,7 @@ if [ -n "${KOKKOS_ROOT:-}" ]; then
   [ -x "$KOKKOS_ROOT/bin/nvcc_wrapper" ] && extra+=(-DCMAKE_CXX_COMPILER="$KOKKOS_ROOT/bin/nvcc_wrapper")
 fi
 t0=$(date +%s)
-cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DGRADSYNC_WERROR=ON -DGRADSYNC_ENABLE_CUDA=ON \
+cmake -S "$root" -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DGRADSYNC_WERROR=ON -DGRADSYNC_ENABLE_CUDA=ON \
   -DGRADSYNC_ENABLE_NCCL=ON -DCMAKE_CUDA_ARCHITECTURES="$cap" "${extra[@]}" >"$log" 2>&1 ||
   { tail -30 "$log"; die "configure failed (log: $log)"; }
 cmake --build "$build" -j "$jobs" >>"$log" 2>&1 || { grep -E "error" "$log" | head -30; die "build failed (log: $log)"; }
