@@ -2,13 +2,16 @@
 # gradsync on a GPU, one command (about 3-6 minutes on 16 cores):
 #   bash tests/gpu/run.sh
 # 1. checks the machine: an NVIDIA GPU and driver, the CUDA toolkit with NCCL, and gradsync's Debian
-#    packages (installed by cmake/deps.sh when root and apt can reach a mirror; listed otherwise);
+#    packages: installed (cmake/deps.sh installs them as root when apt can reach a mirror), or
+#    unpacked without root from .gpu-deps/, made by tests/gpu/bundle_deps.sh on a machine with apt;
 # 2. builds everything with CUDA and NCCL required, for this GPU's architecture;
 # 3. runs the whole test suite; the CUDA tests must run, not skip (every semantics row on device
 #    memory through NcclBackend, staged MpiBackend and SelfBackend; every NcclBackend collective);
 # 4. runs the GPU benchmark on two real models (pack/unpack against cudaMemcpy, target >= 80%;
 #    NCCL allreduce of the fusion buffer; whole syncs) and prints a short table last.
-# Environment: CUDA_HOME (default /usr/local/cuda), NCCL_HOME (if NCCL is elsewhere), BUILD_DIR
+# Environment: CUDA_HOME (default /usr/local/cuda), NCCL_HOME (if NCCL is elsewhere), GRADSYNC_GPU_DEPS
+# (the bundle folder, default .gpu-deps; GRADSYNC_USE_BUNDLED_DEPS=1 prefers it), OUT (logs are copied
+# there when it is a folder), BUILD_DIR
 # (default build-gpu), JOBS, REPS (benchmark repetitions, default 20), KOKKOS_ROOT (optional: a
 # Kokkos 4.x install with its CUDA backend, to test Kokkos::CudaSpace views as well; untested so far).
 set -uo pipefail
@@ -39,17 +42,21 @@ bundle="${GRADSYNC_GPU_DEPS:-$root/.gpu-deps}"
 if [ "${GRADSYNC_USE_BUNDLED_DEPS:-0}" != 1 ] && bash "$root/cmake/deps.sh" 2>/dev/null; then
   echo "== dependencies: installed packages"
 elif compgen -G "$bundle/*.deb" >/dev/null; then
-  command -v dpkg-deb >/dev/null || die "dpkg-deb is needed to unpack $bundle"
+  command -v dpkg-deb >/dev/null || command -v ar >/dev/null || die "dpkg-deb or ar is needed to unpack $bundle"
   sysroot="$build/sysroot"
   lib="$sysroot/usr/lib/x86_64-linux-gnu"
   rm -rf "$sysroot" && mkdir -p "$sysroot"
-  for f in "$bundle"/*.deb; do dpkg-deb -x "$f" "$sysroot" || die "cannot unpack $f"; done
+  for f in "$bundle"/*.deb; do
+    if command -v dpkg-deb >/dev/null; then dpkg-deb -x "$f" "$sysroot"
+    else (cd "$sysroot" && ar p "$f" "$(ar t "$f" | grep '^data.tar')" | tar -xJ); fi || die "cannot unpack $f"
+  done
   # Keep only the libraries this machine lacks (Open MPI's and Kokkos' own always): a bundled copy
   # of one it has could be older than what its own programs (cmake, nvcc) need.
+  have=$( (ldconfig -p || /sbin/ldconfig -p) 2>/dev/null)
   for so in "$lib"/lib*.so.*; do
     n=$(basename "$so")
     case "$n" in libmpi*|libopen-*|libmca_*|liboshmem*|libompitrace*|libpmix*|libtrilinos*) continue ;; esac
-    ldconfig -p | grep -q "^[[:space:]]$n " && rm -f "$so"
+    echo "$have" | grep -q "^[[:space:]]$n " && rm -f "$so"
   done
   # Relocation: Open MPI follows OPAL_PREFIX; PMIx reads its component path from its own file.
   sed -i "s|= /usr/lib/|= $sysroot/usr/lib/|" "$lib/pmix2/share/pmix-mca-params.conf" 2>/dev/null
@@ -68,6 +75,9 @@ fi
 command -v cmake >/dev/null || die "cmake not found"
 generator=()
 command -v make >/dev/null || { command -v ninja >/dev/null && generator=(-G Ninja); }
+# CMake 4 refuses package files written for CMake < 3.5 unless told a minimum policy version.
+[ "$(cmake --version | sed -n 's/cmake version \([0-9]*\).*/\1/p')" -ge 4 ] &&
+  generator+=(-DCMAKE_POLICY_VERSION_MINIMUM=3.5)
 echo "== GPUs: $(echo "$gpus" | tr '\n' ';') nvcc $(nvcc --version | sed -n 's/.*release \([0-9.]*\).*/\1/p'), arch sm_$cap"
 
 # ---- 2. build ----
@@ -129,5 +139,10 @@ else bench_state="values correct"; fi
 printf "%-28s %s\n" "benchmark (s)" "$t_bench, $bench_state"
 printf "%-28s %s\n" "pack/unpack >= 80% memcpy" "$target"
 printf "%-28s %s\n" "logs" "$log $build/ctest.log $build/bench.log"
+# Where the caller collects results (a batch system's output folder), the logs go there too.
+if [ -n "${OUT:-}" ] && [ -d "${OUT:-}" ]; then
+  cp "$build/ctest.log" "$build/bench.log" "$OUT/" 2>/dev/null
+  tail -200 "$log" >"$OUT/build-tail.log" 2>/dev/null
+fi
 # Fail when a test failed, when a CUDA test skipped on a GPU machine, or the benchmark failed.
 [ $ctest_rc -eq 0 ] && [ -z "$(echo "$skipped" | grep -E 'gpu_sync')" ] && [ $bench_rc -eq 0 ]
