@@ -144,6 +144,13 @@ class GradientSync {
     throw Error("is_local: the tensor is not registered");
   }
 
+  /// Calls f(data, size, is_local) for every registered gradient, in registration order (used by
+  /// global_norm and DistributedOptimizer to tell local from data-parallel tensors).
+  template <class F>
+  void for_each_tensor(F&& f) const {
+    for (const Entry& e : entries_) f(e.data, e.size, e.local());
+  }
+
   /// Bytes of data-parallel gradient one synchronize() hands to the backend.
   std::size_t data_parallel_bytes() const {
     std::size_t n = 0;
