@@ -18,6 +18,11 @@ if(NOT GRADSYNC_ENABLE_CUDA STREQUAL "OFF")
   if(CMAKE_CUDA_COMPILER)
     enable_language(CUDA)
     find_package(CUDAToolkit)
+    # No architecture given: nvcc's default (sm_75 PTX with CUDA 13, JIT-compiled for newer GPUs).
+    # tests/gpu/run.sh passes the GPU's own.
+    if(NOT CMAKE_CUDA_ARCHITECTURES)
+      set(CMAKE_CUDA_ARCHITECTURES OFF)
+    endif()
   endif()
   if(CMAKE_CUDA_COMPILER AND CUDAToolkit_FOUND)
     set(GRADSYNC_HAVE_CUDA ON)

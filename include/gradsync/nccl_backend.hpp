@@ -181,6 +181,25 @@ class NcclBackend {
     sync();
   }
 
+  /// Variable all-to-all, as MpiBackend::alltoallv: counts and displacements in elements, one per rank.
+  template <class T>
+  void alltoallv(const T* send, const int* send_counts, const int* send_displs, T* recv, const int* recv_counts,
+                 const int* recv_displs) const {
+    impl::nccl_check(ncclGroupStart(), "ncclGroupStart");
+    for (int r = 0; r < size(); ++r) {
+      if (send_counts[r] > 0)
+        impl::nccl_check(ncclSend(send + send_displs[r], std::size_t(send_counts[r]), impl::nccl_type<T>(), r,
+                                  nccl_comm(), stream()),
+                         "ncclSend", nccl_comm());
+      if (recv_counts[r] > 0)
+        impl::nccl_check(ncclRecv(recv + recv_displs[r], std::size_t(recv_counts[r]), impl::nccl_type<T>(), r,
+                                  nccl_comm(), stream()),
+                         "ncclRecv", nccl_comm());
+    }
+    impl::nccl_check(ncclGroupEnd(), "ncclGroupEnd (alltoallv)", nccl_comm());
+    sync();
+  }
+
   /// Every rank's stream work issued so far is done, then an MPI barrier.
   void barrier() const {
     sync();

@@ -129,6 +129,24 @@ TEST_CASE_TEMPLATE("NcclBackend collectives on device memory", T, float, double)
         }
     }
     GRADSYNC_CHECK_ALL(ok);
+    {  // alltoallv: rank r sends q + 1 values to rank q, each equal to r * 100 + q
+      const std::size_t un = std::size_t(n);
+      std::vector<int> sc(un), sd(un), rc(un), rd(un);
+      int st = 0, rt = 0;
+      for (int q = 0; q < n; ++q) {
+        sc[std::size_t(q)] = q + 1, sd[std::size_t(q)] = st, st += q + 1;
+        rc[std::size_t(q)] = rank + 1, rd[std::size_t(q)] = rt, rt += rank + 1;
+      }
+      std::vector<T> send(static_cast<std::size_t>(st));
+      for (int q = 0; q < n; ++q)
+        for (int i = 0; i <= q; ++i) send[std::size_t(sd[std::size_t(q)] + i)] = T(rank * 100 + q);
+      DeviceArray<T> ds(send), dr(static_cast<std::size_t>(rt));
+      b.alltoallv(ds.data(), sc.data(), sd.data(), dr.data(), rc.data(), rd.data());
+      auto r = dr.download();
+      for (int q = 0; q < n; ++q)
+        for (int i = 0; i <= rank; ++i) ok = ok && r[std::size_t(rd[std::size_t(q)] + i)] == T(q * 100 + rank);
+    }
+    GRADSYNC_CHECK_ALL(ok);
     b.barrier();
     // Copies share one communicator; the last one destroys it.
     gradsync::NcclBackend copy = b;
