@@ -2,6 +2,8 @@
 // shape, numel), float32, raw CUDA device memory (gradsync::Span<float, gradsync::CudaDeviceSpace>):
 //
 //   memcpy      one cudaMemcpyAsync device-to-device of all gradient bytes (the reference)
+//               (memcpy and the kernels: device time per call over back-to-back calls, best of 3;
+//               the rest: wall-clock median of synchronize() calls, each ending synchronized)
 //   pack        one launch of gradsync's pack kernel, every tensor into the fusion buffer
 //   unpack      one launch of the unpack kernel (with a scale), buffer back into every tensor
 //   sync/self   GradientSync<SelfBackend>::synchronize(): pack + unpack per chunk, no network
@@ -69,26 +71,27 @@ double median_seconds(int reps, F&& f) {
   return m;
 }
 
-// Median of `reps` runs of `launch` timed with events on `s` (kernel time, no host overhead).
+// Device time of one `launch`: `reps` launches back to back between two events (so launch latency
+// is hidden, as in a sync's stream of kernels), best of three such batches.
 template <class F>
 double event_seconds(cudaStream_t s, int reps, F&& launch) {
   cudaEvent_t a, b;
   ok(cudaEventCreate(&a), "cudaEventCreate");
   ok(cudaEventCreate(&b), "cudaEventCreate");
-  std::vector<double> t;
-  for (int r = 0; r < reps; ++r) {
+  launch();  // warm-up
+  double best = 1e30;
+  for (int trial = 0; trial < 3; ++trial) {
     ok(cudaEventRecord(a, s), "cudaEventRecord");
-    launch();
+    for (int r = 0; r < reps; ++r) launch();
     ok(cudaEventRecord(b, s), "cudaEventRecord");
     ok(cudaEventSynchronize(b), "cudaEventSynchronize");
     float ms = 0;
     ok(cudaEventElapsedTime(&ms, a, b), "cudaEventElapsedTime");
-    t.push_back(ms * 1e-3);
+    best = std::min(best, ms * 1e-3 / reps);
   }
   cudaEventDestroy(a);
   cudaEventDestroy(b);
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
+  return best;
 }
 
 struct Dense {};
