@@ -1,10 +1,12 @@
 // CUDA-aware MPI detection and its overrides, and the automatic choice of host staging, on a host
 // without a GPU: the decision function against every input, the environment variable through a real
 // MpiBackend, and a GradientSync whose backend cannot reach the gradients' memory staging through
-// host memory (and refusing to when told never to).
+// host memory (and refusing to when told never to), and a backend ordered on the execution space
+// being handed chunks without a fence.
 #include <gradsync/gradsync.hpp>
 
 #include <cstdlib>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -55,6 +57,18 @@ class UnreachableMpiBackend : public gradsync::MpiBackend {
   using MpiBackend::MpiBackend;
   template <class MemorySpace>
   bool can_access() const { return false; }
+};
+
+// A backend ordered on the execution space (as NcclBackend is on its own stream): it counts how
+// often GradientSync asked, so the test sees the fence being skipped chunk by chunk.
+class OrderedMpiBackend : public gradsync::MpiBackend {
+ public:
+  using MpiBackend::MpiBackend;
+  bool ordered_on(const Kokkos::DefaultHostExecutionSpace&) const {
+    ++*asked;
+    return true;
+  }
+  std::shared_ptr<int> asked = std::make_shared<int>(0);
 };
 
 }  // namespace
@@ -186,4 +200,29 @@ TEST_CASE("a backend that cannot reach the gradients stages through host memory,
     threw = std::string(e.what()).find("host_staging = never") != std::string::npos;
   }
   GRADSYNC_CHECK_ALL(threw);
+}
+
+TEST_CASE("a backend ordered on the execution space is handed chunks without a fence, unless staged") {
+  static_assert(!gradsync::impl::has_ordered_on<gradsync::MpiBackend, Kokkos::DefaultHostExecutionSpace>::value);
+  static_assert(gradsync::impl::has_ordered_on<OrderedMpiBackend, Kokkos::DefaultHostExecutionSpace>::value);
+  const int rank = world_rank(), n = world_size();
+  Kokkos::View<double*> g("g", 1000);
+  for (auto staging : {gradsync::HostStaging::automatic, gradsync::HostStaging::always}) {
+    gradsync::Options opt;
+    opt.fusion_threshold_bytes = 1024;  // 128 values a chunk: 8 chunks
+    opt.host_staging = staging;
+    OrderedMpiBackend backend(MPI_COMM_WORLD);
+    auto asked = backend.asked;
+    gradsync::GradientSync<OrderedMpiBackend, Kokkos::View<double*>> sync(backend, opt);
+    sync.add<Dense>(g);
+    for (std::size_t i = 0; i < g.size(); ++i) g(i) = double(rank + 1) * double(i);
+    GRADSYNC_CHECK_ALL(sync.synchronize());
+    double worst = 0;
+    for (std::size_t i = 0; i < g.size(); ++i) worst = std::max(worst, rel_err(g(i), (n + 1) / 2.0 * double(i)));
+    CAPTURE(worst);
+    GRADSYNC_CHECK_ALL(worst <= gradsync_test::tol<double>());
+    // Asked once per chunk; never when staging (the host reads the mirror: always a fence).
+    CAPTURE(*asked);
+    GRADSYNC_CHECK_ALL(*asked == (staging == gradsync::HostStaging::always ? 0 : 8));
+  }
 }

@@ -17,6 +17,7 @@
 
 #include "config.hpp"
 #include "error.hpp"
+#include "impl/backend_order.hpp"
 #include "impl/demangle.hpp"
 #include "impl/fusion_kernels.hpp"
 #include "impl/fusion_plan.hpp"
@@ -302,7 +303,8 @@ class GradientSync {
     const std::int64_t pos = buffer_pos(c), len = chunks_[c].size();
     pack_chunk(c, aggregated);
     if (staged_) impl::copy_buffer(exec_, staging_, std::size_t(pos), buffer_, std::size_t(pos), std::size_t(len));
-    impl::fence(exec_, impl::label_fence_pack());  // the backend reads the buffer outside Kokkos
+    // The backend reads the buffer outside Kokkos, unless it is ordered on exec_'s own stream.
+    if (staged_ || !impl::ordered_on(backend_, exec_)) impl::fence(exec_, impl::label_fence_pack());
     value_type* data = (staged_ ? staging_.data() : buffer_.data()) + pos;
     requests_[c % pipeline_depth] = backend_.iallreduce_sum(data, std::size_t(len));
     ++stats_.allreduce_calls;

@@ -90,6 +90,13 @@ class NcclBackend {
   /// The duplicate of the user's communicator used for bootstrap and barrier.
   MPI_Comm comm() const { return state_->mpi; }
 
+  /// True when `exec` enqueues on this backend's stream: a GradientSync then skips the fence between
+  /// packing a chunk and reducing it (impl/backend_order.hpp).
+  bool ordered_on(const CudaStream& exec) const { return exec.stream() == stream(); }
+#if defined(KOKKOS_ENABLE_CUDA)
+  bool ordered_on(const Kokkos::Cuda& exec) const { return exec.cuda_stream() == stream(); }
+#endif
+
   /// Memory a CUDA device can address; host memory never (staging through host cannot help NCCL).
   template <class MemorySpace>
   bool can_access() const {
