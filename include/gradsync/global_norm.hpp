@@ -8,7 +8,6 @@
 // one rank, makes the result independent of last-bit differences between ranks' copies).
 #pragma once
 
-#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -17,6 +16,7 @@
 
 #include "config.hpp"
 #include "error.hpp"
+#include "impl/segment_table.hpp"
 
 namespace gradsync {
 namespace impl {
@@ -143,17 +143,15 @@ class GlobalNorm {
     for (std::size_t i = 0; same && i < keys_.size(); ++i) same = !(scratch_[i] != keys_[i]);
     if (same) return;
     std::vector<impl::NormSegment<value_type>> host;
-    constexpr std::int64_t max_seg = std::int64_t(1) << 20;
-    for (const Key& k : scratch_)
-      for (std::int64_t done = 0; done < std::int64_t(k.size); done += max_seg)
-        host.push_back(impl::NormSegment<value_type>{const_cast<value_type*>(k.data) + done,
-                                                     std::min<std::int64_t>(std::int64_t(k.size) - done, max_seg),
-                                                     k.local ? 1.0 : 1.0 / double(n)});
-    segs_ = impl::NormSegmentView<value_type, memory_space>(
-        Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("gradsync::norm_segments")), host.size());
-    auto mirror = Kokkos::create_mirror_view(segs_);
-    std::copy(host.begin(), host.end(), mirror.data());
-    Kokkos::deep_copy(segs_, mirror);
+    for (const Key& k : scratch_) {
+      const double weight = k.local ? 1.0 : 1.0 / double(n);
+      // for_each_tensor hands out const pointers; clip() scales these same gradients in place.
+      value_type* const data = const_cast<value_type*>(k.data);
+      impl::for_each_segment(k.size, [&](std::int64_t off, std::int64_t count) {
+        host.push_back(impl::NormSegment<value_type>{data + off, count, weight});
+      });
+    }
+    impl::upload_segments(host, segs_, "gradsync::norm_segments");
     n_segs_ = std::int64_t(host.size());
     keys_.assign(scratch_.begin(), scratch_.end());  // scratch_ keeps its capacity: no allocation next time
     world_ = n;
