@@ -63,15 +63,9 @@ void via_reachable(const Backend& b, T* data, std::size_t n, Op&& op) {
   Kokkos::View<T*, DataSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>> src(data, n);
   Kokkos::View<T*, OtherSpace> copy(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("gradsync::staging")),
                                     n);
-  Kokkos::deep_copy(copy, src);
-  Kokkos::fence();
+  Kokkos::deep_copy(copy, src);  // fences before and after: op sees the copy complete
   op(copy.data());
   Kokkos::deep_copy(src, copy);
-}
-
-inline const std::string& label_fence_broadcast() {
-  static const std::string s("gradsync::broadcast_parameters");
-  return s;
 }
 
 }  // namespace impl
