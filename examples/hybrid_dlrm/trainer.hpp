@@ -107,7 +107,7 @@ class Trainer {
     alltoallv(emb_send_, emb_send_h_, emb_scount_, emb_sdispl_, emb_recv_, emb_recv_h_, emb_rcount_, emb_rdispl_,
               stats_.embeddings);
     Kokkos::parallel_for("dlrm::unpack_embeddings", range(b_ * T_ * dim_),
-                         UnpackEmbeddings{emb_recv_, table_offset_, emb_, T_, dim_});
+                         EmbeddingBlocks{emb_recv_, table_offset_, emb_, T_, dim_, false});
 
     // Data-parallel part on the local samples.
     forward(bottom_, dense_);
@@ -126,7 +126,7 @@ class Trainer {
 
     // Backward all-to-all: each embedding gradient returns to its table's owner.
     Kokkos::parallel_for("dlrm::pack_embedding_grads", range(b_ * T_ * dim_),
-                         PackEmbeddingGrads{demb_, table_offset_, emb_recv_, T_, dim_});
+                         EmbeddingBlocks{emb_recv_, table_offset_, demb_, T_, dim_, true});
     alltoallv(emb_recv_, emb_recv_h_, emb_rcount_, emb_rdispl_, emb_send_, emb_send_h_, emb_scount_, emb_sdispl_,
               stats_.gradients);
     Kokkos::parallel_for(
