@@ -2,6 +2,7 @@
 //
 //   gradsync::DistributedOptimizer dopt(gradsync::AdamW<Grad>(o), gradsync::GradientSync<MpiBackend, Grad>(...));
 //   dopt.add<Trunk>(w, grad_w);            // the gradient goes to the sync, the pair to the optimizer
+//   dopt.add<Trunk>(b, grad_b);
 //   dopt.add<Tower>(t, grad_t);            // a local group: never communicated
 //   dopt.register_local_var(b);            // run time: b's gradient becomes local (Horovod parity)
 //   dopt.broadcast_parameters(0);          // data-parallel parameters and their state from rank 0
