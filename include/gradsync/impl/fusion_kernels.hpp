@@ -8,6 +8,7 @@
 #include <string>
 
 #include "../config.hpp"
+#include "memory_ops.hpp"
 
 namespace gradsync::impl {
 
@@ -22,10 +23,7 @@ struct Segment {
 };
 
 template <class T, class MemorySpace>
-using SegmentView = Kokkos::View<Segment<T>*, MemorySpace>;
-
-template <class T, class MemorySpace>
-using BufferView = Kokkos::View<T*, MemorySpace>;
+using SegmentView = BufferView<Segment<T>, MemorySpace>;
 
 /// Where a chunk in MemorySpace is staged for a backend that cannot reach it: pinned host memory
 /// for CUDA device memory (fast, asynchronous copies), plain host memory otherwise.
@@ -45,7 +43,7 @@ using staging_space_t = typename staging_space<MemorySpace>::type;
 // buf[off - base + i] = (accumulate ? buf[...] : 0) + prescale * ptr[i]
 template <class T, class ExecutionSpace, class MemorySpace>
 struct PackKernel {
-  using member_type = typename Kokkos::TeamPolicy<ExecutionSpace>::member_type;
+  using member_type = team_member_t<ExecutionSpace>;
   SegmentView<T, MemorySpace> segs;
   BufferView<T, MemorySpace> buf;
   std::int64_t first_seg, base;
@@ -69,7 +67,7 @@ struct PackKernel {
 // ptr[i] = factor * buf[off - base + i]
 template <class T, class ExecutionSpace, class MemorySpace>
 struct UnpackKernel {
-  using member_type = typename Kokkos::TeamPolicy<ExecutionSpace>::member_type;
+  using member_type = team_member_t<ExecutionSpace>;
   SegmentView<T, MemorySpace> segs;
   BufferView<T, MemorySpace> buf;
   std::int64_t first_seg, base;
@@ -95,7 +93,7 @@ enum class LocalMode {
 
 template <class T, class ExecutionSpace, class MemorySpace>
 struct LocalKernel {
-  using member_type = typename Kokkos::TeamPolicy<ExecutionSpace>::member_type;
+  using member_type = team_member_t<ExecutionSpace>;
   SegmentView<T, MemorySpace> segs;
   BufferView<T, MemorySpace> acc;
   LocalMode mode;
@@ -127,7 +125,7 @@ struct LocalKernel {
 template <class ExecutionSpace, class Kernel>
 void launch_per_segment(const std::string& label, const ExecutionSpace& exec, std::int64_t nsegs, const Kernel& k) {
   if (nsegs <= 0) return;
-  Kokkos::parallel_for(label, Kokkos::TeamPolicy<ExecutionSpace>(exec, int(nsegs), Kokkos::AUTO), k);
+  SegmentLaunch<ExecutionSpace>::run(label, exec, nsegs, k);
 }
 
 }  // namespace gradsync::impl
