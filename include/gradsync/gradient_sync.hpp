@@ -244,19 +244,26 @@ class GradientSync {
   }
 
   // Options::check_finite: one reduction over the data-parallel gradients before they are packed.
+  // Kokkos execution spaces only; the raw CUDA path (CudaDeviceSpace spans) has no scan kernel yet.
   void check_finite() {
-    const std::int64_t s = impl::first_non_finite_segment(exec_, dp_segs_, n_dp_segs_);
-    if (s == impl::FirstNonFiniteKernel<value_type, execution_space, memory_space>::none) return;
-    auto seg = Kokkos::create_mirror_view_and_copy(
-        Kokkos::HostSpace(), Kokkos::subview(dp_segs_, std::make_pair(std::size_t(s), std::size_t(s + 1))));
-    const value_type* p = seg(0).ptr;
-    for (const Entry& e : entries_)
-      if (!e.local() && p >= e.data && p < e.data + e.size)
-        fail_here(impl::ErrorKind::error,
-                  impl::cat("gradient '", e.name, "' (group ", e.group, ", ", e.size, " values) holds NaN or Inf on "
-                            "rank ", backend_.rank(), " before the exchange of synchronize() call ",
-                            stats_.passes + 1, " (Options::check_finite)"));
-    fail_here(impl::ErrorKind::error, "a data-parallel gradient holds NaN or Inf (Options::check_finite)");
+    if constexpr (!Kokkos::is_execution_space<execution_space>::value) {
+      throw ConfigError(impl::cat("check_finite is not supported yet for gradients in ", memory_space::name(),
+                                  " (no NaN/Inf scan kernel on this path); turn it off"));
+    } else {
+      const std::int64_t s =
+          impl::first_non_finite_segment<value_type, memory_space>(exec_, dp_segs_, n_dp_segs_);
+      if (s == impl::FirstNonFiniteKernel<value_type, execution_space, memory_space>::none) return;
+      auto seg = Kokkos::create_mirror_view_and_copy(
+          Kokkos::HostSpace(), Kokkos::subview(dp_segs_, std::make_pair(std::size_t(s), std::size_t(s + 1))));
+      const value_type* p = seg(0).ptr;
+      for (const Entry& e : entries_)
+        if (!e.local() && p >= e.data && p < e.data + e.size)
+          fail_here(impl::ErrorKind::error,
+                    impl::cat("gradient '", e.name, "' (group ", e.group, ", ", e.size, " values) holds NaN or Inf "
+                              "on rank ", backend_.rank(), " before the exchange of synchronize() call ",
+                              stats_.passes + 1, " (Options::check_finite)"));
+      fail_here(impl::ErrorKind::error, "a data-parallel gradient holds NaN or Inf (Options::check_finite)");
+    }
   }
 
   [[noreturn]] void fail_here(impl::ErrorKind k, const std::string& msg) {

@@ -126,7 +126,7 @@ int main(int argc, char** argv) {
     std::vector<double> tf;
     for (int i = 0; i < 20; ++i) {
       const double t0 = MPI_Wtime();
-      const auto first = gradsync::impl::first_non_finite_segment(Kokkos::DefaultHostExecutionSpace(), segs,
+      const auto first = gradsync::impl::first_non_finite_segment<float, Kokkos::HostSpace>(Kokkos::DefaultHostExecutionSpace(), segs,
                                                                   std::int64_t(plan.segments.size()));
       tf.push_back(MPI_Wtime() - t0);
       if (first != std::numeric_limits<std::int64_t>::max()) std::printf("unexpected non-finite value\n");

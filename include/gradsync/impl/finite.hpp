@@ -28,7 +28,9 @@ struct FirstNonFiniteKernel {
   }
 };
 
-template <class T, class ExecutionSpace, class MemorySpace>
+// T and MemorySpace are given explicitly: SegmentView is an alias template they cannot be deduced
+// through.
+template <class T, class MemorySpace, class ExecutionSpace>
 std::int64_t first_non_finite_segment(const ExecutionSpace& exec, const SegmentView<T, MemorySpace>& segs,
                                       std::int64_t nsegs) {
   using K = FirstNonFiniteKernel<T, ExecutionSpace, MemorySpace>;
