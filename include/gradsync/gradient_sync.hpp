@@ -10,17 +10,22 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <type_traits>
 #include <vector>
 
 #include "config.hpp"
+#include "env.hpp"
 #include "error.hpp"
 #include "impl/backend_order.hpp"
+#include "impl/consistency.hpp"
 #include "impl/demangle.hpp"
+#include "impl/finite.hpp"
 #include "impl/fusion_kernels.hpp"
 #include "impl/fusion_plan.hpp"
+#include "impl/stall.hpp"
 #include "local_var_policy.hpp"
 #include "options.hpp"
 #include "stats.hpp"
@@ -35,6 +40,11 @@ inline std::size_t& max_chunk_elements() {
   static std::size_t n = std::size_t(INT_MAX);
   return n;
 }
+
+template <class T>
+struct is_std_vector : std::false_type {};
+template <class T, class A>
+struct is_std_vector<std::vector<T, A>> : std::true_type {};
 
 }  // namespace impl
 
@@ -57,9 +67,10 @@ class GradientSync {
                 "MPI and NCCL sum)");
 
   explicit GradientSync(Backend backend, Options options = {}, execution_space exec = {})
-      : backend_(std::move(backend)), opt_(options), exec_(exec) {
-    validate_options(opt_);
-  }
+      : backend_(std::move(backend)),
+        opt_(prepare_options(options)),
+        exec_(exec),
+        ctl_(backend_, opt_) {}
 
   /// Registers a gradient in `Group`. Any contiguous tensor with this sync's value type and memory
   /// space is accepted (a View of any rank, a vector, a Span). `name` appears in error messages.
@@ -85,6 +96,11 @@ class GradientSync {
       throw Error(impl::cat("tensor '", e.name, "' (group ", e.group,
                             ") is not contiguous: register a contiguous View or copy it into one"));
     if constexpr (Kokkos::is_view<U>::value) e.keepalive = std::make_shared<U>(tensor);
+    // A vector is registered by reference: synchronize() re-reads its data and size and throws if
+    // it was resized or reallocated since. (A View is held by value: reassigning or
+    // Kokkos::resize-ing the caller's View cannot be seen; re-register it instead.)
+    if constexpr (impl::is_std_vector<U>::value)
+      e.requery = [&tensor] { return std::make_pair(UT::data(tensor), UT::size(tensor)); };
     for (const Entry& o : entries_)
       if (e.size > 0 && o.size > 0 && e.data < o.data + o.size && o.data < e.data + e.size)
         throw Error(impl::cat("tensor '", e.name, "' (group ", e.group, ") overlaps tensor '", o.name,
@@ -114,7 +130,9 @@ class GradientSync {
   /// Call after each backward pass. Returns true when the gradients hold synchronized values
   /// (every Nth call, N = backward_passes_per_step); otherwise they are accumulated internally.
   bool synchronize() {
+    checks_before_pass();
     if (dirty_) build_plan();
+    if (opt_.check_finite) check_finite();
     ++stats_.passes;
     ++pass_;
     const int n_passes = opt_.backward_passes_per_step;
@@ -170,12 +188,20 @@ class GradientSync {
     LocalScale policy_scale = LocalScale::none;
     bool runtime_local = false;
     std::shared_ptr<void> keepalive;  // a copy of a registered View keeps its memory alive
+    std::function<std::pair<value_type*, std::size_t>()> requery;  // vectors: current data and size
     bool local() const { return policy_local || runtime_local; }
   };
 
   using Seg = impl::Segment<value_type>;
   using SegView = impl::SegmentView<value_type, memory_space>;
   using Buffer = impl::BufferView<value_type, memory_space>;
+
+  // Environment overrides applied, then validated, before anything collective starts.
+  static Options prepare_options(const Options& given) {
+    Options o = given.read_environment ? apply_env(given) : given;
+    validate_options(o);
+    return o;
+  }
 
   static void validate_options(const Options& o) {
     if (o.backward_passes_per_step < 1)
@@ -185,6 +211,64 @@ class GradientSync {
       throw ConfigError(impl::cat("prescale_factor must be finite and >= 0, got ", o.prescale_factor));
     if (bad(o.postscale_factor))
       throw ConfigError(impl::cat("postscale_factor must be finite and >= 0, got ", o.postscale_factor));
+    if (bad(o.stall_timeout))
+      throw ConfigError(impl::cat("stall_timeout must be finite and >= 0 seconds (0 waits forever), got ",
+                                  o.stall_timeout));
+    if (bad(o.stall_warning))
+      throw ConfigError(impl::cat("stall_warning must be finite and >= 0 seconds (0: no warning), got ",
+                                  o.stall_warning));
+  }
+
+  // Local checks, then the cross-rank consistency check (see impl/consistency.hpp). A rank that
+  // fails a local check tells its peers before throwing, so none of them waits for it.
+  void checks_before_pass() {
+    const std::int64_t call = std::int64_t(stats_.passes) + 1;
+    for (Entry& e : entries_) {
+      if (!e.requery) continue;
+      const auto now = e.requery();
+      if (now.first != e.data || now.second != e.size)
+        fail_here(impl::ErrorKind::error,
+                  impl::cat("tensor '", e.name, "' (group ", e.group, ") was resized or reallocated after it was "
+                            "registered (", e.size, " -> ", now.second, " elements) on rank ", backend_.rank(),
+                            "; build a new GradientSync and register it again after resizing"));
+    }
+    if ((dirty_ && opt_.consistency_check != CheckMode::off) || opt_.consistency_check == CheckMode::every_step) {
+      std::vector<impl::RegDesc> regs;
+      regs.reserve(entries_.size());
+      for (const Entry& e : entries_)
+        regs.push_back({e.group, e.name, e.size, e.index_in_group, e.policy_local, e.runtime_local});
+      impl::check_consistency(backend_, ctl_, opt_, regs, int(sizeof(value_type)), call,
+                              impl::max_chunk_elements());
+      ++stats_.consistency_checks;
+    }
+  }
+
+  // Options::check_finite: one reduction over the data-parallel gradients before they are packed.
+  // Kokkos execution spaces only; the raw CUDA path (CudaDeviceSpace spans) has no scan kernel yet.
+  void check_finite() {
+    if constexpr (!Kokkos::is_execution_space<execution_space>::value) {
+      throw ConfigError(impl::cat("check_finite is not supported yet for gradients in ", memory_space::name(),
+                                  " (no NaN/Inf scan kernel on this path); turn it off"));
+    } else {
+      const std::int64_t s =
+          impl::first_non_finite_segment<value_type, memory_space>(exec_, dp_segs_, n_dp_segs_);
+      if (s == impl::FirstNonFiniteKernel<value_type, execution_space, memory_space>::none) return;
+      auto seg = Kokkos::create_mirror_view_and_copy(
+          Kokkos::HostSpace(), Kokkos::subview(dp_segs_, std::make_pair(std::size_t(s), std::size_t(s + 1))));
+      const value_type* p = seg(0).ptr;
+      for (const Entry& e : entries_)
+        if (!e.local() && p >= e.data && p < e.data + e.size)
+          fail_here(impl::ErrorKind::error,
+                    impl::cat("gradient '", e.name, "' (group ", e.group, ", ", e.size, " values) holds NaN or Inf "
+                              "on rank ", backend_.rank(), " before the exchange of synchronize() call ",
+                              stats_.passes + 1, " (Options::check_finite)"));
+      fail_here(impl::ErrorKind::error, "a data-parallel gradient holds NaN or Inf (Options::check_finite)");
+    }
+  }
+
+  [[noreturn]] void fail_here(impl::ErrorKind k, const std::string& msg) {
+    ctl_.tell_peers(k, msg);
+    impl::throw_kind(k, msg);
   }
 
   // Registrations may change between steps, never inside an aggregation cycle: the internal sums
@@ -258,6 +342,9 @@ class GradientSync {
     n_dp_segs_ = std::int64_t(segs.size());
     n_local_segs_ = std::int64_t(lsegs.size());
     stats_.buffer_bytes = (buffer_.extent(0) + local_acc_.extent(0) + staging_.extent(0)) * sizeof(value_type);
+    // What a collective left incomplete by a stall may still write into.
+    ctl_.keep_on_failure({std::make_shared<Buffer>(buffer_), std::make_shared<decltype(staging_)>(staging_),
+                          std::make_shared<Backend>(backend_)});
     ++stats_.plan_builds;
     dirty_ = false;
   }
@@ -313,7 +400,8 @@ class GradientSync {
 
   // Waits for chunk c's reduction and unpacks it into the gradients.
   void complete_chunk(std::size_t c) {
-    backend_.wait(requests_[c % pipeline_depth]);
+    impl::wait_for(backend_, requests_[c % pipeline_depth], ctl_, opt_,
+                   impl::WaitSite{"allreduce", std::int64_t(stats_.passes), std::int64_t(c), std::int64_t(chunks_.size())});
     if (staged_) {
       const std::int64_t pos = buffer_pos(c), len = chunks_[c].size();
       impl::copy_buffer(exec_, buffer_, std::size_t(pos), staging_, std::size_t(pos), std::size_t(len));
@@ -374,6 +462,7 @@ class GradientSync {
   std::int64_t n_dp_segs_ = 0, n_local_segs_ = 0;
   Buffer buffer_, local_acc_;
   value_type pre_factor_ = 1, post_factor_ = 1;
+  impl::Control<Backend> ctl_;  // side channel: consistency check, stall reports, peer failures
 };
 
 }  // namespace gradsync

@@ -3,6 +3,7 @@
 
 #include "config.hpp"
 #include "distributed_optimizer.hpp"
+#include "env.hpp"
 #include "error.hpp"
 #include "global_norm.hpp"
 #include "gradient_sync.hpp"

@@ -18,6 +18,21 @@ enum class HostStaging {
   never,      ///< never; a ConfigError if the backend cannot access the memory space
 };
 
+/// When ranks compare their data-parallel registrations (see docs/ERRORS.md).
+enum class CheckMode {
+  off,         ///< never (a mismatch then hangs until stall_timeout or gives wrong numbers)
+  on_change,   ///< before the first exchange and after every change of the registrations
+  every_step,  ///< on every synchronize() call (debugging: one small allreduce and a few heap
+               ///< allocations per call; turns a registration changed on some ranks only into a
+               ///< MismatchError instead of a stall)
+};
+
+/// What the ranks that arrived do when a collective has not completed within stall_timeout.
+enum class StallAction {
+  throw_error,  ///< throw gradsync::StallError on the ranks that arrived
+  abort,        ///< print the report and call MPI_Abort (ends every rank of the job)
+};
+
 struct Options {
   ReduceOp op = ReduceOp::average;
   double prescale_factor = 1.0;   ///< applied to data-parallel gradients before the reduction
@@ -28,6 +43,22 @@ struct Options {
   bool average_aggregated_gradients = false; ///< divide aggregated gradients by N
   bool scale_local_gradients = true;         ///< 1/world_size for runtime-registered local vars
   HostStaging host_staging = HostStaging::automatic;
+
+  // ---- never hang, never silently wrong (docs/ERRORS.md) ----
+  CheckMode consistency_check = CheckMode::on_change;  ///< cross-rank check of the registrations
+  /// Seconds a collective may wait for the other ranks before the stall is reported and acted on
+  /// (stall_action). 0 waits forever in the backend's blocking wait (no warning either).
+  /// Environment: GRADSYNC_STALL_TIMEOUT_S.
+  double stall_timeout = 300.0;
+  /// Seconds after which a waiting rank prints a warning naming the missing ranks (once per wait).
+  /// 0 disables the warning. Environment: GRADSYNC_STALL_WARNING_S.
+  double stall_warning = 60.0;
+  StallAction stall_action = StallAction::throw_error;
+  /// Scan data-parallel gradients for NaN/Inf before each exchange (one extra pass over them);
+  /// every rank then throws an Error naming the tensor and the rank. Off by default.
+  bool check_finite = false;
+  /// Apply GRADSYNC_* environment variables over these values (they take precedence over code).
+  bool read_environment = true;
 };
 
 }  // namespace gradsync

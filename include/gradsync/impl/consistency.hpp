@@ -1,0 +1,239 @@
+// gradsync internals: the cross-rank consistency check of the data-parallel registrations.
+//
+// Only fixed-size collectives, so the check cannot itself hang on the mismatch it looks for:
+//   1. one MIN allreduce of a small signature holding each value and its negation (so MIN also
+//      gives MAX): the options that shape the exchange, the number of data-parallel tensors, and a
+//      hash of their (group, size, value type) list. Equal everywhere: done. This is all the
+//      check costs when ranks agree.
+//   2. on a mismatch of the options: an allgather of the option words; the message names the
+//      first differing option and what each rank has.
+//   3. on a mismatch of the list: a MIN allreduce over per-position hashes padded to the agreed
+//      largest count finds the first differing position; an allgather of a fixed-size descriptor of
+//      each rank's tensor there names it; a last allgather asks every rank how it holds the
+//      tensor one of the ranks has there, which tells a register_local_var policy mismatch apart.
+// Every rank takes the same branches (they depend only on the collective results) and throws
+// the same MismatchError. Local tensors (by policy or register_local_var) are left out.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "../error.hpp"
+#include "../options.hpp"
+#include "stall.hpp"
+
+namespace gradsync::impl {
+
+/// One registration as this rank sees it.
+struct RegDesc {
+  std::string group, name;
+  std::size_t size = 0;
+  std::size_t index_in_group = 0;
+  bool policy_local = false;   // local by its group's LocalVarPolicy: never compared
+  bool runtime_local = false;  // made local by register_local_var: not exchanged
+};
+
+inline std::uint64_t fnv1a(const void* p, std::size_t n, std::uint64_t h = 1469598103934665603ull) {
+  const auto* b = static_cast<const unsigned char*>(p);
+  for (std::size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 1099511628211ull;
+  return h;
+}
+
+// The options that must agree, as words, with their names for the message.
+struct OptionWords {
+  static constexpr int count = 12;
+  std::int64_t w[count] = {};
+  static const char* name(int i) {
+    static const char* const names[count] = {
+        "value type", "op", "prescale_factor", "postscale_factor", "fusion_threshold_bytes",
+        "backward_passes_per_step", "average_aggregated_gradients", "consistency_check", "check_finite",
+        "gradsync::impl::max_chunk_elements()", "synchronize() calls so far",
+        "scale_local_gradients"};
+    return names[i];
+  }
+  static std::string show(int i, std::int64_t v) {
+    switch (i) {
+      case 0: return v == 4 ? "float" : v == 8 ? "double" : cat(v, "-byte values");
+      case 1: return to_string(ReduceOp(v));
+      case 2:
+      case 3: {
+        double d;
+        std::memcpy(&d, &v, sizeof d);
+        return cat(d);
+      }
+      case 6:
+      case 8:
+      case 11: return v ? "true" : "false";
+      case 7: {
+        static const char* const m[] = {"off", "on_change", "every_step"};
+        return v >= 0 && v < 3 ? m[v] : cat(v);
+      }
+      default: return cat(v);
+    }
+  }
+};
+
+inline std::int64_t double_bits(double d) {
+  std::int64_t v;
+  std::memcpy(&v, &d, sizeof v);
+  return v;
+}
+
+template <std::size_t N>
+void copy_str(char (&dst)[N], const std::string& s) {
+  std::memset(dst, 0, N);
+  std::memcpy(dst, s.data(), std::min(N - 1, s.size()));
+}
+
+/// Throws MismatchError on every rank when the ranks' data-parallel registrations or exchange
+/// options differ. `value_size` is sizeof(value_type). Collective over ctl's ranks.
+template <class Backend>
+void check_consistency(const Backend& backend, Control<Backend>& ctl, const Options& o,
+                       const std::vector<RegDesc>& regs, int value_size, std::int64_t passes,
+                       std::size_t max_chunk) {
+  if (ctl.size() == 1) return;
+  WaitSite site{"consistency check", passes, -1, 0};
+
+  OptionWords ow;
+  ow.w[0] = value_size;
+  ow.w[1] = std::int64_t(o.op);
+  ow.w[2] = double_bits(o.prescale_factor);
+  ow.w[3] = double_bits(o.postscale_factor);
+  ow.w[4] = std::int64_t(o.fusion_threshold_bytes);
+  ow.w[5] = o.backward_passes_per_step;
+  ow.w[6] = o.average_aggregated_gradients;
+  ow.w[7] = std::int64_t(o.consistency_check);
+  ow.w[8] = o.check_finite;
+  ow.w[9] = std::int64_t(max_chunk);
+  ow.w[10] = passes;
+  ow.w[11] = o.scale_local_gradients;  // not exchanged, but local gradients would follow another loss
+
+  // Per data-parallel tensor: a non-negative hash of (group, size, value type).
+  std::vector<std::int64_t> h;
+  std::vector<const RegDesc*> dp;
+  for (const RegDesc& r : regs) {
+    if (r.policy_local || r.runtime_local) continue;
+    std::uint64_t x = fnv1a(r.group.data(), r.group.size());
+    const std::uint64_t sz = r.size;
+    x = fnv1a(&sz, sizeof sz, x);
+    x = fnv1a(&value_size, sizeof value_size, x);
+    h.push_back(std::int64_t(x & 0x7fffffffffffffffull));
+    dp.push_back(&r);
+  }
+  const std::uint64_t oh = fnv1a(ow.w, sizeof ow.w);
+  const std::uint64_t lh = fnv1a(h.data(), h.size() * sizeof(std::int64_t));
+  // Values below 2^32 (or counts), so negation never overflows.
+  constexpr int S = 5;
+  std::int64_t sig[2 * S] = {std::int64_t(oh >> 32), std::int64_t(oh & 0xffffffffu), std::int64_t(dp.size()),
+                             std::int64_t(lh >> 32), std::int64_t(lh & 0xffffffffu)};
+  for (int i = 0; i < S; ++i) sig[S + i] = -sig[i];
+  ctl.allreduce_min(backend, sig, 2 * S, o, site);
+  auto agree = [&](int i) { return sig[i] == -sig[S + i]; };
+  if (agree(0) && agree(1) && agree(2) && agree(3) && agree(4)) return;  // the common case
+
+  const int n = ctl.size();
+  const std::size_t nr = std::size_t(n);
+  std::string msg;
+  if (!agree(0) || !agree(1)) {
+    std::vector<std::int64_t> all(std::size_t(n) * OptionWords::count);
+    ctl.allgather(backend, reinterpret_cast<const unsigned char*>(ow.w), reinterpret_cast<unsigned char*>(all.data()),
+                  int(sizeof ow.w), o, site);
+    for (int i = 0; i < OptionWords::count && msg.empty(); ++i) {
+      std::vector<std::string> what(nr);
+      bool differ = false;
+      for (int r = 0; r < n; ++r) {
+        const std::int64_t v = all[std::size_t(r) * OptionWords::count + std::size_t(i)];
+        what[std::size_t(r)] = OptionWords::show(i, v);
+        differ |= v != all[std::size_t(i)];
+      }
+      if (differ)
+        msg = cat("ranks disagree on ", OptionWords::name(i), ": ", by_rank(what),
+                  i == 0    ? ". Use the same GradientSync<Backend, Tensor> value type on every rank"
+                  : i == 9  ? ". Set the same override of max_chunk_elements() on every rank"
+                  : i == 10 ? ". A rank skipped or added a synchronize() call"
+                            : ". Set the same options on every rank (a GRADSYNC_* environment variable set on some "
+                              "ranks only overrides them there)");
+    }
+    if (msg.empty()) msg = "ranks disagree on the options (hash mismatch)";
+    throw MismatchError(msg);
+  }
+
+  // The lists differ: find the first position whose hash differs, over the largest count.
+  const std::int64_t max_count = -sig[S + 2];
+  std::vector<std::int64_t> ph(2 * std::size_t(max_count));
+  for (std::int64_t i = 0; i < max_count; ++i) {
+    ph[std::size_t(i)] = i < std::int64_t(h.size()) ? h[std::size_t(i)] : -1;
+    ph[std::size_t(max_count + i)] = -ph[std::size_t(i)];
+  }
+  ctl.allreduce_min(backend, ph.data(), int(ph.size()), o, site);
+  std::int64_t pos = 0;
+  while (pos < max_count && ph[std::size_t(pos)] == -ph[std::size_t(max_count + pos)]) ++pos;
+
+  struct Wire {
+    std::int64_t present = 0, size = 0, index_in_group = 0, count = 0;
+    char group[112] = {}, name[112] = {};
+  };
+  Wire mine;
+  mine.count = std::int64_t(dp.size());
+  if (pos < std::int64_t(dp.size())) {
+    const RegDesc& r = *dp[std::size_t(pos)];
+    mine.present = 1;
+    mine.size = std::int64_t(r.size);
+    mine.index_in_group = std::int64_t(r.index_in_group);
+    copy_str(mine.group, r.group);
+    copy_str(mine.name, r.name);
+  }
+  std::vector<Wire> all(nr);
+  ctl.allgather(backend, reinterpret_cast<const unsigned char*>(&mine), reinterpret_cast<unsigned char*>(all.data()),
+                int(sizeof(Wire)), o, site);
+  const char* vt = value_size == 4 ? "float" : value_size == 8 ? "double" : "value";
+  std::vector<std::string> what(nr), counts(nr);
+  for (int r = 0; r < n; ++r) {
+    const Wire& w = all[std::size_t(r)];
+    counts[std::size_t(r)] = std::to_string(w.count);
+    what[std::size_t(r)] = w.present ? cat("'", w.name, "' (group ", w.group, ", index ", w.index_in_group, ", ",
+                                           w.size, " x ", vt, ")")
+                                     : std::string("no tensor");
+  }
+  msg = cat("ranks disagree on the data-parallel registrations at data-parallel tensor #", pos, ": ", by_rank(what),
+            ". Data-parallel tensor counts: ", by_rank(counts));
+
+  // Which tensor is it? The one with the smallest index in its group among those reported: ask
+  // every rank how it holds that one (absent, data-parallel, or local by register_local_var).
+  const Wire* cand = nullptr;
+  for (const Wire& w : all)
+    if (w.present && (!cand || w.index_in_group < cand->index_in_group ||
+                      (w.index_in_group == cand->index_in_group && std::strcmp(w.group, cand->group) < 0)))
+      cand = &w;
+  if (cand) {
+    struct Status {
+      std::int64_t how = 0, size = 0;  // 0 absent, 1 data-parallel, 2 register_local_var
+    } st;
+    for (const RegDesc& r : regs)
+      if (!r.policy_local && r.index_in_group == std::size_t(cand->index_in_group) &&
+          r.group.substr(0, sizeof(cand->group) - 1) == cand->group) {
+        st.how = r.runtime_local ? 2 : 1;
+        st.size = std::int64_t(r.size);
+      }
+    std::vector<Status> sts(nr);
+    ctl.allgather(backend, reinterpret_cast<const unsigned char*>(&st), reinterpret_cast<unsigned char*>(sts.data()),
+                  int(sizeof(Status)), o, site);
+    std::vector<int> local, global;
+    for (int r = 0; r < n; ++r) {
+      if (sts[std::size_t(r)].how == 2) local.push_back(r);
+      if (sts[std::size_t(r)].how == 1) global.push_back(r);
+    }
+    if (!local.empty() && !global.empty())
+      msg = cat("policy mismatch: tensor ", cand->group, "[", cand->index_in_group, "] is local (register_local_var) on ",
+                local.size() == 1 ? "rank " : "ranks ", local.size() == 1 ? std::to_string(local[0]) : rank_list(local),
+                " but data-parallel on ", global.size() == 1 ? "rank " : "ranks ",
+                global.size() == 1 ? std::to_string(global[0]) : rank_list(global),
+                "; call register_local_var for it on every rank or on none. Details: ", msg);
+  }
+  throw MismatchError(msg);
+}
+
+}  // namespace gradsync::impl

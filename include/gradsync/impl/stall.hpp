@@ -1,0 +1,452 @@
+// gradsync internals: the control channel and the stall watchdog.
+//
+// Every collective gradsync waits on goes through wait_until_done(): a test of the request first
+// (the fast path: one MPI_Test of a request that has usually completed), then, only if it has not,
+// a polling loop with a deadline. While polling, the rank listens on a side channel, a second
+// duplicate of the backend's communicator, for notices from its peers:
+//   - ARRIVED: "I am waiting in exchange k". A waiting rank posts it to every rank once half the
+//     warning interval has passed, so that at the warning and at the deadline each waiting rank
+//     knows which ranks arrived, hence which are missing. Nothing is sent on the fast path.
+//   - FAILED: "I threw <error> before the exchange". A rank that fails a local check (NaN in a
+//     gradient, a resized tensor) tells its peers first, so they throw the same error at once
+//     instead of waiting for the deadline.
+// The consistency check's small fixed-size collectives run on the side channel too, nonblocking,
+// under the same deadline.
+#pragma once
+
+#include <mpi.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "../error.hpp"
+#include "../options.hpp"
+
+namespace gradsync::impl {
+
+// Whether a backend exposes its MPI communicator (MpiBackend does): the side channel needs one.
+template <class B, class = void>
+struct has_mpi_comm : std::false_type {};
+template <class B>
+struct has_mpi_comm<B, std::enable_if_t<std::is_same_v<decltype(std::declval<const B&>().comm()), MPI_Comm>>>
+    : std::true_type {};
+
+// "[0, 2-4]" for ranks {0, 2, 3, 4}.
+inline std::string rank_list(const std::vector<int>& ranks) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < ranks.size();) {
+    std::size_t j = i;
+    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+    if (i) s += ", ";
+    s += std::to_string(ranks[i]);
+    if (j > i) s += (j == i + 1 ? ", " : "-") + std::to_string(ranks[j]);
+    i = j + 1;
+  }
+  return s + "]";
+}
+
+// Groups ranks by what they reported: "rank 0: X; ranks [1-3]: Y".
+inline std::string by_rank(const std::vector<std::string>& what) {
+  std::vector<std::string> order;
+  std::vector<std::vector<int>> groups;
+  for (std::size_t r = 0; r < what.size(); ++r) {
+    const auto it = std::find(order.begin(), order.end(), what[r]);
+    if (it == order.end()) {
+      order.push_back(what[r]);
+      groups.push_back({int(r)});
+    } else {
+      groups[std::size_t(it - order.begin())].push_back(int(r));
+    }
+  }
+  std::string s;
+  for (std::size_t k = 0; k < order.size(); ++k) {
+    const auto& g = groups[k];
+    if (!s.empty()) s += "; ";
+    s += cat(g.size() == 1 ? "rank " : "ranks ", g.size() == 1 ? std::to_string(g[0]) : rank_list(g), ": ", order[k]);
+  }
+  return s;
+}
+
+// Memory a collective that never completed may still write into (the peers' late contributions
+// land there). Moved here on a stall or peer failure and never freed, so destroying the
+// GradientSync after catching the error cannot turn into a use-after-free inside MPI.
+inline std::vector<std::shared_ptr<void>>& graveyard() {
+  static auto* g = new std::vector<std::shared_ptr<void>>();  // intentionally leaked
+  return *g;
+}
+
+/// Where a wait happens, for the reports: "the allreduce of chunk 2 of 5 in exchange 17".
+struct WaitSite {
+  const char* what = "collective";
+  std::int64_t step = 0;   // synchronize() call number (1-based), the same on every rank
+  std::int64_t chunk = -1; // chunk index, or -1
+  std::int64_t chunks = 0;
+};
+
+enum class ErrorKind : std::int64_t { error = 0, mismatch = 1, stall = 2, config = 3 };
+
+[[noreturn]] inline void throw_kind(ErrorKind k, const std::string& msg) {
+  // The message already carries the "gradsync: " prefix when it came from what().
+  const std::string m = msg.rfind("gradsync: ", 0) == 0 ? msg.substr(10) : msg;
+  switch (k) {
+    case ErrorKind::mismatch: throw MismatchError(m);
+    case ErrorKind::stall: throw StallError(m);
+    case ErrorKind::config: throw ConfigError(m);
+    case ErrorKind::error: break;
+  }
+  throw Error(m);
+}
+
+/// The side channel of one GradientSync. Over an MPI backend it owns a duplicate of the backend's
+/// communicator (created with MPI_Comm_idup, so building a GradientSync never blocks); over any
+/// other backend it falls back to the backend's own blocking collectives and has no notices.
+template <class Backend>
+class Control {
+  static constexpr bool mpi = has_mpi_comm<Backend>::value;
+
+ public:
+  // Collective over the backend's ranks, like building the backend: the duplicate is created
+  // nonblocking and waited for here with the stall deadline, so a rank that never builds its
+  // GradientSync is reported instead of hanging the others. (Open MPI needs the MPI_Comm_idup to
+  // complete before other collectives are issued on the parent communicator: it runs further
+  // rounds of its context-id agreement during progress.)
+  Control(const Backend& b, const Options& o) : rank_(b.rank()), size_(b.size()) {
+    // Sized once here: the waits of synchronize() allocate nothing, even slow ones.
+    arrived_.assign(std::size_t(size_), 0);
+    where_.assign(std::size_t(size_), std::string());
+    seen_step_.assign(std::size_t(size_), -1);
+    if constexpr (mpi) {
+      state_ = std::make_shared<State>();
+      if (size_ == 1) return;
+      check(MPI_Comm_idup(b.comm(), state_->comm, &state_->dup_req), "MPI_Comm_idup");
+      try {
+        ready(o, WaitSite{"creation of the side channel (MPI_Comm_idup) in the GradientSync constructor", 0, -1, 0});
+      } catch (...) {
+        // The pending duplication still refers to the backend's communicator: keep it alive.
+        graveyard().push_back(std::make_shared<Backend>(b));
+        throw;
+      }
+    }
+  }
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+
+  /// MIN over ranks of n int64 values, in place.
+  void allreduce_min(const Backend& b, std::int64_t* buf, int n, const Options& o, WaitSite site) {
+    if (size_ == 1) return;
+    if constexpr (mpi) {
+      ready(o, site);
+      MPI_Request r = MPI_REQUEST_NULL;
+      check(MPI_Iallreduce(MPI_IN_PLACE, buf, n, MPI_INT64_T, MPI_MIN, *state_->comm, &r), "MPI_Iallreduce");
+      site.what = "consistency check (allreduce)";
+      wait_request(r, o, site);
+    } else {
+      b.allreduce_min(buf, std::size_t(n));
+    }
+  }
+
+  /// recv holds size() * bytes: rank r's bytes at recv + r * bytes.
+  void allgather(const Backend& b, const unsigned char* send, unsigned char* recv, int bytes, const Options& o,
+                 WaitSite site) {
+    if (size_ == 1) {
+      std::memcpy(recv, send, std::size_t(bytes));
+      return;
+    }
+    if constexpr (mpi) {
+      ready(o, site);
+      MPI_Request r = MPI_REQUEST_NULL;
+      check(MPI_Iallgather(send, bytes, MPI_BYTE, recv, bytes, MPI_BYTE, *state_->comm, &r), "MPI_Iallgather");
+      site.what = "consistency check (allgather)";
+      wait_request(r, o, site);
+    } else {
+      b.allgather(send, recv, std::size_t(bytes));
+    }
+  }
+
+  /// Polls `test` until it returns true. Past Options::stall_timeout, reports the missing ranks
+  /// and throws StallError or calls MPI_Abort (Options::stall_action). Throws the peer's error if a
+  /// peer reports that it failed before this exchange.
+  template <class Test>
+  void wait_until_done(Test&& test, const Options& o, const WaitSite& site) {
+    if (test()) return;  // the fast path
+    using clock = std::chrono::steady_clock;
+    const auto t0 = clock::now();
+    const double warn = o.stall_warning > 0 && (o.stall_timeout <= 0 || o.stall_warning < o.stall_timeout)
+                            ? o.stall_warning
+                            : 0.0;
+    const double first = warn > 0 ? warn : o.stall_timeout;
+    const double notify_at = first > 0 ? 0.5 * first : -1.0;
+    bool notified = false, warned = false;
+    double polled = 0;
+    if constexpr (mpi) reset_arrivals(site.step);
+    for (;;) {
+      if (test()) return;
+      const double waited = std::chrono::duration<double>(clock::now() - t0).count();
+      if constexpr (mpi)
+        if (waited - polled >= 0.001) {  // the side channel, once a millisecond
+          polled = waited;
+          poll_notices(site);
+        }
+      if (notify_at >= 0 && !notified && waited >= notify_at) {
+        notified = true;
+        if constexpr (mpi) post_arrived(site.step, where_of(site));
+      }
+      if (warn > 0 && !warned && waited >= warn) {
+        warned = true;
+        std::fprintf(stderr, "gradsync: warning: %s\n", report(site, waited, false).c_str());
+        std::fflush(stderr);
+      }
+      if (o.stall_timeout > 0 && waited >= o.stall_timeout) {
+        if constexpr (mpi) {
+          if (!notified) post_arrived(site.step, where_of(site));
+          // A rank that arrived just before this deadline posts its notice up to notify_at later:
+          // wait that long (at most) so that it is not reported missing.
+          const auto grace_end = clock::now() + std::chrono::duration<double>(1.2 * notify_at + 0.05);
+          while (!all_arrived() && clock::now() < grace_end) {
+            if (test()) return;
+            poll_notices(site);
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+          }
+        }
+        fail(ErrorKind::stall, report(site, std::chrono::duration<double>(clock::now() - t0).count(), true), o);
+      }
+      // Like MPI_Wait: keep polling, since without an asynchronous progress thread the transfer
+      // advances only inside MPI_Test (sleeping here measurably slowed large reductions). After
+      // 10 ms, yield between polls so that oversubscribed ranks get the core.
+      if (waited > 0.010) std::this_thread::yield();
+    }
+  }
+
+  /// A rank that fails a local check before an exchange calls this before throwing, so that its
+  /// peers waiting in that exchange throw at once. Costs n-1 small eager sends, only on failure.
+  void tell_peers(ErrorKind k, const std::string& msg) {
+    if constexpr (mpi) {
+      if (size_ == 1 || !comm_ready()) return;
+      auto* n = new Notice();  // leaked: the send may complete after this object is gone
+      n->kind = std::int64_t(k) + kFailedBase;
+      std::strncpy(n->text, msg.c_str(), sizeof(n->text) - 1);
+      for (int r = 0; r < size_; ++r) {
+        if (r == rank_) continue;
+        MPI_Request q;
+        if (MPI_Isend(n, int(sizeof(Notice)), MPI_BYTE, r, kTag, *state_->comm, &q) == MPI_SUCCESS)
+          MPI_Request_free(&q);
+      }
+    }
+  }
+
+  /// Views (or anything) that an incomplete collective may still write into; see graveyard().
+  void keep_on_failure(std::vector<std::shared_ptr<void>> keep) { keep_ = std::move(keep); }
+
+  /// Throws (or aborts) after telling nothing to anyone: the report is complete.
+  [[noreturn]] void fail(ErrorKind k, const std::string& msg, const Options& o) {
+    bury();
+    if (k == ErrorKind::stall && o.stall_action == StallAction::abort) {
+      std::fprintf(stderr, "gradsync: %s\ngradsync: calling MPI_Abort (stall_action = abort)\n", msg.c_str());
+      std::fflush(stderr);
+      if constexpr (mpi) MPI_Abort(comm_ready() ? *state_->comm : MPI_COMM_WORLD, 1);
+      std::abort();
+    }
+    throw_kind(k, msg);
+  }
+
+ private:
+  static constexpr int kTag = 0x6773;  // "gs"
+  static constexpr std::int64_t kArrived = 1, kFailedBase = 100;
+  struct Notice {
+    std::int64_t kind = 0, step = 0;
+    char text[496] = {};
+  };
+  struct State {
+    // On the heap: MPI_Comm_idup writes the handle when it completes, possibly after this State
+    // is gone (a peer never built its GradientSync); then the handle is leaked, not written late.
+    MPI_Comm* comm = new MPI_Comm(MPI_COMM_NULL);
+    MPI_Request dup_req = MPI_REQUEST_NULL;
+    bool dup_done = false;
+    State() = default;
+    State(const State&) = delete;
+    State& operator=(const State&) = delete;
+    ~State() {
+      int finalized = 0;
+      MPI_Finalized(&finalized);
+      if (finalized) return;
+      if (!dup_done && dup_req != MPI_REQUEST_NULL) {
+        int flag = 0;
+        MPI_Test(&dup_req, &flag, MPI_STATUS_IGNORE);
+        if (!flag) return;  // still pending: leak the handle's storage
+      }
+      if (*comm != MPI_COMM_NULL) MPI_Comm_free(comm);
+      delete comm;
+    }
+  };
+
+  static void check(int rc, const char* what) {
+    if (rc != MPI_SUCCESS) throw Error(cat(what, " on the side channel failed (code ", rc, ")"));
+  }
+
+  // Whether the duplicate exists; progresses its creation without blocking.
+  bool comm_ready() {
+    if (!state_ || size_ == 1) return false;
+    if (!state_->dup_done) {
+      int flag = 0;
+      MPI_Test(&state_->dup_req, &flag, MPI_STATUS_IGNORE);
+      state_->dup_done = flag != 0;
+    }
+    return state_->dup_done;
+  }
+
+  // The duplicate must exist before the side channel is used; waiting for it has a deadline too
+  // (a rank that never built its GradientSync), without missing-rank names.
+  void ready(const Options& o, WaitSite site) {
+    if (comm_ready()) return;
+    wait_request(state_->dup_req, o, site);
+    state_->dup_done = true;
+  }
+
+  void wait_request(MPI_Request& r, const Options& o, const WaitSite& site) {
+    if (o.stall_timeout <= 0) {
+      check(MPI_Wait(&r, MPI_STATUS_IGNORE), "MPI_Wait");
+      return;
+    }
+    wait_until_done(
+        [&] {
+          int flag = 0;
+          check(MPI_Test(&r, &flag, MPI_STATUS_IGNORE), "MPI_Test");
+          return flag != 0;
+        },
+        o, site);
+  }
+
+  void reset_arrivals(std::int64_t step) {
+    std::fill(arrived_.begin(), arrived_.end(), 0);
+    for (auto& w : where_) w.clear();
+    arrived_[std::size_t(rank_)] = 1;
+    arrival_step_ = step;
+    for (std::size_t r = 0; r < seen_step_.size(); ++r)
+      if (seen_step_[r] >= step) arrived_[r] = 1;
+  }
+
+  // After giving up on a collective: what it may still touch is never freed. That includes the
+  // communicators: freeing one with an operation pending lets MPI reuse its context id, and the
+  // stale operation then matches the messages of a new communicator.
+  void bury() {
+    for (auto& p : keep_) graveyard().push_back(std::move(p));
+    keep_.clear();
+    if (state_) graveyard().push_back(state_);
+  }
+
+  bool all_arrived() const { return std::find(arrived_.begin(), arrived_.end(), 0) == arrived_.end(); }
+
+  void post_arrived(std::int64_t step, const std::string& where) {
+    if (size_ == 1 || !comm_ready()) return;
+    auto* n = new Notice();  // leaked on purpose, see tell_peers; one per stalled wait
+    n->kind = kArrived;
+    n->step = step;
+    std::strncpy(n->text, where.c_str(), sizeof(n->text) - 1);
+    for (int r = 0; r < size_; ++r) {
+      if (r == rank_) continue;
+      MPI_Request q;
+      if (MPI_Isend(n, int(sizeof(Notice)), MPI_BYTE, r, kTag, *state_->comm, &q) == MPI_SUCCESS)
+        MPI_Request_free(&q);
+    }
+  }
+
+  void poll_notices(const WaitSite& site) {
+    if (size_ == 1 || !comm_ready()) return;
+    for (;;) {
+      int flag = 0;
+      MPI_Status st;
+      MPI_Iprobe(MPI_ANY_SOURCE, kTag, *state_->comm, &flag, &st);
+      if (!flag) return;
+      Notice n;
+      MPI_Recv(&n, int(sizeof(Notice)), MPI_BYTE, st.MPI_SOURCE, kTag, *state_->comm, MPI_STATUS_IGNORE);
+      n.text[sizeof(n.text) - 1] = '\0';
+      if (n.kind == kArrived) {
+        auto& s = seen_step_[std::size_t(st.MPI_SOURCE)];
+        s = std::max(s, n.step);
+        if (n.step >= arrival_step_) {
+          arrived_[std::size_t(st.MPI_SOURCE)] = 1;
+          where_[std::size_t(st.MPI_SOURCE)] = n.text;
+        }
+      } else if (n.kind >= kFailedBase) {
+        std::string msg = n.text;
+        if (msg.rfind("gradsync: ", 0) == 0) msg = msg.substr(10);
+        bury();
+        throw_kind(ErrorKind(n.kind - kFailedBase),
+                   cat("rank ", st.MPI_SOURCE, " failed before the ", site.what, " of synchronize() call ", site.step,
+                       ", so rank ", rank_, " stops too: ", msg));
+      }
+    }
+  }
+
+  static std::string where_of(const WaitSite& site) {
+    std::string where = site.what;
+    if (site.chunk >= 0) where += cat(" of chunk ", site.chunk + 1, " of ", site.chunks);
+    return where;
+  }
+
+  std::string report(const WaitSite& site, double waited, bool final_report) {
+    const std::string where = where_of(site);
+    std::string s = cat("rank ", rank_, " has waited ", waited, " s for the ", where, " in synchronize() call ",
+                        site.step, "; ");
+    if constexpr (mpi) {
+      if (comm_ready()) {
+        std::vector<int> missing, present;
+        for (int r = 0; r < size_; ++r) (arrived_[std::size_t(r)] ? present : missing).push_back(r);
+        if (missing.empty())
+          s += "every rank arrived, yet the collective has not completed (a rank gave up on an earlier one, or "
+               "the ranks' collectives do not match)";
+        else
+          s += cat("missing ranks: ", rank_list(missing), " (arrived: ", rank_list(present), ")");
+        // Arrived ranks waiting in different collectives: typically registrations changed on some
+        // ranks only (they run the consistency check, the others the allreduce).
+        bool differ = false;
+        for (int r = 0; r < size_; ++r)
+          differ |= arrived_[std::size_t(r)] && r != rank_ && where_[std::size_t(r)] != where;
+        if (differ && missing.empty()) {
+          std::vector<std::string> full(static_cast<std::size_t>(size_));
+          for (int r = 0; r < size_; ++r) full[std::size_t(r)] = r == rank_ ? where : where_[std::size_t(r)];
+          s += cat("; the ranks wait in different collectives: ", by_rank(full),
+                   " (registrations changed on some ranks only? Check mode every_step turns this into a "
+                   "MismatchError)");
+        }
+      } else {
+        s += "missing ranks unknown (the side channel is not established yet)";
+      }
+    } else {
+      s += cat("missing ranks unknown (backend '", Backend::name(), "' has no side channel)");
+    }
+    if (!final_report) return s + "; still waiting";
+    return s + ". A missing rank skipped synchronize(), took another code path, died, or is slower than "
+               "Options::stall_timeout (GRADSYNC_STALL_TIMEOUT_S) allows";
+  }
+
+  int rank_ = 0, size_ = 1;
+  std::shared_ptr<State> state_;
+  std::vector<char> arrived_;
+  std::vector<std::int64_t> seen_step_;
+  std::vector<std::string> where_;
+  std::int64_t arrival_step_ = 0;
+  std::vector<std::shared_ptr<void>> keep_;
+};
+
+/// Waits for a backend request with the deadline of Options::stall_timeout (0: backend.wait()).
+template <class Backend>
+void wait_for(const Backend& backend, typename Backend::Request& request, Control<Backend>& ctl,
+              const Options& o, const WaitSite& site) {
+  if (o.stall_timeout <= 0) {
+    backend.wait(request);
+    return;
+  }
+  ctl.wait_until_done([&] { return backend.test(request); }, o, site);
+}
+
+}  // namespace gradsync::impl

@@ -1,0 +1,511 @@
+// Never hang, never silently wrong: the cross-rank consistency check (shape, count, order, value
+// type, option and register_local_var policy mismatches: every rank throws the same
+// MismatchError), failures of one rank reported to its peers (NaN/Inf, a resized vector), and
+// the validation of every input. Each mismatch case also passes when ranks agree.
+#include <gradsync/gradsync.hpp>
+
+#include <cstdint>
+#include <cstdlib>
+#include <functional>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "gradsync_test.hpp"
+
+using gradsync_test::world_rank;
+using gradsync_test::world_size;
+
+struct Dense {};
+struct Head {};
+struct Tables {};
+struct Tower {};
+template <>
+struct gradsync::LocalVarPolicy<Tables> : gradsync::KeepLocal<gradsync::LocalScale::world_size> {};
+template <>
+struct gradsync::LocalVarPolicy<Tower> : gradsync::KeepLocal<gradsync::LocalScale::none> {};
+
+namespace {
+
+using View = Kokkos::View<double*>;
+using Sync = gradsync::GradientSync<gradsync::MpiBackend, View>;
+
+bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+// A short deadline: a bug in the check ends the test in seconds, not at ctest's timeout.
+gradsync::Options opts() {
+  gradsync::Options o;
+  o.stall_timeout = 20;
+  o.stall_warning = 5;
+  o.read_environment = false;
+  return o;
+}
+
+// What f() threw, as (kind, what()); kind is "" when it returned normally.
+struct Outcome {
+  std::string kind, what;
+};
+template <class F>
+Outcome outcome_of(F&& f) {
+  try {
+    f();
+  } catch (const gradsync::MismatchError& e) {
+    return {"mismatch", e.what()};
+  } catch (const gradsync::StallError& e) {
+    return {"stall", e.what()};
+  } catch (const gradsync::ConfigError& e) {
+    return {"config", e.what()};
+  } catch (const gradsync::Error& e) {
+    return {"error", e.what()};
+  }
+  return {};
+}
+
+// True on every rank when every rank holds the same string.
+bool same_on_all_ranks(const std::string& s) {
+  const std::uint64_t h = gradsync::impl::fnv1a(s.data(), s.size());
+  std::int64_t v[2] = {std::int64_t(h >> 1), -std::int64_t(h >> 1)};
+  MPI_Allreduce(MPI_IN_PLACE, v, 2, MPI_INT64_T, MPI_MIN, MPI_COMM_WORLD);
+  return v[0] == -v[1];
+}
+
+std::string rank_word(int r) { return "rank " + std::to_string(r); }
+
+// Fills every tensor with rank-dependent integers and checks the summed result exactly.
+void fill(const View& v, int rank, int tag) {
+  for (std::size_t i = 0; i < v.size(); ++i) v(i) = double((rank + 1) * 1000 + tag * 10 + int(i % 7));
+}
+double summed(std::size_t i, int tag) {
+  double s = 0;
+  for (int r = 0; r < world_size(); ++r) s += double((r + 1) * 1000 + tag * 10 + int(i % 7));
+  return s;
+}
+
+// Runs one synchronize() on every rank and checks that every rank threw a MismatchError with
+// the same message containing every part in `expect`.
+void expect_mismatch(const std::function<void()>& sync_once, const std::vector<std::string>& expect) {
+  const Outcome o = outcome_of(sync_once);
+  CAPTURE(o.kind);
+  CAPTURE(o.what);
+  GRADSYNC_CHECK_ALL(o.kind == "mismatch");
+  GRADSYNC_CHECK_ALL(same_on_all_ranks(o.what));
+  for (const auto& part : expect) {
+    CAPTURE(part);
+    GRADSYNC_CHECK_ALL(has(o.what, part));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("ranks that agree pass the check; local groups may differ per rank") {
+  const int rank = world_rank();
+  {
+    gradsync::Options o = opts();
+    o.op = gradsync::ReduceOp::sum;
+    View a("a", 10), b("b", 300), table("t", std::size_t(5 + 3 * rank)), tower("w", std::size_t(1 + rank)),
+        mine("m", std::size_t(7 + rank));
+    Sync sync(gradsync::MpiBackend(MPI_COMM_WORLD), o);
+    sync.add<Dense>(a, "a");
+    sync.add<Tables>(table);
+    if (rank % 2 == 0) sync.add<Tower>(tower);  // a local group only some ranks have
+    sync.add<Dense>(mine, "mine");              // made local at run time: its size differs per rank
+    sync.register_local_var(mine);
+    sync.add<Head>(b, "b");
+    for (int step = 0; step < 3; ++step) {
+      fill(a, rank, 1 + step);
+      fill(b, rank, 2 + step);
+      CHECK_NOTHROW(sync.synchronize());
+      GRADSYNC_CHECK_ALL(a(3) == summed(3, 1 + step) && b(299) == summed(299, 2 + step));
+    }
+    GRADSYNC_CHECK_ALL(sync.stats().consistency_checks == 1);  // on_change: before the first exchange only
+  }
+}
+
+TEST_CASE("check modes: on_change checks after each change, every_step on every call") {
+  const int rank = world_rank();
+  for (auto mode : {gradsync::CheckMode::off, gradsync::CheckMode::on_change, gradsync::CheckMode::every_step}) {
+    gradsync::Options o = opts();
+    o.consistency_check = mode;
+    o.backward_passes_per_step = 2;
+    View a("a", 10), b("b", 20);
+    Sync sync(gradsync::MpiBackend(MPI_COMM_WORLD), o);
+    sync.add<Dense>(a);
+    for (int p = 0; p < 4; ++p) {
+      fill(a, rank, p);
+      sync.synchronize();
+    }
+    sync.add<Dense>(b);
+    for (int p = 0; p < 4; ++p) {
+      fill(a, rank, p);
+      fill(b, rank, p);
+      sync.synchronize();
+    }
+    const std::uint64_t expect = mode == gradsync::CheckMode::off ? 0 : mode == gradsync::CheckMode::on_change ? 2 : 8;
+    CAPTURE(int(mode));
+    GRADSYNC_CHECK_ALL(sync.stats().consistency_checks == expect);
+  }
+}
+
+TEST_CASE("shape, count, order, value type, option and policy mismatches: every rank throws the same error") {
+  if (world_size() < 2) return;  // one rank always agrees with itself
+  const int rank = world_rank();
+  const int last = world_size() - 1;
+
+  SUBCASE("shape") {
+    View a("a", 10), b("b", rank == last ? 21 : 20), c("c", 5);
+    Sync sync(gradsync::MpiBackend(MPI_COMM_WORLD), opts());
+    sync.add<Dense>(a, "a");
+    sync.add<Dense>(b, "b");
+    sync.add<Dense>(c, "c");
+    expect_mismatch([&] { sync.synchronize(); },
+                    {"data-parallel tensor #1", "'b' (group Dense, index 1, 21 x double)", rank_word(last) + ": 'b'",
+                     "20 x double"});
+  }
+  SUBCASE("count") {
+    View a("a", 10), b("b", 20), extra("extra", 3);
+    Sync sync(gradsync::MpiBackend(MPI_COMM_WORLD), opts());
+    sync.add<Dense>(a, "a");
+    sync.add<Dense>(b, "b");
+    if (rank == last) sync.add<Head>(extra, "extra");
+    expect_mismatch([&] { sync.synchronize(); },
+                    {"data-parallel tensor #2", rank_word(last) + ": 'extra' (group Head", "no tensor",
+                     "Data-parallel tensor counts", rank_word(last) + ": 3"});
+  }
+  SUBCASE("order") {
+    View a("a", 10), b("b", 20);
+    Sync sync(gradsync::MpiBackend(MPI_COMM_WORLD), opts());
+    if (rank == last) {
+      sync.add<Dense>(b, "b");
+      sync.add<Dense>(a, "a");
+    } else {
+      sync.add<Dense>(a, "a");
+      sync.add<Dense>(b, "b");
+    }
+    expect_mismatch([&] { sync.synchronize(); },
+                    {"data-parallel tensor #0", rank_word(last) + ": 'b' (group Dense, index 0, 20 x double)"});
+  }
+  SUBCASE("group") {
+    View a("a", 10);
+    Sync sync(gradsync::MpiBackend(MPI_COMM_WORLD), opts());
+    if (rank == last) sync.add<Head>(a, "a");
+    else sync.add<Dense>(a, "a");
+    expect_mismatch([&] { sync.synchronize(); }, {"data-parallel tensor #0", "(group Head", "(group Dense"});
+  }
+  SUBCASE("value type") {
+    const auto run = [&](auto tag) {
+      using T = decltype(tag);
+      Kokkos::View<T*> a("a", 10);
+      gradsync::GradientSync<gradsync::MpiBackend, Kokkos::View<T*>> sync(gradsync::MpiBackend(MPI_COMM_WORLD), opts());
+      sync.template add<Dense>(a, "a");
+      sync.synchronize();
+    };
+    expect_mismatch([&] { rank == last ? run(float{}) : run(double{}); },
+                    {"ranks disagree on value type", rank_word(last) + ": float", "double", "same GradientSync"});
+  }
+  SUBCASE("an option (fusion threshold)") {
+    gradsync::Options o = opts();
+    if (rank == last) o.fusion_threshold_bytes = 1024;
+    View a("a", 10);
+    Sync sync(gradsync::MpiBackend(MPI_COMM_WORLD), o);
+    sync.add<Dense>(a, "a");
+    expect_mismatch([&] { sync.synchronize(); }, {"fusion_threshold_bytes", rank_word(last) + ": 1024", "4194304"});
+  }
+  SUBCASE("reduce op, scale factors and aggregation settings") {
+    gradsync::Options o = opts();
+    if (rank == last) o.op = gradsync::ReduceOp::sum;
+    View a("a", 10);
+    Sync sync(gradsync::MpiBackend(MPI_COMM_WORLD), o);
+    sync.add<Dense>(a, "a");
+    expect_mismatch([&] { sync.synchronize(); }, {"ranks disagree on op", rank_word(last) + ": sum", "average"});
+    gradsync::Options p = opts();
+    if (rank == 0) p.postscale_factor = 0.5;
+    Sync sync2(gradsync::MpiBackend(MPI_COMM_WORLD), p);
+    sync2.add<Dense>(a, "a");
+    expect_mismatch([&] { sync2.synchronize(); }, {"postscale_factor", "rank 0: 0.5"});
+    gradsync::Options q = opts();
+    if (rank == last) q.average_aggregated_gradients = true;
+    Sync sync3(gradsync::MpiBackend(MPI_COMM_WORLD), q);
+    sync3.add<Dense>(a, "a");
+    expect_mismatch([&] { sync3.synchronize(); }, {"average_aggregated_gradients", rank_word(last) + ": true"});
+    gradsync::Options l = opts();
+    if (rank == last) l.scale_local_gradients = false;
+    Sync sync4(gradsync::MpiBackend(MPI_COMM_WORLD), l);
+    sync4.add<Dense>(a, "a");
+    expect_mismatch([&] { sync4.synchronize(); }, {"scale_local_gradients", rank_word(last) + ": false"});
+  }
+  SUBCASE("policy: register_local_var on one rank only") {
+    View a("a", 10), b("b", 20), c("c", 30);
+    Sync sync(gradsync::MpiBackend(MPI_COMM_WORLD), opts());
+    sync.add<Dense>(a);
+    sync.add<Dense>(b);
+    sync.add<Dense>(c);
+    if (rank == 0) sync.register_local_var(b);
+    const std::string others = world_size() == 2 ? "rank 1" : "ranks [1" + std::string(world_size() == 3 ? ", " : "-") +
+                                                                   std::to_string(last) + "]";
+    expect_mismatch([&] { sync.synchronize(); },
+                    {"policy mismatch: tensor Dense[1] is local (register_local_var) on rank 0 but data-parallel on " +
+                         others,
+                     "call register_local_var for it on every rank or on none"});
+  }
+  SUBCASE("a change of the registrations after the first steps") {
+    View a("a", 10), b("b", rank == last ? 8 : 9);
+    Sync sync(gradsync::MpiBackend(MPI_COMM_WORLD), opts());
+    sync.add<Dense>(a, "a");
+    for (int p = 0; p < 3; ++p) {
+      fill(a, rank, p);
+      sync.synchronize();
+    }
+    GRADSYNC_CHECK_ALL(a(2) == summed(2, 2) / world_size());
+    sync.add<Dense>(b, "b");
+    expect_mismatch([&] { sync.synchronize(); }, {"data-parallel tensor #1", rank_word(last) + ": 'b'", "8 x double"});
+  }
+}
+
+TEST_CASE("every_step: registrations changed on one rank only are a MismatchError, not a stall") {
+  if (world_size() < 2) return;
+  const int rank = world_rank(), last = world_size() - 1;
+  gradsync::Options o = opts();
+  o.consistency_check = gradsync::CheckMode::every_step;
+  View a("a", 10), extra("extra", 4);
+  Sync sync(gradsync::MpiBackend(MPI_COMM_WORLD), o);
+  sync.add<Dense>(a, "a");
+  fill(a, rank, 0);
+  sync.synchronize();
+  if (rank == last) sync.add<Dense>(extra, "extra");
+  expect_mismatch([&] { sync.synchronize(); },
+                  {"data-parallel tensor #1", rank_word(last) + ": 'extra'", "no tensor"});
+}
+
+TEST_CASE("check_finite and resize detection on the single-process backend") {
+  gradsync::Options o = opts();
+  o.check_finite = true;
+  std::vector<double> v(20, 1.0);
+  gradsync::GradientSync<gradsync::SelfBackend, std::vector<double>> sync(gradsync::SelfBackend{}, o);
+  sync.add<Dense>(v, "v");
+  CHECK_NOTHROW(sync.synchronize());
+  v[13] = std::numeric_limits<double>::quiet_NaN();
+  CHECK(has(outcome_of([&] { sync.synchronize(); }).what, "gradient 'v' (group Dense, 20 values) holds NaN or Inf on rank 0"));
+  v[13] = 1.0;
+  v.push_back(2.0);
+  CHECK(has(outcome_of([&] { sync.synchronize(); }).what, "(20 -> 21 elements) on rank 0"));
+}
+
+TEST_CASE("a NaN or Inf in a gradient: every rank throws, naming the tensor and the rank (check_finite)") {
+  const int rank = world_rank();
+  const int last = world_size() - 1;
+  for (double bad : {std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::infinity(),
+                     -std::numeric_limits<double>::infinity()}) {
+    gradsync::Options o = opts();
+    o.check_finite = true;
+    View a("a", 100), w("w", 3000);
+    Sync sync(gradsync::MpiBackend(MPI_COMM_WORLD), o);
+    sync.add<Dense>(a, "a");
+    sync.add<Dense>(w, "w");
+    fill(a, rank, 0);
+    fill(w, rank, 1);
+    CHECK_NOTHROW(sync.synchronize());  // finite: no false alarm
+    GRADSYNC_CHECK_ALL(w(2999) == summed(2999, 1) / world_size());
+    fill(a, rank, 0);
+    fill(w, rank, 1);
+    if (rank == last) w(2345) = bad;
+    const Outcome out = outcome_of([&] { sync.synchronize(); });
+    CAPTURE(out.what);
+    GRADSYNC_CHECK_ALL(out.kind == "error");
+    GRADSYNC_CHECK_ALL(has(out.what, "gradient 'w' (group Dense, 3000 values) holds NaN or Inf on rank " +
+                                         std::to_string(last)));
+    if (rank != last)
+      CHECK(has(out.what, "rank " + std::to_string(last) + " failed before the allreduce"));
+  }
+}
+
+TEST_CASE("a std::vector resized after registration is refused (on the rank that resized it, and its peers)") {
+  const int rank = world_rank();
+  const int last = world_size() - 1;
+  std::vector<double> v(50, 1.0), u(10, 1.0);
+  gradsync::GradientSync<gradsync::MpiBackend, std::vector<double>> sync(gradsync::MpiBackend(MPI_COMM_WORLD), opts());
+  sync.add<Dense>(v, "v");
+  sync.add<Dense>(u, "u");
+  CHECK_NOTHROW(sync.synchronize());
+  GRADSYNC_CHECK_ALL(v[7] == 1.0);
+  if (rank == last) v.resize(80, 1.0);
+  const Outcome out = outcome_of([&] { sync.synchronize(); });
+  CAPTURE(out.what);
+  GRADSYNC_CHECK_ALL(out.kind == "error");
+  GRADSYNC_CHECK_ALL(has(out.what, "tensor 'v' (group Dense) was resized or reallocated after it was registered "
+                                   "(50 -> 80 elements) on rank " + std::to_string(last)));
+}
+
+namespace {
+// A backend that cannot reach the gradients' memory (as MPI without CUDA support and device Views).
+struct BlindBackend : gradsync::MpiBackend {
+  using MpiBackend::MpiBackend;
+  static constexpr const char* name() { return "blind"; }
+  template <class MemorySpace>
+  bool can_access() const { return false; }
+};
+}  // namespace
+
+TEST_CASE("a memory space the backend cannot reach: staged through host, or a ConfigError with never") {
+  const int rank = world_rank();
+  View a("a", 1000);
+  {
+    gradsync::GradientSync<BlindBackend, View> sync(BlindBackend(MPI_COMM_WORLD), opts());
+    sync.add<Dense>(a, "a");
+    fill(a, rank, 3);
+    sync.synchronize();
+    GRADSYNC_CHECK_ALL(a(999) == summed(999, 3) / world_size());
+  }
+  gradsync::Options o = opts();
+  o.host_staging = gradsync::HostStaging::never;
+  gradsync::GradientSync<BlindBackend, View> sync(BlindBackend(MPI_COMM_WORLD), o);
+  sync.add<Dense>(a, "a");
+  const Outcome out = outcome_of([&] { sync.synchronize(); });
+  CAPTURE(out.what);
+  GRADSYNC_CHECK_ALL(out.kind == "config" && has(out.what, "host_staging = never, but backend 'blind' cannot access"));
+}
+
+TEST_CASE("invalid options are ConfigErrors naming the option") {
+  const auto bad = [](auto set, const char* what) {
+    gradsync::Options o = opts();
+    set(o);
+    const Outcome out = outcome_of([&] { Sync s(gradsync::MpiBackend(MPI_COMM_WORLD), o); });
+    CAPTURE(out.what);
+    CHECK(out.kind == "config");
+    CHECK(has(out.what, what));
+  };
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  bad([](gradsync::Options& o) { o.backward_passes_per_step = 0; }, "backward_passes_per_step must be >= 1, got 0");
+  bad([](gradsync::Options& o) { o.backward_passes_per_step = -3; }, "backward_passes_per_step must be >= 1");
+  bad([](gradsync::Options& o) { o.prescale_factor = -1; }, "prescale_factor must be finite and >= 0");
+  bad([&](gradsync::Options& o) { o.prescale_factor = nan; }, "prescale_factor must be finite and >= 0");
+  bad([&](gradsync::Options& o) { o.postscale_factor = nan; }, "postscale_factor must be finite and >= 0");
+  bad([](gradsync::Options& o) { o.postscale_factor = -0.5; }, "postscale_factor must be finite and >= 0");
+  bad([](gradsync::Options& o) { o.stall_timeout = -1; }, "stall_timeout must be finite and >= 0");
+  bad([&](gradsync::Options& o) { o.stall_warning = nan; }, "stall_warning must be finite and >= 0");
+}
+
+TEST_CASE("zero fusion threshold means one call per tensor") {
+  const int rank = world_rank();
+  gradsync::Options o = opts();
+  o.fusion_threshold_bytes = 0;
+  View a("a", 10), b("b", 0), c("c", 5000);
+  Sync sync(gradsync::MpiBackend(MPI_COMM_WORLD), o);
+  sync.add<Dense>(a);
+  sync.add<Dense>(b);
+  sync.add<Dense>(c);
+  fill(a, rank, 1);
+  fill(c, rank, 2);
+  sync.synchronize();
+  GRADSYNC_CHECK_ALL(sync.stats().allreduce_calls == 2);  // the empty tensor costs no call
+  GRADSYNC_CHECK_ALL(a(9) == summed(9, 1) / world_size() && c(4999) == summed(4999, 2) / world_size());
+}
+
+TEST_CASE("counts above the per-call maximum are split (small override of INT_MAX)") {
+  const int rank = world_rank();
+  SUBCASE("fused chunks") {
+    const std::size_t saved = gradsync::impl::max_chunk_elements();
+    gradsync::impl::max_chunk_elements() = 7;
+    for (std::size_t threshold : {std::size_t(0), std::size_t(4) << 20}) {
+      gradsync::Options o = opts();
+      o.op = gradsync::ReduceOp::sum;
+      o.fusion_threshold_bytes = threshold;
+      View a("a", 30), b("b", 3);
+      Sync sync(gradsync::MpiBackend(MPI_COMM_WORLD), o);
+      sync.add<Dense>(a);
+      sync.add<Dense>(b);
+      fill(a, rank, 1);
+      fill(b, rank, 2);
+      sync.synchronize();
+      bool ok = true;
+      for (std::size_t i = 0; i < 30; ++i) ok &= a(i) == summed(i, 1);
+      for (std::size_t i = 0; i < 3; ++i) ok &= b(i) == summed(i, 2);
+      CAPTURE(threshold);
+      GRADSYNC_CHECK_ALL(ok);
+      // per tensor: ceil(30/7) + 1 calls; fused: ceil(33/7)
+      GRADSYNC_CHECK_ALL(sync.stats().allreduce_calls == (threshold == 0 ? 6u : 5u));
+    }
+    gradsync::impl::max_chunk_elements() = saved;
+  }
+  SUBCASE("blocking backend collectives") {
+    const std::size_t saved = gradsync::impl::mpi_max_count();
+    gradsync::impl::mpi_max_count() = 3;
+    gradsync::MpiBackend b(MPI_COMM_WORLD);
+    std::vector<double> x(10), y(10);
+    for (std::size_t i = 0; i < 10; ++i) x[i] = double(rank + 1) * double(i);
+    b.allreduce_sum(x.data(), x.size());
+    for (std::size_t i = 0; i < 10; ++i) y[i] = rank == 0 ? double(i) + 0.5 : -1.0;
+    b.broadcast(y.data(), y.size(), 0);
+    const double n = world_size();
+    bool ok = true;
+    for (std::size_t i = 0; i < 10; ++i) ok &= x[i] == n * (n + 1) / 2 * double(i) && y[i] == double(i) + 0.5;
+    GRADSYNC_CHECK_ALL(ok);
+    // A nonblocking call cannot be split by the backend: a clear error, never a truncated count.
+    const Outcome out = outcome_of([&] { b.iallreduce_sum(x.data(), x.size()); });
+    CHECK(has(out.what, "a single MPI call of 10 elements exceeds the limit of 3"));
+    gradsync::impl::mpi_max_count() = saved;
+  }
+}
+
+namespace {
+struct EnvVar {
+  std::string name;
+  EnvVar(const char* n, const char* v) : name(n) { setenv(n, v, 1); }
+  ~EnvVar() { unsetenv(name.c_str()); }
+};
+}  // namespace
+
+TEST_CASE("GRADSYNC_* environment variables override the code; malformed values are ConfigErrors") {
+  gradsync::Options base;  // reads the environment
+  SUBCASE("values") {
+    EnvVar a("GRADSYNC_FUSION_THRESHOLD", "64K"), b("GRADSYNC_BACKWARD_PASSES_PER_STEP", "3"),
+        c("GRADSYNC_STALL_TIMEOUT_S", "12.5"), d("GRADSYNC_STALL_WARNING_S", "2"), e("GRADSYNC_STALL_ACTION", "abort"),
+        f("GRADSYNC_CONSISTENCY_CHECK", "every_step"), g("GRADSYNC_CHECK_FINITE", "on"),
+        h("GRADSYNC_HOST_STAGING", "always");
+    Sync sync(gradsync::MpiBackend(MPI_COMM_WORLD), base);
+    const gradsync::Options& o = sync.options();
+    CHECK(o.fusion_threshold_bytes == 65536);
+    CHECK(o.backward_passes_per_step == 3);
+    CHECK(o.stall_timeout == 12.5);
+    CHECK(o.stall_warning == 2.0);
+    CHECK(o.stall_action == gradsync::StallAction::abort);
+    CHECK(o.consistency_check == gradsync::CheckMode::every_step);
+    CHECK(o.check_finite);
+    CHECK(o.host_staging == gradsync::HostStaging::always);
+    gradsync::Options off = base;
+    off.read_environment = false;
+    Sync plain(gradsync::MpiBackend(MPI_COMM_WORLD), off);
+    CHECK(plain.options().fusion_threshold_bytes == base.fusion_threshold_bytes);
+  }
+  SUBCASE("malformed") {
+    const std::vector<std::pair<const char*, const char*>> cases = {
+        {"GRADSYNC_FUSION_THRESHOLD", "lots"},        {"GRADSYNC_FUSION_THRESHOLD", "-5"},
+        {"GRADSYNC_FUSION_THRESHOLD", "4MB"},         {"GRADSYNC_FUSION_THRESHOLD", "99999999999999999999999"},
+        {"GRADSYNC_BACKWARD_PASSES_PER_STEP", "0"},   {"GRADSYNC_BACKWARD_PASSES_PER_STEP", "2.5"},
+        {"GRADSYNC_STALL_TIMEOUT_S", "-1"},           {"GRADSYNC_STALL_TIMEOUT_S", "nan"},
+        {"GRADSYNC_STALL_WARNING_S", "soon"},         {"GRADSYNC_STALL_ACTION", "explode"},
+        {"GRADSYNC_CONSISTENCY_CHECK", "always"},     {"GRADSYNC_CHECK_FINITE", "maybe"},
+        {"GRADSYNC_HOST_STAGING", "sometimes"},       {"GRADSYNC_STALL_TIMEOUT_S", ""}};
+    for (const auto& [var, value] : cases) {
+      EnvVar e(var, value);
+      const Outcome out = outcome_of([&] { Sync s(gradsync::MpiBackend(MPI_COMM_WORLD), base); });
+      CAPTURE(var);
+      CAPTURE(value);
+      CAPTURE(out.what);
+      CHECK(out.kind == "config");
+      CHECK(has(out.what, std::string("environment variable ") + var));
+    }
+  }
+  SUBCASE("set on one rank only: every rank throws a MismatchError") {
+    if (world_size() < 2) return;
+    const int last = world_size() - 1;
+    std::unique_ptr<EnvVar> e;
+    if (world_rank() == last) e = std::make_unique<EnvVar>("GRADSYNC_FUSION_THRESHOLD", "1K");
+    gradsync::Options o = opts();
+    o.read_environment = true;
+    View a("a", 10);
+    Sync sync(gradsync::MpiBackend(MPI_COMM_WORLD), o);
+    sync.add<Dense>(a);
+    expect_mismatch([&] { sync.synchronize(); },
+                    {"fusion_threshold_bytes", rank_word(last) + ": 1024", "GRADSYNC_* environment variable"});
+  }
+}

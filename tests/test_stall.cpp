@@ -1,0 +1,184 @@
+// The stall watchdog: a rank that skips a synchronize(), sleeps past the deadline, or never builds
+// its GradientSync is reported by rank number by the ranks that arrived, which throw StallError
+// (or MPI_Abort with the report, stall_action = abort); the process always ends by itself.
+// Deadlines are short (1 s) so the whole program takes seconds; nothing asserts on timing.
+#include <gradsync/gradsync.hpp>
+
+#include <chrono>
+#include <string>
+#include <thread>
+
+#include "gradsync_test.hpp"
+
+using gradsync_test::world_rank;
+using gradsync_test::world_size;
+
+struct Dense {};
+
+namespace {
+
+using View = Kokkos::View<double*>;
+using Sync = gradsync::GradientSync<gradsync::MpiBackend, View>;
+
+bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+gradsync::Options stall_opts() {
+  gradsync::Options o;
+  o.op = gradsync::ReduceOp::sum;
+  o.stall_timeout = 1.0;
+  o.stall_warning = 0.5;
+  o.read_environment = false;
+  return o;
+}
+
+double value(int rank, int step, std::size_t i) { return double(100 * (rank + 1) + 10 * step + int(i % 5)); }
+
+void fill(const View& v, int rank, int step) {
+  for (std::size_t i = 0; i < v.size(); ++i) v(i) = value(rank, step, i);
+}
+
+bool summed_ok(const View& v, int step) {
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    double s = 0;
+    for (int r = 0; r < world_size(); ++r) s += value(r, step, i);
+    if (v(i) != s) return false;
+  }
+  return true;
+}
+
+// "missing ranks: [2] (arrived: [0, 1])" for a victim `v` among n ranks.
+std::string missing_report(int v, int n) {
+  std::vector<int> arrived;
+  for (int r = 0; r < n; ++r)
+    if (r != v) arrived.push_back(r);
+  return "missing ranks: " + gradsync::impl::rank_list({v}) + " (arrived: " + gradsync::impl::rank_list(arrived) + ")";
+}
+
+struct Caught {
+  bool stall = false;
+  std::string what;
+};
+template <class F>
+Caught catch_stall(F&& f) {
+  Caught c;
+  try {
+    f();
+  } catch (const gradsync::StallError& e) {
+    c.stall = true;
+    c.what = e.what();
+  }
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("a rank that skips one synchronize() is reported missing by every other rank") {
+  if (world_size() < 2) return;
+  const int rank = world_rank(), victim = world_size() - 1;
+  View g("g", 64);  // one chunk
+  Sync sync(gradsync::MpiBackend(MPI_COMM_WORLD), stall_opts());
+  sync.add<Dense>(g);
+  const Caught c = catch_stall([&] {
+    for (int step = 0; step < 5; ++step) {
+      if (rank == victim && step == 2) continue;  // the bug: this rank skips one call
+      fill(g, rank, step);
+      sync.synchronize();
+    }
+  });
+  CAPTURE(c.what);
+  if (rank == victim) {
+    CHECK(!c.stall);  // its four calls were matched by the others' first four
+  } else {
+    CHECK(c.stall);
+    CHECK(has(c.what, missing_report(victim, world_size())));
+    CHECK(has(c.what, "for the allreduce of chunk 1 of 1 in synchronize() call 5"));
+  }
+}
+
+TEST_CASE("a rank that sleeps past the deadline is reported; it completes correctly when it arrives") {
+  if (world_size() < 2) return;
+  const int rank = world_rank(), victim = world_size() - 1;
+  View g("g", 64);
+  Sync sync(gradsync::MpiBackend(MPI_COMM_WORLD), stall_opts());
+  sync.add<Dense>(g);
+  fill(g, rank, 0);
+  sync.synchronize();
+  GRADSYNC_CHECK_ALL(summed_ok(g, 0));
+  fill(g, rank, 1);
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (rank == victim) std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+  const Caught c = catch_stall([&] { sync.synchronize(); });
+  CAPTURE(c.what);
+  if (rank == victim) {
+    // Its peers' contributions were posted before they gave up: its own result is exact.
+    CHECK(!c.stall);
+    CHECK(summed_ok(g, 1));
+  } else {
+    CHECK(c.stall);
+    CHECK(has(c.what, missing_report(victim, world_size())));
+    CHECK(has(c.what, "in synchronize() call 2"));
+  }
+}
+
+TEST_CASE("a rank that never reaches its first synchronize(): the consistency check is watched too") {
+  if (world_size() < 2) return;
+  const int rank = world_rank(), victim = world_size() - 1;
+  View g("g", 16);
+  Sync sync(gradsync::MpiBackend(MPI_COMM_WORLD), stall_opts());
+  sync.add<Dense>(g);
+  MPI_Barrier(MPI_COMM_WORLD);
+  const Caught c = catch_stall([&] {
+    if (rank != victim) sync.synchronize();
+  });
+  CAPTURE(c.what);
+  CHECK(c.stall == (rank != victim));
+  if (rank != victim) {
+    CHECK(has(c.what, missing_report(victim, world_size())));
+    CHECK(has(c.what, "consistency check"));
+  }
+}
+
+TEST_CASE("a rank that never builds its GradientSync: the others' constructors end with StallError") {
+  if (world_size() < 2) return;
+  const int rank = world_rank(), victim = world_size() - 1;
+  gradsync::MpiBackend backend(MPI_COMM_WORLD);  // collective, like the user's own setup
+  const Caught c = catch_stall([&] {
+    if (rank != victim) {
+      Sync sync(backend, stall_opts());
+    }
+  });
+  CAPTURE(c.what);
+  CHECK(c.stall == (rank != victim));
+  if (rank != victim) CHECK(has(c.what, "GradientSync constructor"));
+}
+
+TEST_CASE("registrations changed on one rank only: every rank stops, saying where each one waits") {
+  if (world_size() < 2) return;
+  const int rank = world_rank(), victim = world_size() - 1;
+  View g("g", 16), extra("extra", 4);
+  Sync sync(gradsync::MpiBackend(MPI_COMM_WORLD), stall_opts());
+  sync.add<Dense>(g);
+  fill(g, rank, 0);
+  sync.synchronize();
+  if (rank == victim) sync.add<Dense>(extra);  // the bug: a rank-dependent registration
+  MPI_Barrier(MPI_COMM_WORLD);
+  const Caught c = catch_stall([&] { sync.synchronize(); });
+  CAPTURE(c.what);
+  GRADSYNC_CHECK_ALL(c.stall);
+  GRADSYNC_CHECK_ALL(has(c.what, "the ranks wait in different collectives") &&
+                     has(c.what, "rank " + std::to_string(victim) + ": consistency check (allreduce)"));
+}
+
+// Run by ctest on its own (--no-skip): the report goes to stderr and the job ends with MPI_Abort.
+TEST_CASE("stall_action abort" * doctest::skip()) {
+  const int rank = world_rank(), victim = world_size() - 1;
+  gradsync::Options o = stall_opts();
+  o.stall_action = gradsync::StallAction::abort;
+  View g("g", 16);
+  Sync sync(gradsync::MpiBackend(MPI_COMM_WORLD), o);
+  sync.add<Dense>(g);
+  sync.synchronize();
+  if (rank == victim) std::this_thread::sleep_for(std::chrono::seconds(60));  // killed by the abort
+  sync.synchronize();
+  FAIL("the job should have been aborted");
+}
