@@ -6,6 +6,7 @@
 #pragma once
 
 #include <algorithm>
+#include <chrono>
 #include <climits>
 #include <cmath>
 #include <cstddef>
@@ -15,11 +16,14 @@
 #include <type_traits>
 #include <vector>
 
+#include "backend_traits.hpp"
 #include "config.hpp"
 #include "error.hpp"
+#include "impl/chunk_tuner.hpp"
 #include "impl/demangle.hpp"
 #include "impl/fusion_kernels.hpp"
 #include "impl/fusion_plan.hpp"
+#include "impl/ready_tracker.hpp"
 #include "local_var_policy.hpp"
 #include "options.hpp"
 #include "stats.hpp"
@@ -56,7 +60,8 @@ class GradientSync {
                 "MPI and NCCL sum)");
 
   explicit GradientSync(Backend backend, Options options = {}, execution_space exec = {})
-      : backend_(std::move(backend)), opt_(options), exec_(exec) {
+      : backend_(std::move(backend)), opt_(options), exec_(exec),
+        tuner_(options.fusion_threshold_bytes == fusion_threshold_auto) {
     validate_options(opt_);
   }
 
@@ -113,7 +118,8 @@ class GradientSync {
   /// Call after each backward pass. Returns true when the gradients hold synchronized values
   /// (every Nth call, N = backward_passes_per_step); otherwise they are accumulated internally.
   bool synchronize() {
-    if (dirty_) build_plan();
+    const auto t0 = std::chrono::steady_clock::now();
+    if (dirty_ && !step_open_) build_plan();
     ++stats_.passes;
     ++pass_;
     const int n_passes = opt_.backward_passes_per_step;
@@ -127,7 +133,40 @@ class GradientSync {
     finish_local(n_passes > 1);
     impl::fence(exec_, impl::label_fence_sync());
     ++stats_.steps;
+    if (tuner_.active()) tune(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     return true;
+  }
+
+  /// Overlap with backward: tells the sync that this gradient is final for the current pass. A
+  /// chunk is reduced as soon as it and every chunk before it in fused order hold only ready
+  /// gradients (so all ranks issue the same collectives whatever order they mark tensors in);
+  /// synchronize() reduces the rest. The default fused order is reversed registration order, the
+  /// order backward produces gradients in. Marking is optional, repeated marks have no effect,
+  /// local tensors need none. With backward_passes_per_step = N > 1 only the Nth pass of a cycle
+  /// reduces: marks on passes 1 .. N-1 have no effect (synchronize() accumulates them), marks on
+  /// the Nth pass launch chunks of the accumulated sums. A gradient must not change after its mark
+  /// until synchronize() returns.
+  template <class U>
+  void mark_ready(const U& tensor) {
+    static_assert(is_tensor_v<U>, "gradsync::GradientSync::mark_ready: argument is not a tensor");
+    if (pass_ + 1 < opt_.backward_passes_per_step) return;  // not a reducing pass
+    begin_step();
+    const value_type* p = TensorTraits<U>::data(tensor);
+    const std::int64_t i = ready_.find(p);
+    if (i < 0) {
+      for (const Entry& e : entries_)
+        if (e.data == p && e.size == TensorTraits<U>::size(tensor)) return;  // local or empty
+      throw Error(impl::cat("mark_ready: the tensor (", TensorTraits<U>::size(tensor),
+                            " elements) is not registered with add<Group>() on rank ", backend_.rank()));
+    }
+    progress();
+    launch_through(ready_.mark(std::size_t(i)), opt_.backward_passes_per_step > 1);
+  }
+
+  /// The chunk size the sync uses now (fusion_threshold_auto: the candidate being timed, then the
+  /// chosen one).
+  std::size_t fusion_threshold_bytes() const {
+    return opt_.fusion_threshold_bytes == fusion_threshold_auto ? tuner_.current() : opt_.fusion_threshold_bytes;
   }
 
   const Stats& stats() const { return stats_; }
@@ -191,8 +230,9 @@ class GradientSync {
   // Elements per chunk: the threshold in values (at least one), never more than one call can take.
   // A threshold of 0 means no fusion: chunks then follow tensor boundaries instead.
   std::size_t chunk_limit() const {
-    if (opt_.fusion_threshold_bytes == 0) return impl::max_chunk_elements();
-    const std::size_t by_bytes = opt_.fusion_threshold_bytes / sizeof(value_type);
+    const std::size_t threshold = fusion_threshold_bytes();
+    if (threshold == 0) return impl::max_chunk_elements();
+    const std::size_t by_bytes = threshold / sizeof(value_type);
     return std::max<std::size_t>(1, std::min(by_bytes, impl::max_chunk_elements()));
   }
 
@@ -208,23 +248,37 @@ class GradientSync {
     const int N = opt_.backward_passes_per_step;
     const value_type inv_agg = opt_.average_aggregated_gradients ? value_type(1) / value_type(N) : value_type(1);
 
-    // Data-parallel tensors: fused offsets, chunks, and segments split at chunk boundaries.
+    // Data-parallel tensors in fused order: offsets, chunks, segments split at chunk boundaries.
     std::vector<typename impl::FusionPlan<value_type>::Tensor> dp;
     for (const Entry& e : entries_)
       if (!e.local()) dp.push_back({e.data, e.size});
-    auto plan = impl::FusionPlan<value_type>::build(dp, std::int64_t(chunk_limit()), opt_.fusion_threshold_bytes == 0);
+    if (opt_.fusion_order == FusionOrder::reverse) std::reverse(dp.begin(), dp.end());
+    auto plan = impl::FusionPlan<value_type>::build(dp, std::int64_t(chunk_limit()), fusion_threshold_bytes() == 0);
     chunks_ = std::move(plan.chunks);
     const std::vector<Seg>& segs = plan.segments;
-    // Without aggregation the buffer is `pipeline_depth` chunk-sized slots that chunks cycle
-    // through; with it the buffer holds every data-parallel sum between passes.
+    std::vector<const void*> dp_data;
+    for (const auto& t : dp) dp_data.push_back(t.data);
+    ready_.build(dp_data, plan.tensor_chunks, chunks_.size());
+    blocking_ = opt_.collectives == Collectives::blocking ||
+                (opt_.collectives == Collectives::automatic && prefers_blocking_allreduce_v<Backend>);
+    // Without aggregation the buffer is chunk-sized slots that chunks cycle through (one when each
+    // chunk is reduced before the next is packed); with it the buffer holds every data-parallel
+    // sum between passes.
     windowed_ = N == 1;
+    slots_ = blocking_ ? 1 : pipeline_depth;
     slot_size_ = windowed_ ? plan.widest : 0;
     const std::int64_t capacity =
-        windowed_ ? plan.widest * std::min<std::int64_t>(pipeline_depth, std::int64_t(chunks_.size())) : plan.total;
+        windowed_ ? plan.widest * std::min<std::int64_t>(slots_, std::int64_t(chunks_.size())) : plan.total;
     ensure(buffer_, std::size_t(capacity), "gradsync::fusion_buffer");
     staged_ = use_host_staging();
+    // A chunk whose values already lie back to back in the gradients (a piece of a large tensor)
+    // is reduced where it is, skipping both copies; not when staged or aggregating in the buffer.
+    in_place_ = windowed_ && !staged_;
     if (staged_) ensure(staging_, std::size_t(capacity), "gradsync::host_staging");
     upload(segs, dp_segs_, "gradsync::segments");
+    plan_first_ptr_.assign(chunks_.size(), nullptr);
+    for (std::size_t c = 0; c < chunks_.size(); ++c)
+      if (chunks_[c].seg_end > chunks_[c].seg_begin) plan_first_ptr_[c] = segs[std::size_t(chunks_[c].seg_begin)].ptr;
 
     // Local tensors: scaled in place, accumulated beside the buffer when N > 1.
     std::vector<Seg> lsegs;
@@ -275,7 +329,16 @@ class GradientSync {
 
   // Where chunk c lives in the buffer: its slot when windowed, its own place otherwise.
   std::int64_t buffer_pos(std::size_t c) const {
-    return windowed_ ? std::int64_t(c % pipeline_depth) * slot_size_ : chunks_[c].begin;
+    return windowed_ ? std::int64_t(c % slots_) * slot_size_ : chunks_[c].begin;
+  }
+
+  bool reduced_in_place(std::size_t c) const { return in_place_ && chunks_[c].contiguous; }
+
+  void scale_in_place(std::size_t c, value_type factor) {
+    if (factor == value_type(1)) return;
+    const impl::Chunk& ch = chunks_[c];
+    impl::launch_per_segment(impl::label_unpack(), exec_, ch.seg_end - ch.seg_begin,
+                             impl::ScaleKernel<value_type, execution_space, memory_space>{dp_segs_, ch.seg_begin, factor});
   }
 
   // Packs chunk c into its place (the kernels index the buffer by segment offset - base).
@@ -302,18 +365,28 @@ class GradientSync {
   // Packs chunk c and hands it to the backend without waiting for the reduction.
   void launch_chunk(std::size_t c, bool aggregated) {
     const std::int64_t pos = buffer_pos(c), len = chunks_[c].size();
-    pack_chunk(c, aggregated);
-    if (staged_) Kokkos::deep_copy(exec_, window(staging_, pos, len), window(buffer_, pos, len));
+    value_type* data = nullptr;
+    if (reduced_in_place(c)) {
+      scale_in_place(c, pre_factor_);
+      data = chunk_data(c);
+    } else {
+      pack_chunk(c, aggregated);
+      if (staged_) Kokkos::deep_copy(exec_, window(staging_, pos, len), window(buffer_, pos, len));
+      data = (staged_ ? staging_.data() : buffer_.data()) + pos;
+    }
     impl::fence(exec_, impl::label_fence_pack());  // the backend reads the buffer outside Kokkos
-    value_type* data = (staged_ ? staging_.data() : buffer_.data()) + pos;
-    requests_[c % pipeline_depth] = backend_.iallreduce_sum(data, std::size_t(len));
+    if (blocking_)
+      backend_.allreduce_sum(data, std::size_t(len));
+    else
+      requests_[c % pipeline_depth] = backend_.iallreduce_sum(data, std::size_t(len));
     ++stats_.allreduce_calls;
     stats_.bytes_allreduced += std::size_t(len) * sizeof(value_type);
   }
 
   // Waits for chunk c's reduction and unpacks it into the gradients.
   void complete_chunk(std::size_t c) {
-    backend_.wait(requests_[c % pipeline_depth]);
+    if (!blocking_) backend_.wait(requests_[c % pipeline_depth]);
+    if (reduced_in_place(c)) return scale_in_place(c, post_factor_);
     if (staged_) {
       const std::int64_t pos = buffer_pos(c), len = chunks_[c].size();
       Kokkos::deep_copy(exec_, window(buffer_, pos, len), window(staging_, pos, len));
@@ -321,15 +394,46 @@ class GradientSync {
     unpack_chunk(c);
   }
 
-  // Chunk k is reduced while chunk k+1 is packed and chunk k-1 unpacked: up to pipeline_depth
-  // chunks are in flight, each in its own slot of the buffer.
-  void reduce_data_parallel(bool aggregated) {
-    const std::size_t n = chunks_.size();
-    for (std::size_t c = 0; c < n; ++c) {
-      if (c >= pipeline_depth) complete_chunk(c - pipeline_depth);
-      launch_chunk(c, aggregated);
+  // Where an in-place chunk starts in the gradients' memory.
+  value_type* chunk_data(std::size_t c) const { return plan_first_ptr_[c]; }
+
+  // The first reducing call of a step (mark_ready or synchronize): nothing is ready or in flight.
+  // Anything every rank must agree on before the step's first collective belongs here.
+  void begin_step() {
+    if (step_open_) return;
+    if (dirty_) build_plan();
+    ready_.reset();
+    launched_ = completed_ = 0;
+    step_open_ = true;
+  }
+
+  // Launches chunks [launched_, end) in fused order. Nonblocking: chunk k is reduced while chunk
+  // k+1 is packed and chunk k-1 unpacked, up to pipeline_depth in flight, each in its own slot.
+  // Blocking: each chunk is packed, reduced and unpacked before the next (its slot stays hot).
+  void launch_through(std::size_t end, bool aggregated) {
+    for (; launched_ < end; ++launched_) {
+      if (!blocking_ && launched_ - completed_ >= pipeline_depth) complete_chunk(completed_++);
+      launch_chunk(launched_, aggregated);
+      if (blocking_) complete_chunk(completed_++);
     }
-    for (std::size_t c = n > pipeline_depth ? n - pipeline_depth : 0; c < n; ++c) complete_chunk(c);
+  }
+
+  // Lets a nonblocking backend advance chunks in flight between mark_ready calls.
+  void progress() {
+    while (!blocking_ && completed_ < launched_ && backend_.test(requests_[completed_ % pipeline_depth]))
+      complete_chunk(completed_++);
+  }
+
+  void reduce_data_parallel(bool aggregated) {
+    begin_step();
+    launch_through(chunks_.size(), aggregated);
+    while (completed_ < launched_) complete_chunk(completed_++);
+    step_open_ = false;
+  }
+
+  // fusion_threshold_auto: time this step, move to the next candidate or settle.
+  void tune(double seconds) {
+    if (tuner_.record(seconds, [&](double* v, std::size_t n) { backend_.allreduce_max(v, n); })) dirty_ = true;
   }
 
   // Host staging: when the backend cannot read the buffer's memory space, or when asked to.
@@ -366,8 +470,17 @@ class GradientSync {
   int pass_ = 0;
   static constexpr std::size_t pipeline_depth = 2;
   std::vector<impl::Chunk> chunks_;
+  std::vector<value_type*> plan_first_ptr_;  // per chunk, its first value in the gradients
   std::int64_t slot_size_ = 0;
+  std::int64_t slots_ = pipeline_depth;
   bool staged_ = false;
+  bool blocking_ = false;  // one blocking allreduce per chunk (Options::collectives)
+  bool in_place_ = false;  // contiguous chunks are reduced in the gradients' memory
+  // The step in progress: chunks launched and completed so far, and which are ready.
+  bool step_open_ = false;
+  std::size_t launched_ = 0, completed_ = 0;
+  impl::ReadyTracker ready_;
+  impl::ChunkTuner tuner_;
   typename Backend::Request requests_[pipeline_depth];
   impl::BufferView<value_type, impl::staging_space_t<memory_space>> staging_;
   SegView dp_segs_, local_segs_;

@@ -18,16 +18,37 @@ enum class HostStaging {
   never,      ///< never; a ConfigError if the backend cannot access the memory space
 };
 
+/// How fused chunks are handed to the backend.
+enum class Collectives {
+  automatic,    ///< what measures faster for the backend (gradsync::prefers_blocking_allreduce)
+  blocking,     ///< one blocking allreduce per chunk, the chunk unpacked at once
+  nonblocking,  ///< up to two chunks in flight, packed and unpacked around the reduction
+};
+
+/// The order of data-parallel gradients in the fused buffer, hence the order chunks are reduced in.
+enum class FusionOrder {
+  reverse,       ///< last registered first: backward produces gradients last layer first
+  registration,  ///< as registered
+};
+
+/// Options::fusion_threshold_bytes = fusion_threshold_auto times a few chunk sizes during the first
+/// steps (all ranks agree on the timings) and keeps the fastest.
+inline constexpr std::size_t fusion_threshold_auto = ~std::size_t(0);
+
 struct Options {
   ReduceOp op = ReduceOp::average;
   double prescale_factor = 1.0;   ///< applied to data-parallel gradients before the reduction
   double postscale_factor = 1.0;  ///< applied after it
-  /// Largest fused chunk handed to the backend in one call. 0 means no fusion (one call per tensor).
+  /// Largest fused chunk handed to the backend in one call. 0 means no fusion (one call per tensor);
+  /// fusion_threshold_auto picks it by measurement. The default comes from the sweep in
+  /// docs/BENCHMARKS.md.
   std::size_t fusion_threshold_bytes = std::size_t(4) << 20;
   int backward_passes_per_step = 1;          ///< local gradient aggregation: N passes per sync
   bool average_aggregated_gradients = false; ///< divide aggregated gradients by N
   bool scale_local_gradients = true;         ///< 1/world_size for runtime-registered local vars
   HostStaging host_staging = HostStaging::automatic;
+  Collectives collectives = Collectives::automatic;
+  FusionOrder fusion_order = FusionOrder::reverse;
 };
 
 }  // namespace gradsync
