@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <chrono>
 #include <climits>
+#include <limits>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -253,7 +254,16 @@ class GradientSync {
     for (const Entry& e : entries_)
       if (!e.local()) dp.push_back({e.data, e.size});
     if (opt_.fusion_order == FusionOrder::reverse) std::reverse(dp.begin(), dp.end());
-    auto plan = impl::FusionPlan<value_type>::build(dp, std::int64_t(chunk_limit()), fusion_threshold_bytes() == 0);
+    // Large tensors are reduced where they are, in chunks of their own, skipping both copies
+    // through the fusion buffer: not when staged or when the buffer holds aggregated sums.
+    windowed_ = N == 1;
+    staged_ = use_host_staging();
+    in_place_ = windowed_ && !staged_;
+    const std::int64_t own_min = in_place_ && opt_.in_place_min_bytes != 0
+                                     ? std::int64_t(std::max<std::size_t>(1, opt_.in_place_min_bytes / sizeof(value_type)))
+                                     : std::numeric_limits<std::int64_t>::max();
+    auto plan = impl::FusionPlan<value_type>::build(dp, std::int64_t(chunk_limit()), fusion_threshold_bytes() == 0,
+                                                    own_min);
     chunks_ = std::move(plan.chunks);
     const std::vector<Seg>& segs = plan.segments;
     std::vector<const void*> dp_data;
@@ -264,16 +274,11 @@ class GradientSync {
     // Without aggregation the buffer is chunk-sized slots that chunks cycle through (one when each
     // chunk is reduced before the next is packed); with it the buffer holds every data-parallel
     // sum between passes.
-    windowed_ = N == 1;
     slots_ = blocking_ ? 1 : pipeline_depth;
     slot_size_ = windowed_ ? plan.widest : 0;
     const std::int64_t capacity =
         windowed_ ? plan.widest * std::min<std::int64_t>(slots_, std::int64_t(chunks_.size())) : plan.total;
     ensure(buffer_, std::size_t(capacity), "gradsync::fusion_buffer");
-    staged_ = use_host_staging();
-    // A chunk whose values already lie back to back in the gradients (a piece of a large tensor)
-    // is reduced where it is, skipping both copies; not when staged or aggregating in the buffer.
-    in_place_ = windowed_ && !staged_;
     if (staged_) ensure(staging_, std::size_t(capacity), "gradsync::host_staging");
     upload(segs, dp_segs_, "gradsync::segments");
     plan_first_ptr_.assign(chunks_.size(), nullptr);

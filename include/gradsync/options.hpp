@@ -48,6 +48,10 @@ struct Options {
   bool scale_local_gradients = true;         ///< 1/world_size for runtime-registered local vars
   HostStaging host_staging = HostStaging::automatic;
   Collectives collectives = Collectives::automatic;
+  /// Data-parallel tensors of at least this many bytes are reduced in place, in chunks of their
+  /// own, without the copies through the fusion buffer (only without aggregation and host
+  /// staging). 0 turns it off. Smaller tensors are fused.
+  std::size_t in_place_min_bytes = std::size_t(1) << 20;
   FusionOrder fusion_order = FusionOrder::reverse;
 };
 

@@ -123,6 +123,24 @@ void bench_model(const bench::Model& m, double budget, gradsync::Options opt, co
 
   std::vector<bench::Method> ms;
   ms.push_back({"gradsync", [&] { sync->synchronize(); }, {}});
+  // Variants (BENCH_VARIANTS=1): what each choice of the default is worth, same run.
+  std::vector<std::unique_ptr<Sync>> variants;
+  if (std::getenv("BENCH_VARIANTS")) {
+    auto variant = [&](const std::string& label, gradsync::Options o) {
+      variants.push_back(make_sync(m, t, o));
+      Sync* s = variants.back().get();
+      ms.push_back({label, [s] { s->synchronize(); }, {}});
+    };
+    gradsync::Options o = opt;
+    o.collectives = gradsync::Collectives::nonblocking;
+    variant("gradsync nonblocking", o);
+    o = opt;
+    o.op = gradsync::ReduceOp::sum;
+    variant("gradsync op=sum", o);
+    o = opt;
+    o.host_staging = gradsync::HostStaging::always;
+    variant("gradsync staged", o);
+  }
   for (std::size_t c : raw_sweep())
     if (c / 2 < bytes) ms.push_back({"raw " + size_label(c), [&, c] { raw_chunked(raw.data(), elems, c); }, {}});
   ms.push_back({"per-tensor", [&] {
