@@ -150,8 +150,7 @@ class GradientSync {
   template <class U>
   void mark_ready(const U& tensor) {
     static_assert(is_tensor_v<U>, "gradsync::GradientSync::mark_ready: argument is not a tensor");
-    if (pass_ + 1 < opt_.backward_passes_per_step) return;  // not a reducing pass
-    begin_step();
+    if (dirty_ && !step_open_) build_plan();
     const value_type* p = TensorTraits<U>::data(tensor);
     const std::int64_t i = ready_.find(p);
     if (i < 0) {
@@ -160,8 +159,21 @@ class GradientSync {
       throw Error(impl::cat("mark_ready: the tensor (", TensorTraits<U>::size(tensor),
                             " elements) is not registered with add<Group>() on rank ", backend_.rank()));
     }
+    // Blocking collectives are never started here: a rank blocked in chunk k while another is
+    // still in backward (or in the model's own collectives) would hang both.
+    if (blocking_ || pass_ + 1 < opt_.backward_passes_per_step) return;  // not a reducing pass
+    begin_step();
+    ready_.mark(std::size_t(i));
     progress();
-    launch_through(ready_.mark(std::size_t(i)), opt_.backward_passes_per_step > 1);
+  }
+
+  /// Lets chunks launched by mark_ready advance and launches those that became possible. Call it
+  /// while waiting during backward (e.g. while polling device events): MPI's nonblocking
+  /// collectives progress only inside MPI calls. Never blocks.
+  void progress() {
+    if (!step_open_ || blocking_) return;
+    while (completed_ < launched_ && backend_.test(requests_[completed_])) complete_chunk(completed_++);
+    launch_through(ready_.ready_prefix(), opt_.backward_passes_per_step > 1, false);
   }
 
   /// The chunk size the sync uses now (fusion_threshold_auto: the candidate being timed, then the
@@ -275,6 +287,21 @@ class GradientSync {
     // chunk is reduced before the next is packed); with it the buffer holds every data-parallel
     // sum between passes.
     slots_ = blocking_ ? 1 : pipeline_depth;
+    // Packed chunks take the buffer's slots in turn; a chunk waits for the previous user of its slot.
+    requests_.assign(chunks_.size(), typename Backend::Request{});
+    slot_of_.assign(chunks_.size(), -1);
+    prev_in_slot_.assign(chunks_.size(), -1);
+    {
+      std::vector<std::int64_t> last(std::size_t(slots_), -1);
+      std::int64_t packed = 0;
+      for (std::size_t c = 0; c < chunks_.size(); ++c) {
+        if (in_place_ && chunks_[c].contiguous) continue;
+        const std::int64_t slot = packed++ % slots_;
+        slot_of_[c] = slot;
+        prev_in_slot_[c] = last[std::size_t(slot)];
+        last[std::size_t(slot)] = std::int64_t(c);
+      }
+    }
     slot_size_ = windowed_ ? plan.widest : 0;
     const std::int64_t capacity =
         windowed_ ? plan.widest * std::min<std::int64_t>(slots_, std::int64_t(chunks_.size())) : plan.total;
@@ -334,7 +361,7 @@ class GradientSync {
 
   // Where chunk c lives in the buffer: its slot when windowed, its own place otherwise.
   std::int64_t buffer_pos(std::size_t c) const {
-    return windowed_ ? std::int64_t(c % slots_) * slot_size_ : chunks_[c].begin;
+    return windowed_ ? slot_of_[c] * slot_size_ : chunks_[c].begin;
   }
 
   bool reduced_in_place(std::size_t c) const { return in_place_ && chunks_[c].contiguous; }
@@ -383,14 +410,14 @@ class GradientSync {
     if (blocking_)
       backend_.allreduce_sum(data, std::size_t(len));
     else
-      requests_[c % pipeline_depth] = backend_.iallreduce_sum(data, std::size_t(len));
+      requests_[c] = backend_.iallreduce_sum(data, std::size_t(len));
     ++stats_.allreduce_calls;
     stats_.bytes_allreduced += std::size_t(len) * sizeof(value_type);
   }
 
   // Waits for chunk c's reduction and unpacks it into the gradients.
   void complete_chunk(std::size_t c) {
-    if (!blocking_) backend_.wait(requests_[c % pipeline_depth]);
+    if (!blocking_) backend_.wait(requests_[c]);
     if (reduced_in_place(c)) return scale_in_place(c, post_factor_);
     if (staged_) {
       const std::int64_t pos = buffer_pos(c), len = chunks_[c].size();
@@ -413,20 +440,23 @@ class GradientSync {
   }
 
   // Launches chunks [launched_, end) in fused order. Nonblocking: chunk k is reduced while chunk
-  // k+1 is packed and chunk k-1 unpacked, up to pipeline_depth in flight, each in its own slot.
-  // Blocking: each chunk is packed, reduced and unpacked before the next (its slot stays hot).
-  void launch_through(std::size_t end, bool aggregated) {
+  // k+1 is packed and chunk k-1 unpacked, up to max_in_flight chunks in flight, packed ones each in
+  // a slot of the buffer; without `may_block` it stops where it would have to wait. Blocking:
+  // each chunk is packed, reduced and unpacked before the next (one slot, which stays hot).
+  void launch_through(std::size_t end, bool aggregated, bool may_block = true) {
     for (; launched_ < end; ++launched_) {
-      if (!blocking_ && launched_ - completed_ >= pipeline_depth) complete_chunk(completed_++);
+      if (blocking_) {
+        launch_chunk(launched_, aggregated);
+        complete_chunk(completed_++);
+        continue;
+      }
+      while (launched_ - completed_ >= max_in_flight ||
+             (prev_in_slot_[launched_] >= 0 && std::size_t(prev_in_slot_[launched_]) >= completed_)) {
+        if (!may_block) return;
+        complete_chunk(completed_++);
+      }
       launch_chunk(launched_, aggregated);
-      if (blocking_) complete_chunk(completed_++);
     }
-  }
-
-  // Lets a nonblocking backend advance chunks in flight between mark_ready calls.
-  void progress() {
-    while (!blocking_ && completed_ < launched_ && backend_.test(requests_[completed_ % pipeline_depth]))
-      complete_chunk(completed_++);
   }
 
   void reduce_data_parallel(bool aggregated) {
@@ -473,7 +503,8 @@ class GradientSync {
   bool dirty_ = true;
   bool windowed_ = true;
   int pass_ = 0;
-  static constexpr std::size_t pipeline_depth = 2;
+  static constexpr std::int64_t pipeline_depth = 2;  // buffer slots for nonblocking packed chunks
+  static constexpr std::size_t max_in_flight = 4;      // nonblocking chunks in flight at once
   std::vector<impl::Chunk> chunks_;
   std::vector<value_type*> plan_first_ptr_;  // per chunk, its first value in the gradients
   std::int64_t slot_size_ = 0;
@@ -486,7 +517,8 @@ class GradientSync {
   std::size_t launched_ = 0, completed_ = 0;
   impl::ReadyTracker ready_;
   impl::ChunkTuner tuner_;
-  typename Backend::Request requests_[pipeline_depth];
+  std::vector<typename Backend::Request> requests_;  // per chunk
+  std::vector<std::int64_t> slot_of_, prev_in_slot_;  // per chunk: its slot (-1: in place), the slot's previous chunk
   impl::BufferView<value_type, impl::staging_space_t<memory_space>> staging_;
   SegView dp_segs_, local_segs_;
   std::int64_t n_dp_segs_ = 0, n_local_segs_ = 0;
