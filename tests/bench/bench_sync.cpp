@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -232,6 +233,68 @@ void run_growth(std::size_t max_mib, double budget) {
   }
 }
 
+// Overlap with backward. A simulated accelerator computes backward while the host waits: tensor k
+// (last layer first) becomes ready at a time proportional to the bytes before it, the whole pass
+// lasting `factor` times the plain sync. The host marks each gradient ready when its time comes and
+// calls progress() in between (as it would while polling device events), then synchronize().
+// Exposed = end of synchronize() - end of backward; reported over the plain sync's time.
+void run_overlap(const std::string& dir, double budget, double factor) {
+  std::size_t mlp = 0;
+  auto models = load_models(dir, &mlp);
+  for (int k : {0, 1, 2}) {
+    const bench::Model& m = models[std::size_t(k)];
+    Tensors t(m);
+    gradsync::Options nb;
+    nb.collectives = gradsync::Collectives::nonblocking;
+    auto plain = make_sync(m, t, {});
+    auto plain_nb = make_sync(m, t, nb);
+    auto overlapped = make_sync(m, t, nb);
+    std::vector<bench::Method> ms;
+    ms.push_back({"sync (default)", [&] { plain->synchronize(); }, {}});
+    ms.push_back({"sync (nonblocking)", [&] { plain_nb->synchronize(); }, {}});
+    bench::measure(ms, 2, bench::reps_for(0.5e-9 * double(m.dp_elements()) * 2, budget / 3, 9, 101));
+    const double comm = bench::median(ms[0].times);
+    const double backward = factor * comm;
+    // Ready times, in backward order (reverse registration).
+    const std::size_t n = m.numel.size();
+    std::vector<double> ready_at(n);
+    double total = 0, acc = 0;
+    for (std::size_t x : m.numel) total += double(x);
+    for (std::size_t j = 0; j < n; ++j) {
+      acc += double(m.numel[n - 1 - j]);
+      ready_at[j] = backward * acc / total;
+    }
+    std::vector<double> exposed, no_overlap;
+    const int reps = bench::reps_for(2 * (backward + comm), budget / 2, 7, 101);
+    for (int r = 0; r < reps; ++r) {
+      for (int mode = 0; mode < 2; ++mode) {
+        MPI_Barrier(MPI_COMM_WORLD);
+        const double t0 = MPI_Wtime();
+        std::size_t j = 0;
+        while (j < n) {
+          if (MPI_Wtime() - t0 >= ready_at[j]) {
+            if (mode == 1) overlapped->mark_ready(t.g[n - 1 - j]);
+            ++j;
+          } else if (mode == 1) {
+            overlapped->progress();
+          }
+        }
+        if (mode == 1) overlapped->synchronize();
+        else plain->synchronize();
+        double e = MPI_Wtime() - (t0 + backward);
+        MPI_Allreduce(MPI_IN_PLACE, &e, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+        (mode == 1 ? exposed : no_overlap).push_back(e);
+      }
+    }
+    const std::size_t bytes = m.dp_elements() * sizeof(float);
+    row("overlap", m.name, "sync (default)", bytes, m.dp_tensors(), comm, ms[0].times.size());
+    row("overlap", m.name, "sync (nonblocking)", bytes, m.dp_tensors(), bench::median(ms[1].times), ms[1].times.size());
+    row("overlap", m.name, "backward (simulated)", bytes, m.dp_tensors(), backward, std::size_t(reps));
+    row("overlap", m.name, "exposed, sync after backward", bytes, m.dp_tensors(), bench::median(no_overlap), std::size_t(reps));
+    row("overlap", m.name, "exposed, mark_ready", bytes, m.dp_tensors(), bench::median(exposed), std::size_t(reps));
+  }
+}
+
 // The host path alone on `n` tiny tensors (one value each): what callgrind counts.
 void run_hostpath(std::size_t n, int reps) {
   bench::Model m{"tiny", std::vector<std::size_t>(n, 1), std::vector<bool>(n, false)};
@@ -242,13 +305,17 @@ void run_hostpath(std::size_t n, int reps) {
   if (bench::rank() == 0) std::printf("hostpath: %zu tensors, %d syncs\n", n, reps);
 }
 
+// ctest: every path once, briefly (no timing is asserted; the DLRM byte check is).
 void run_smoke(const std::string& dir) {
   std::size_t mlp = 0;
-  auto models = load_models(dir, &mlp);
-  bench::Model& d = models[3];
-  bench_model(d, 0.05, {}, "smoke", mlp);
+  if (std::ifstream(dir + "/dlrm_criteo_kaggle.json")) {
+    bench::Model d = bench::read_dlrm_model(dir + "/dlrm_criteo_kaggle.json", 1000, &mlp);
+    bench_model(d, 0.05, {}, "smoke", mlp);
+  }
   bench::Model small{"small", std::vector<std::size_t>(50, 300), std::vector<bool>(50, false)};
+  small.numel[7] = 600000;  // one tensor reduced in place
   bench_model(small, 0.05, {}, "smoke", 0);
+  run_hostpath(100, 3);
 }
 
 }  // namespace
@@ -270,6 +337,7 @@ int main(int argc, char** argv) {
     if (mode == "models") run_models(arg(2, "."), std::stod(arg(4, "8")), arg(5, ""));
     else if (mode == "chunks") run_chunks(arg(2, "."), std::stod(arg(4, "8")));
     else if (mode == "growth") run_growth(std::stoul(arg(3, "512")), std::stod(arg(4, "40")));
+    else if (mode == "overlap") run_overlap(arg(2, "."), std::stod(arg(4, "8")), std::stod(arg(5, "2")));
     else if (mode == "hostpath") run_hostpath(std::stoul(arg(2, "1000")), std::stoi(arg(3, "100")));
     else if (mode == "smoke") run_smoke(arg(2, GRADSYNC_BENCH_MODELS_DIR));
     else throw std::runtime_error("unknown mode " + mode);
