@@ -4,6 +4,7 @@
 #include <gradsync/gradsync.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -88,13 +89,14 @@ TEST_CASE("mark_ready in any order, on any subset, gives the values of a plain s
     for (auto coll : {gradsync::Collectives::blocking, gradsync::Collectives::nonblocking})
       for (auto order : {gradsync::FusionOrder::reverse, gradsync::FusionOrder::registration})
         for (std::size_t threshold : {std::size_t(64), std::size_t(4096), std::size_t(0)})
-          for (std::size_t in_place : {std::size_t(0), std::size_t(256)}) {
+          for (double in_place : {0.0, 0.25, HUGE_VAL}) {
             gradsync::Options opt;
             opt.backward_passes_per_step = N;
             opt.collectives = coll;
             opt.fusion_order = order;
             opt.fusion_threshold_bytes = threshold;
-            opt.in_place_min_bytes = in_place;
+            opt.in_place_min_fraction = in_place;
+            opt.in_place_min_bytes = 0;
             if (config % 3 == 2) opt.host_staging = gradsync::HostStaging::always;
             CAPTURE(config);
             ++config;
@@ -154,7 +156,8 @@ TEST_CASE("large tensors are reduced in place: no bytes through the fusion buffe
   const int rank = world_rank();
   Model m(rank);
   gradsync::Options opt;
-  opt.in_place_min_bytes = 8;       // every tensor reduced where it is
+  opt.in_place_min_fraction = 0;  // every tensor reduced where it is
+  opt.in_place_min_bytes = 0;
   opt.fusion_threshold_bytes = 1024;  // the 2000-value tensor in pieces of 128 values
   Sync s(gradsync::MpiBackend(MPI_COMM_WORLD), opt);
   m.add_to(s);

@@ -227,6 +227,8 @@ class GradientSync {
     auto bad = [](double x) { return !std::isfinite(x) || x < 0; };
     if (bad(o.prescale_factor))
       throw ConfigError(impl::cat("prescale_factor must be finite and >= 0, got ", o.prescale_factor));
+    if (std::isnan(o.in_place_min_fraction) || o.in_place_min_fraction < 0)
+      throw ConfigError(impl::cat("in_place_min_fraction must be >= 0, got ", o.in_place_min_fraction));
     if (bad(o.postscale_factor))
       throw ConfigError(impl::cat("postscale_factor must be finite and >= 0, got ", o.postscale_factor));
   }
@@ -271,9 +273,10 @@ class GradientSync {
     windowed_ = N == 1;
     staged_ = use_host_staging();
     in_place_ = windowed_ && !staged_;
-    const std::int64_t own_min = in_place_ && opt_.in_place_min_bytes != 0
-                                     ? std::int64_t(std::max<std::size_t>(1, opt_.in_place_min_bytes / sizeof(value_type)))
-                                     : std::numeric_limits<std::int64_t>::max();
+    const double own = std::max(std::ceil(opt_.in_place_min_fraction * double(chunk_limit())),
+                                double(opt_.in_place_min_bytes / sizeof(value_type)));
+    const std::int64_t own_min = in_place_ && own < 9e18 ? std::max<std::int64_t>(1, std::int64_t(own))
+                                                          : std::numeric_limits<std::int64_t>::max();
     auto plan = impl::FusionPlan<value_type>::build(dp, std::int64_t(chunk_limit()), fusion_threshold_bytes() == 0,
                                                     own_min);
     chunks_ = std::move(plan.chunks);

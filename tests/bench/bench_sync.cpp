@@ -113,9 +113,13 @@ void bench_model(const bench::Model& m, double budget, gradsync::Options opt, co
     if (sync->data_parallel_bytes() != dlrm_mlp * sizeof(float) || moved != dlrm_mlp * sizeof(float))
       throw std::runtime_error("DLRM: gradsync moved " + std::to_string(moved) + " bytes, the MLP holds " +
                                std::to_string(dlrm_mlp * sizeof(float)));
+    std::size_t local = 0, nlocal = 0;
+    for (std::size_t i = 0; i < m.numel.size(); ++i)
+      if (m.local[i]) local += m.numel[i] * sizeof(float), ++nlocal;
     if (bench::rank() == 0)
       std::printf("  DLRM: %zu bytes allreduced per sync = MLP bytes (%zu parameters); tables stay local\n",
                   std::size_t(moved), dlrm_mlp);
+    row(section, m.name, "local table bytes (rank 0)", local, nlocal, 0, 0);
   }
   std::vector<float> raw(elems, 0.f);
   std::vector<Grad> dp;
@@ -126,21 +130,23 @@ void bench_model(const bench::Model& m, double budget, gradsync::Options opt, co
   ms.push_back({"gradsync", [&] { sync->synchronize(); }, {}});
   // Variants (BENCH_VARIANTS=1): what each choice of the default is worth, same run.
   std::vector<std::unique_ptr<Sync>> variants;
+  auto variant = [&](const std::string& label, gradsync::Options o) {
+    variants.push_back(make_sync(m, t, o));
+    Sync* s = variants.back().get();
+    ms.push_back({label, [s] { s->synchronize(); }, {}});
+  };
+  gradsync::Options o = opt;
+  o.collectives = gradsync::Collectives::nonblocking;
+  variant("gradsync nonblocking", o);
   if (std::getenv("BENCH_VARIANTS")) {
-    auto variant = [&](const std::string& label, gradsync::Options o) {
-      variants.push_back(make_sync(m, t, o));
-      Sync* s = variants.back().get();
-      ms.push_back({label, [s] { s->synchronize(); }, {}});
-    };
-    gradsync::Options o = opt;
-    o.collectives = gradsync::Collectives::nonblocking;
-    variant("gradsync nonblocking", o);
     o = opt;
     o.op = gradsync::ReduceOp::sum;
     variant("gradsync op=sum", o);
-    o = opt;
-    o.host_staging = gradsync::HostStaging::always;
-    variant("gradsync staged", o);
+    for (double f : {0.0, 0.25, 1.0, HUGE_VAL}) {
+      o = opt;
+      o.in_place_min_fraction = f;
+      variant("gradsync in_place_min_fraction " + std::to_string(f), o);
+    }
   }
   for (std::size_t c : raw_sweep())
     if (c / 2 < bytes) ms.push_back({"raw " + size_label(c), [&, c] { raw_chunked(raw.data(), elems, c); }, {}});
@@ -290,8 +296,8 @@ void run_overlap(const std::string& dir, double budget, double factor) {
     row("overlap", m.name, "sync (default)", bytes, m.dp_tensors(), comm, ms[0].times.size());
     row("overlap", m.name, "sync (nonblocking)", bytes, m.dp_tensors(), bench::median(ms[1].times), ms[1].times.size());
     row("overlap", m.name, "backward (simulated)", bytes, m.dp_tensors(), backward, std::size_t(reps));
-    row("overlap", m.name, "exposed, sync after backward", bytes, m.dp_tensors(), bench::median(no_overlap), std::size_t(reps));
-    row("overlap", m.name, "exposed, mark_ready", bytes, m.dp_tensors(), bench::median(exposed), std::size_t(reps));
+    row("overlap", m.name, "exposed: sync after backward", bytes, m.dp_tensors(), bench::median(no_overlap), std::size_t(reps));
+    row("overlap", m.name, "exposed: mark_ready", bytes, m.dp_tensors(), bench::median(exposed), std::size_t(reps));
   }
 }
 
