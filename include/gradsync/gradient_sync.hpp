@@ -404,6 +404,7 @@ class GradientSync {
     if (reduced_in_place(c)) {
       scale_in_place(c, pre_factor_);
       data = chunk_data(c);
+      stats_.bytes_in_place += std::size_t(len) * sizeof(value_type);
     } else {
       pack_chunk(c, aggregated);
       if (staged_) Kokkos::deep_copy(exec_, window(staging_, pos, len), window(buffer_, pos, len));

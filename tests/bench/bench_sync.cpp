@@ -138,10 +138,10 @@ void bench_model(const bench::Model& m, double budget, gradsync::Options opt, co
   gradsync::Options o = opt;
   o.collectives = gradsync::Collectives::nonblocking;
   variant("gradsync nonblocking", o);
+  o = opt;
+  o.op = gradsync::ReduceOp::sum;  // what raw and per-tensor compute: no 1/n pass
+  variant("gradsync op=sum", o);
   if (std::getenv("BENCH_VARIANTS")) {
-    o = opt;
-    o.op = gradsync::ReduceOp::sum;
-    variant("gradsync op=sum", o);
     for (double f : {0.0, 0.25, 1.0, HUGE_VAL}) {
       o = opt;
       o.in_place_min_fraction = f;

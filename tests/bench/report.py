@@ -53,8 +53,9 @@ def main():
 
     # ---- models, 2 ranks ----
     head = ("| model | MiB | tensors | gradsync ms | raw best ms (chunk) | per-tensor ms | DDP gloo ms | "
-            "gradsync / raw | per-tensor / gradsync | DDP / gradsync | gradsync nonblocking ms |")
-    md += ["## Models, 2 ranks (same run)", "", head, "|" + " --- |" * 11]
+            "gradsync / raw | per-tensor / gradsync | DDP / gradsync | gradsync nonblocking ms | "
+            "gradsync op=sum ms | op=sum / raw |")
+    md += ["## Models, 2 ranks (same run)", "", head, "|" + " --- |" * 13]
     checks = []
     for m in MODELS:
         g = pick(rows, "models", m, "gradsync")
@@ -64,6 +65,7 @@ def main():
         pt = pick(rows, "models", m, "per-tensor")
         ddp = pick(rows, "models", m, "DDP gloo")
         nb = pick(rows, "models", m, "gradsync nonblocking")
+        sm = pick(rows, "models", m, "gradsync op=sum")
         chunk = raw["method"][len("raw best ("):-1] if raw else "-"
         r_raw = g["t"] / raw["t"] if raw else None
         r_pt = pt["t"] / g["t"] if pt else None
@@ -71,7 +73,8 @@ def main():
         md.append(f"| {m} | {mib(g['bytes'])} | {g['tensors']} | {ms(g['t'])} | {ms(raw['t'] if raw else None)} ({chunk}) | "
                   f"{ms(pt['t'] if pt else None)} | {ms(ddp['t'] if ddp else None)} | "
                   f"{r_raw:.2f}x | {r_pt:.2f}x | " + (f"{r_ddp:.2f}x |" if r_ddp else "- |")
-                  + f" {ms(nb['t'] if nb else None)} |")
+                  + f" {ms(nb['t'] if nb else None)} | {ms(sm['t'] if sm else None)} | "
+                  + (f"{sm['t'] / raw['t']:.2f}x |" if sm and raw else "- |"))
         if m in TARGET_RAW and r_raw is not None:
             checks.append(f"{m}: gradsync / best raw = {r_raw:.2f}x (target <= {TARGET_RAW[m]:.2f}x): "
                           + ("met" if r_raw <= TARGET_RAW[m] else "NOT met"))
