@@ -174,7 +174,7 @@ def main():
                         f"{raw * 1e3}\n")
         png = os.path.join(docs_dir, "benchmarks.png")
         gp = f"""
-set terminal png size 1200,480
+set terminal png size 1200,480 noenhanced
 set output '{png}'
 set multiplot layout 1,2 title 'gradsync, 2 ranks (see BENCHMARKS.md for the machine and its load)'
 set logscale xy
