@@ -8,6 +8,8 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 build="${BUILD_DIR:-$root/build}"
 models="${MODELS_DIR:-$root/../shared/data/models}"
+[[ -d "$models" ]] || models=/work/shared/data/models
+[[ -f "$models/resnet50.csv" ]] || { echo "model lists not found: set MODELS_DIR" >&2; exit 1; }
 models="$(cd "$models" && pwd)"
 if [[ -n "${QUICK:-}" ]]; then budget="${BUDGET:-2}"; max_mib="${MAX_MIB:-64}"; else budget="${BUDGET:-6}"; max_mib="${MAX_MIB:-512}"; fi
 py=/usr/bin/python3
