@@ -196,6 +196,13 @@ class GradientSync {
     throw Error("is_local: the tensor is not registered");
   }
 
+  /// Calls f(data, size, is_local) for every registered gradient, in registration order (used by
+  /// global_norm and DistributedOptimizer to tell local from data-parallel tensors).
+  template <class F>
+  void for_each_tensor(F&& f) const {
+    for (const Entry& e : entries_) f(e.data, e.size, e.local());
+  }
+
   /// Bytes of data-parallel gradient one synchronize() hands to the backend.
   std::size_t data_parallel_bytes() const {
     std::size_t n = 0;
@@ -354,10 +361,10 @@ class GradientSync {
 
   // Passes 1 .. N-1: sum gradients into the buffer (data-parallel) and the accumulator (local).
   void accumulate(bool first) {
-    impl::launch_per_segment(
+    impl::launch_segments(
         impl::label_pack(), exec_, n_dp_segs_,
         impl::PackKernel<value_type, execution_space, memory_space>{dp_segs_, buffer_, 0, 0, pre_factor_, !first});
-    impl::launch_per_segment(impl::label_local(), exec_, n_local_segs_,
+    impl::launch_segments(impl::label_local(), exec_, n_local_segs_,
                              impl::LocalKernel<value_type, execution_space, memory_space>{
                                  local_segs_, local_acc_, first ? impl::LocalMode::store : impl::LocalMode::accumulate});
   }
@@ -372,21 +379,21 @@ class GradientSync {
   void scale_in_place(std::size_t c, value_type factor) {
     if (factor == value_type(1)) return;
     const impl::Chunk& ch = chunks_[c];
-    impl::launch_per_segment(impl::label_unpack(), exec_, ch.seg_end - ch.seg_begin,
-                             impl::ScaleKernel<value_type, execution_space, memory_space>{dp_segs_, ch.seg_begin, factor});
+    impl::launch_segments(impl::label_unpack(), exec_, ch.seg_end - ch.seg_begin,
+                             impl::InPlaceScaleKernel<value_type, execution_space, memory_space>{dp_segs_, ch.seg_begin, factor});
   }
 
   // Packs chunk c into its place (the kernels index the buffer by segment offset - base).
   void pack_chunk(std::size_t c, bool aggregated) {
     const impl::Chunk& ch = chunks_[c];
-    impl::launch_per_segment(impl::label_pack(), exec_, ch.seg_end - ch.seg_begin,
+    impl::launch_segments(impl::label_pack(), exec_, ch.seg_end - ch.seg_begin,
                              impl::PackKernel<value_type, execution_space, memory_space>{
                                  dp_segs_, buffer_, ch.seg_begin, ch.begin - buffer_pos(c), pre_factor_, aggregated});
   }
 
   void unpack_chunk(std::size_t c) {
     const impl::Chunk& ch = chunks_[c];
-    impl::launch_per_segment(impl::label_unpack(), exec_, ch.seg_end - ch.seg_begin,
+    impl::launch_segments(impl::label_unpack(), exec_, ch.seg_end - ch.seg_begin,
                              impl::UnpackKernel<value_type, execution_space, memory_space>{
                                  dp_segs_, buffer_, ch.seg_begin, ch.begin - buffer_pos(c), post_factor_});
   }
@@ -491,7 +498,7 @@ class GradientSync {
   }
 
   void finish_local(bool aggregated) {
-    impl::launch_per_segment(
+    impl::launch_segments(
         impl::label_local(), exec_, n_local_segs_,
         impl::LocalKernel<value_type, execution_space, memory_space>{
             local_segs_, local_acc_, aggregated ? impl::LocalMode::finish : impl::LocalMode::scale});

@@ -3,10 +3,13 @@
 
 #include "backend_traits.hpp"
 #include "config.hpp"
+#include "distributed_optimizer.hpp"
 #include "error.hpp"
+#include "global_norm.hpp"
 #include "gradient_sync.hpp"
 #include "local_var_policy.hpp"
 #include "mpi_backend.hpp"
+#include "optimizers.hpp"
 #include "options.hpp"
 #include "self_backend.hpp"
 #include "stats.hpp"

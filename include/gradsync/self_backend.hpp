@@ -40,6 +40,15 @@ class SelfBackend {
   /// Host memory only: each rank sends `n` values to every rank.
   template <class T>
   void alltoall(const T* send, T* recv, std::size_t n) const { std::copy(send, send + n, recv); }
+  /// Host memory only: the one block this rank sends to itself, as MpiBackend::alltoallv.
+  template <class T>
+  void alltoallv(const T* send, const int* send_counts, const int* send_displs, T* recv,
+                 const int* recv_counts, const int* recv_displs) const {
+    if (send_counts[0] != recv_counts[0])
+      throw Error(impl::cat("alltoallv on a 1-rank backend: sends ", send_counts[0], " values but receives ",
+                            recv_counts[0]));
+    std::copy(send + send_displs[0], send + send_displs[0] + send_counts[0], recv + recv_displs[0]);
+  }
   void barrier() const {}
 
  private:

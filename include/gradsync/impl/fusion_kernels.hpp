@@ -110,7 +110,7 @@ struct UnpackKernel {
 
 // ptr[i] *= factor: the scale of a chunk reduced in place in the gradients' own memory.
 template <class T, class ExecutionSpace, class MemorySpace>
-struct ScaleKernel {
+struct InPlaceScaleKernel {
   using member_type = typename Kokkos::TeamPolicy<ExecutionSpace>::member_type;
   SegmentView<T, MemorySpace> segs;
   std::int64_t first_seg;
@@ -197,14 +197,23 @@ template <class ExecutionSpace>
 inline constexpr bool is_host_execution_space_v =
     std::is_same_v<typename ExecutionSpace::memory_space, Kokkos::HostSpace>;
 
+/// One team per segment: any kernel with a team operator().
 template <class ExecutionSpace, class Kernel>
 void launch_per_segment(const std::string& label, const ExecutionSpace& exec, std::int64_t nsegs, const Kernel& k) {
+  if (nsegs <= 0) return;
+  Kokkos::parallel_for(label, Kokkos::TeamPolicy<ExecutionSpace>(exec, int(nsegs), Kokkos::AUTO), k);
+}
+
+/// The fusion kernels (a team operator() and a per-segment one): plain loops over segments on host
+/// execution spaces, a team per segment elsewhere.
+template <class ExecutionSpace, class Kernel>
+void launch_segments(const std::string& label, const ExecutionSpace& exec, std::int64_t nsegs, const Kernel& k) {
   if (nsegs <= 0) return;
   if constexpr (is_host_execution_space_v<ExecutionSpace>)
     Kokkos::parallel_for(label, Kokkos::RangePolicy<ExecutionSpace, Kokkos::IndexType<std::int64_t>>(exec, 0, nsegs),
                          k);
   else
-    Kokkos::parallel_for(label, Kokkos::TeamPolicy<ExecutionSpace>(exec, int(nsegs), Kokkos::AUTO), k);
+    launch_per_segment(label, exec, nsegs, k);
 }
 
 }  // namespace gradsync::impl

@@ -1,0 +1,350 @@
+// hybrid_dlrm: gradsync's flagship example, a DLRM-style recommender trained hybrid-parallel.
+//
+//   mpirun -np 4 hybrid_dlrm                 # train, a progress line every 10 steps
+//   mpirun -np 4 hybrid_dlrm --check         # prove: n ranks == 1 process, to 1e-10 (exit 1 if not)
+//   mpirun -np 4 hybrid_dlrm --check --table-scale none   # the bug local groups prevent: factor n
+//
+// Embedding tables are model-parallel (whole tables spread over the ranks, a gradsync local group
+// with KeepLocal<LocalScale::world_size>); the MLPs are data-parallel (a GradientSync group).
+// See trainer.hpp for the data flow and docs/HYBRID.md for the numbers this program prints.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <exception>
+#include <gradsync/gradsync.hpp>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "config.hpp"
+#include "trainer.hpp"
+
+// The table groups. The switch --table-scale picks one at run time; the policy is a compile-time
+// trait of the group type.
+struct Tables {};
+struct TablesUnscaled {};
+template <>
+struct gradsync::LocalVarPolicy<Tables> : gradsync::KeepLocal<gradsync::LocalScale::world_size> {};
+template <>
+struct gradsync::LocalVarPolicy<TablesUnscaled> : gradsync::KeepLocal<gradsync::LocalScale::none> {};
+
+namespace {
+
+using dlrm::Config;
+using dlrm::Real;
+using Clock = std::chrono::steady_clock;
+
+int world_rank() {
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+
+double max_over_ranks(double x) {
+  MPI_Allreduce(MPI_IN_PLACE, &x, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  return x;
+}
+
+double sum_over_ranks(double x) {
+  MPI_Allreduce(MPI_IN_PLACE, &x, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+  return x;
+}
+
+std::string mib(double bytes) {
+  char s[32];
+  if (bytes < 1024.0 * 1024.0)
+    std::snprintf(s, sizeof s, "%.1f KiB", bytes / 1024.0);
+  else
+    std::snprintf(s, sizeof s, "%.2f MiB", bytes / (1024.0 * 1024.0));
+  return s;
+}
+
+template <class Group>
+const char* scale_name() {
+  return gradsync::local_scale_v<Group> == gradsync::LocalScale::world_size ? "LocalScale::world_size"
+                                                                            : "LocalScale::none";
+}
+
+template <class T>
+void print_model(const Config& c, const T& tr) {
+  const int n = tr.size();
+  std::vector<double> rows(static_cast<std::size_t>(n)), tables(static_cast<std::size_t>(n));
+  rows[std::size_t(tr.rank())] = double(tr.owned_rows());
+  tables[std::size_t(tr.rank())] = double(tr.owned_tables().size());
+  MPI_Allreduce(MPI_IN_PLACE, rows.data(), n, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+  MPI_Allreduce(MPI_IN_PLACE, tables.data(), n, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+  if (tr.rank() != 0) return;
+  std::int64_t total_rows = 0;
+  for (int t = 0; t < c.num_tables(); ++t) total_rows += c.rows(t);
+  auto join = [](const std::vector<int>& v) {
+    std::string s;
+    for (std::size_t i = 0; i < v.size(); ++i) s += (i ? "-" : "") + std::to_string(v[i]);
+    return s;
+  };
+  std::printf(
+      "hybrid_dlrm: %d rank%s, global batch %d, %d tables x dim %d (rows capped at %lld: %lld rows, %.1f MiB)\n", n,
+      n == 1 ? "" : "s", c.batch, c.num_tables(), c.dim, (long long)c.row_cap, (long long)total_rows,
+      double(total_rows) * c.dim * sizeof(Real) / (1024.0 * 1024.0));
+  std::printf("  bottom MLP %s, dot interaction (%d pairs), top MLP %s: %zu parameters, data-parallel\n",
+              join(c.bottom).c_str(), c.num_pairs(), join(c.top).c_str(), tr.mlp_parameters());
+  std::printf("  tables: model-parallel, whole tables balanced by rows:");
+  for (int p = 0; p < n; ++p)
+    std::printf("%s rank %d: %d tables, %.0f rows", p ? ";" : "", p, int(tables[std::size_t(p)]), rows[std::size_t(p)]);
+  std::printf("\n");
+}
+
+/// max|a - b| / max|b|: the error of a whole tensor relative to its largest reference value, so a
+/// near-zero element summed in another order does not count as a large error.
+double rel_diff(const Real* a, const Real* b, std::size_t n) {
+  double diff = 0, ref = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    diff = std::max(diff, std::abs(double(a[i]) - double(b[i])));
+    ref = std::max(ref, std::abs(double(b[i])));
+  }
+  if (ref == 0) return diff == 0 ? 0 : std::numeric_limits<double>::infinity();
+  return diff / ref;
+}
+
+template <class V>
+std::vector<Real> to_host(const V& v) {
+  auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), v);
+  return std::vector<Real>(h.data(), h.data() + h.size());
+}
+
+struct Worst {
+  double value = 0;
+  std::string what;
+  void add(double v, const std::string& w) {
+    if (std::isnan(v)) v = std::numeric_limits<double>::infinity();  // NaN counts as worst
+    if (v > value || what.empty()) value = std::max(v, value), what = w;
+  }
+};
+
+// Every gradient (or parameter) of `dist` against the same tensor of the single-process `ref`.
+template <class D, class R>
+void compare_mlps(const D& dist, const R& ref, bool grads, Worst& w) {
+  for (int part = 0; part < 2; ++part) {
+    const auto& a = part == 0 ? dist.bottom() : dist.top();
+    const auto& b = part == 0 ? ref.bottom() : ref.top();
+    for (std::size_t l = 0; l < a.size(); ++l) {
+      const auto aw = to_host(grads ? a[l].gw : a[l].w), bw = to_host(grads ? b[l].gw : b[l].w);
+      const auto ab = to_host(grads ? a[l].gb : a[l].b), bb = to_host(grads ? b[l].gb : b[l].b);
+      w.add(rel_diff(aw.data(), bw.data(), aw.size()), a[l].name + ".weight");
+      w.add(rel_diff(ab.data(), bb.data(), ab.size()), a[l].name + ".bias");
+    }
+  }
+}
+
+template <class Group>
+int run_check(const Config& c) {
+  using Dist = dlrm::Trainer<gradsync::MpiBackend, Group>;
+  using Ref = dlrm::Trainer<gradsync::SelfBackend, Group>;
+  Dist dist(c, gradsync::MpiBackend(MPI_COMM_WORLD));
+  // The reference: every rank also builds the single-process model (all tables, the whole global
+  // batch, SelfBackend) from the same seed and trains it on the same batches, in this process.
+  Ref ref(c, gradsync::SelfBackend());
+  const int n = dist.size(), me = dist.rank();
+  print_model(c, dist);
+  if (me == 0)
+    std::printf(
+        "check: %d ranks vs the single-process model on the same %d global batch(es) of %d samples,\n"
+        "       tables %s; every gradient and every parameter after each SGD step, tolerance 1e-10\n",
+        n, c.steps, c.batch, scale_name<Group>());
+  const double tol = 1e-10;
+  double ratio0 = 1;
+  Worst overall;
+  for (int step = 0; step < c.steps; ++step) {
+    const Real loss_d = dist.compute_gradients(std::uint64_t(step));
+    const Real loss_r = ref.compute_gradients(std::uint64_t(step));
+
+    Worst mlp_g, tab_g, params;
+    mlp_g.add(std::abs(loss_d - loss_r) / std::abs(loss_r), "loss");
+    compare_mlps(dist, ref, true, mlp_g);
+    double ab = 0, bb = 0;  // least-squares factor between the n-rank and 1-rank table gradients
+    for (int t : dist.owned_tables()) {
+      const auto a = dist.table_gradient(t), b = ref.table_gradient(t);
+      if (a.first != b.first)
+        tab_g.add(std::numeric_limits<double>::infinity(), "table " + std::to_string(t) + " rows");
+      else
+        tab_g.add(rel_diff(a.second.data(), b.second.data(), a.second.size()), "table " + std::to_string(t));
+      for (std::size_t i = 0; i < a.second.size() && i < b.second.size(); ++i) {
+        ab += a.second[i] * b.second[i];
+        bb += b.second[i] * b.second[i];
+      }
+    }
+    ab = sum_over_ranks(ab);
+    bb = sum_over_ranks(bb);
+    const double ratio = bb > 0 ? ab / bb : 1;
+    if (step == 0) ratio0 = ratio;
+
+    dist.apply_sgd();
+    ref.apply_sgd();
+    compare_mlps(dist, ref, false, params);
+    for (int t : dist.owned_tables()) {
+      const auto a = dist.table_parameters(t), b = ref.table_parameters(t);
+      params.add(rel_diff(a.data(), b.data(), a.size()), "table " + std::to_string(t) + " parameters");
+    }
+
+    const double gm = max_over_ranks(mlp_g.value), gt = max_over_ranks(tab_g.value), pm = max_over_ranks(params.value);
+    for (const Worst* w : {&mlp_g, &tab_g, &params})
+      overall.add(w->value, "step " + std::to_string(step) + ", " + w->what);
+    if (me == 0)
+      std::printf(
+          "  step %d  loss %.12f (1 process %.12f)  max rel diff: MLP grads %.1e, table grads %.1e "
+          "(n-rank / 1-process = %.6f), parameters after the step %.1e\n",
+          step, loss_d, loss_r, gm, gt, ratio, pm);
+  }
+  // The worst tensor over all ranks, named by the rank that holds it.
+  struct {
+    double value;
+    int rank;
+  } worst{overall.value, me};
+  MPI_Allreduce(MPI_IN_PLACE, &worst, 1, MPI_DOUBLE_INT, MPI_MAXLOC, MPI_COMM_WORLD);
+  const double worst_all = worst.value;
+  int len = int(overall.what.size());
+  MPI_Bcast(&len, 1, MPI_INT, worst.rank, MPI_COMM_WORLD);
+  std::vector<char> name(std::size_t(len) + 1, '\0');
+  if (me == worst.rank) std::copy(overall.what.begin(), overall.what.end(), name.begin());
+  MPI_Bcast(name.data(), len + 1, MPI_CHAR, worst.rank, MPI_COMM_WORLD);
+  const std::string worst_what = name.data();
+  const bool ok = worst_all <= tol;
+  if (me == 0) {
+    if (ok)
+      std::printf(
+          "check PASSED: %d rank%s reproduce the single-process model, max relative difference %.1e <= %.0e "
+          "(worst: %s)\n",
+          n, n == 1 ? "" : "s", worst_all, tol, worst_what.c_str());
+    else {
+      std::printf("check FAILED: max relative difference %.3e > %.0e (worst: %s)\n", worst_all, tol,
+                  worst_what.c_str());
+      if (std::abs(ratio0 - 1) > 1e-6)
+        std::printf(
+            "  MISMATCH: table gradients are %.6f x the single-process ones at step 0, factor n = %d ranks:\n"
+            "  each owner sums dL_r/dE over all %d ranks (the gradient of n x the mean loss); "
+            "KeepLocal<LocalScale::world_size> divides it by n\n",
+            ratio0, n, n);
+    }
+  }
+  return ok ? 0 : 1;
+}
+
+// Mean of the last k values.
+double mean(const std::vector<double>& v, std::size_t k) {
+  double s = 0;
+  for (std::size_t i = v.size() - k; i < v.size(); ++i) s += v[i];
+  return s / double(k);
+}
+
+template <class Group>
+int run_train(const Config& c) {
+  dlrm::Trainer<gradsync::MpiBackend, Group> tr(c, gradsync::MpiBackend(MPI_COMM_WORLD));
+  const int me = tr.rank();
+  print_model(c, tr);
+  if (me == 0)
+    std::printf(
+        "training %d steps, SGD lr %g, seed %llu, tables %s\n"
+        "  (loss: this batch; avg: since the last line; teacher: the loss of the model that labels the data;\n"
+        "   bytes: sent by one rank per step, the all-to-all's the largest over ranks)\n",
+        c.steps, c.lr, (unsigned long long)c.seed, scale_name<Group>());
+  std::vector<double> losses, floors;
+  const auto t0 = Clock::now();
+  auto t_last = t0;
+  std::uint64_t a2a_last = 0, sync_last = 0;
+  int step_last = 0;
+  for (int step = 0; step < c.steps; ++step) {
+    losses.push_back(tr.compute_gradients(std::uint64_t(step)));
+    floors.push_back(tr.teacher_loss());
+    tr.apply_sgd();
+    if ((step + 1) % c.log_every == 0 || step == 0 || step + 1 == c.steps) {
+      MPI_Barrier(MPI_COMM_WORLD);  // time whole steps of every rank
+      const auto now = Clock::now();
+      const double dt = std::chrono::duration<double>(now - t_last).count();
+      const int steps = step + 1 - step_last;
+      const double a2a = max_over_ranks(double(tr.alltoall_stats().total() - a2a_last)) / steps;
+      const double sync = double(tr.sync_stats().bytes_allreduced - sync_last) / steps;
+      if (me == 0)
+        std::printf(
+            "step %5d  loss %.4f (avg %.4f, teacher %.4f)  %6.0f samples/s  sent/step: sync %s, all-to-all %s\n", step,
+            losses.back(), mean(losses, std::size_t(steps)), mean(floors, std::size_t(steps)),
+            steps * double(c.batch) / dt, mib(sync).c_str(), mib(a2a).c_str());
+      t_last = now;
+      step_last = step + 1;
+      a2a_last = tr.alltoall_stats().total();
+      sync_last = tr.sync_stats().bytes_allreduced;
+    }
+  }
+  const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  if (c.steps == 0) return 0;
+  // Every batch is new data, so a step's loss (taken before its update) is a held-out loss.
+  const std::size_t tail = std::min<std::size_t>(20, losses.size());
+  const double last = mean(losses, tail);
+  const double drop = 1 - last / losses.front();
+  // The all-to-all volume differs by rank: report the busiest rank's, with its breakdown.
+  const auto& a = tr.alltoall_stats();
+  struct {
+    double value;
+    int rank;
+  } busiest{double(a.total()), me};
+  MPI_Allreduce(MPI_IN_PLACE, &busiest, 1, MPI_DOUBLE_INT, MPI_MAXLOC, MPI_COMM_WORLD);
+  double parts[3] = {double(a.ids), double(a.embeddings), double(a.gradients)};
+  MPI_Bcast(parts, 3, MPI_DOUBLE, busiest.rank, MPI_COMM_WORLD);
+  if (me == 0) {
+    std::printf("summary: %d steps of %d samples in %.2f s, %.0f samples/s on %d ranks\n", c.steps, c.batch, secs,
+                double(c.steps) * c.batch / secs, tr.size());
+    std::printf(
+        "  loss %.4f at step 0, %.4f averaged over the last %zu steps: %.1f%% lower\n"
+        "  (on those batches the teacher itself scores %.4f; always predicting the click rate, %.4f)\n",
+        losses.front(), last, tail, 100 * drop, mean(floors, tail), tr.constant_loss());
+    std::printf(
+        "  sent per step by each rank: gradient sync %s (MLP gradients only, %llu allreduce calls in all;\n"
+        "  the tables' gradients sent 0 bytes); all-to-all %s on the busiest rank, %d (ids %s, embeddings %s,\n"
+        "  embedding gradients %s)\n",
+        mib(double(tr.sync_stats().bytes_allreduced) / c.steps).c_str(),
+        (unsigned long long)tr.sync_stats().allreduce_calls, mib(busiest.value / c.steps).c_str(), busiest.rank,
+        mib(parts[0] / c.steps).c_str(), mib(parts[1] / c.steps).c_str(), mib(parts[2] / c.steps).c_str());
+  }
+  if (c.min_loss_drop >= 0 && !(drop >= c.min_loss_drop)) {
+    if (me == 0)
+      std::printf("FAILED: the loss fell by %.1f%%, less than the required %.1f%%\n", 100 * drop,
+                  100 * c.min_loss_drop);
+    return 1;
+  }
+  if (c.min_loss_drop >= 0 && me == 0)
+    std::printf("loss fell by %.1f%% (required %.1f%%)\n", 100 * drop, 100 * c.min_loss_drop);
+  return 0;
+}
+
+template <class Group>
+int run(const Config& c) {
+  return c.check ? run_check<Group>(c) : run_train<Group>(c);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  // Options first (Kokkos' own --kokkos-* ones are left to Kokkos), so --help needs no Kokkos.
+  Config c;
+  try {
+    if (!dlrm::parse(c, argc, argv, world_rank() == 0)) {
+      MPI_Finalize();
+      return 0;
+    }
+  } catch (const std::exception& e) {
+    if (world_rank() == 0) std::fprintf(stderr, "hybrid_dlrm: %s\n", e.what());
+    MPI_Finalize();
+    return 2;
+  }
+  Kokkos::initialize(argc, argv);
+  int status = 0;
+  try {
+    status = c.scale_tables ? run<Tables>(c) : run<TablesUnscaled>(c);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "hybrid_dlrm (rank %d): %s\n", world_rank(), e.what());
+    MPI_Abort(MPI_COMM_WORLD, 2);
+  }
+  Kokkos::finalize();
+  MPI_Finalize();
+  return status;
+}

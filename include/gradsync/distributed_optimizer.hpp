@@ -1,0 +1,306 @@
+// gradsync: DistributedOptimizer, Horovod's optimizer workflow for hybrid models.
+//
+//   gradsync::DistributedOptimizer dopt(gradsync::AdamW<Grad>(o), gradsync::GradientSync<MpiBackend, Grad>(...));
+//   dopt.add<Trunk>(w, grad_w);            // the gradient goes to the sync, the pair to the optimizer
+//   dopt.add<Tower>(t, grad_t);            // a local group: never communicated
+//   dopt.register_local_var(b);            // run time: b's gradient becomes local (Horovod parity)
+//   dopt.broadcast_parameters(0);          // data-parallel parameters and their state from rank 0
+//   ... backward pass ...
+//   dopt.step();                           // synchronize; the optimizer runs on every Nth pass only
+//   // or, with clipping:  if (dopt.synchronize()) { dopt.clip_grad_norm(1.0); dopt.apply(); }
+//
+// The DistributedOptimizer owns the wrapped optimizer. It owns the sync too, unless `Sync` is a
+// reference type (DistributedOptimizer<Opt, GradientSync<B, T>&>), which shares a sync the caller
+// keeps (for example one sync under two optimizers). The optimizer interface is documented at the
+// top of optimizers.hpp; any type providing it can be wrapped.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <type_traits>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "config.hpp"
+#include "error.hpp"
+#include "global_norm.hpp"
+#include "impl/demangle.hpp"
+#include "tensor_traits.hpp"
+
+namespace gradsync {
+namespace impl {
+
+// Detects the optional state visitor of the optimizer interface.
+struct StateProbe {
+  template <class T>
+  void operator()(T*, std::size_t) const {}
+};
+template <class O, class = void>
+struct has_state_visitor : std::false_type {};
+template <class O>
+struct has_state_visitor<
+    O, std::void_t<decltype(std::declval<O&>().for_each_state(std::size_t(0), std::declval<StateProbe&>()))>>
+    : std::true_type {};
+
+template <class O, class = void>
+struct has_step : std::false_type {};
+template <class O>
+struct has_step<O, std::void_t<decltype(std::declval<O&>().step())>> : std::true_type {};
+
+// Runs op(p) on the n values at `data` (in DataSpace), through a copy in OtherSpace when the
+// backend cannot reach DataSpace (device memory and an MPI that is not CUDA-aware, host counters
+// and a device-only backend). Collectives are setup-time here: simplicity over speed.
+template <class DataSpace, class OtherSpace, class Backend, class T, class Op>
+void via_reachable(const Backend& b, T* data, std::size_t n, Op&& op) {
+  if (b.template can_access<DataSpace>()) {
+    op(data);
+    return;
+  }
+  Kokkos::View<T*, DataSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>> src(data, n);
+  Kokkos::View<T*, OtherSpace> copy(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("gradsync::staging")),
+                                    n);
+  Kokkos::deep_copy(copy, src);
+  Kokkos::fence();
+  op(copy.data());
+  Kokkos::deep_copy(src, copy);
+}
+
+inline const std::string& label_fence_broadcast() {
+  static const std::string s("gradsync::broadcast_parameters");
+  return s;
+}
+
+}  // namespace impl
+
+template <class Optimizer, class Sync>
+class DistributedOptimizer {
+ public:
+  using optimizer_type = Optimizer;
+  using sync_type = std::remove_reference_t<Sync>;
+  using backend_type = typename sync_type::backend_type;
+  using value_type = typename sync_type::value_type;
+  using memory_space = typename sync_type::memory_space;
+  using execution_space = typename sync_type::execution_space;
+
+  static_assert(impl::has_step<Optimizer>::value,
+                "gradsync::DistributedOptimizer<Optimizer, Sync>: Optimizer must provide add(param, grad) and step() "
+                "(the optimizer interface at the top of gradsync/optimizers.hpp)");
+
+  /// Takes the optimizer; takes the sync too, or refers to it when Sync is a reference type.
+  DistributedOptimizer(Optimizer optimizer, Sync sync) : opt_(std::move(optimizer)), sync_(std::forward<Sync>(sync)) {}
+
+  /// Registers a parameter and its gradient in `Group`: the gradient with the sync, the pair with
+  /// the optimizer. Local groups may differ from rank to rank; data-parallel ones must agree.
+  template <class Group, class P, class G>
+  void add(const P& param, const G& grad, std::string name = {}) {
+    using PT = TensorTraits<P>;
+    using GT = TensorTraits<G>;
+    static_assert(is_tensor_v<P>, "gradsync::DistributedOptimizer::add: the parameter is not a tensor gradsync knows");
+    static_assert(std::is_same_v<typename PT::value_type, value_type>,
+                  "gradsync::DistributedOptimizer::add: the parameter's value type differs from the sync's");
+    static_assert(std::is_same_v<typename PT::memory_space, memory_space>,
+                  "gradsync::DistributedOptimizer::add: the parameter lives in another memory space than the sync's");
+    static_assert(PT::is_writable, "gradsync::DistributedOptimizer::add: a parameter must be writable (not const)");
+    Entry e;
+    e.param = PT::data(param);
+    e.grad = GT::data(grad);
+    e.size = PT::size(param);
+    const std::string group = impl::type_name<Group>();
+    if (name.empty()) {
+      const auto in_group =
+          std::count_if(entries_.begin(), entries_.end(), [&](const Entry& o) { return o.group == group; });
+      name = impl::cat(group, "[", in_group, "]");
+    }
+    e.name = name;
+    e.group = group;
+    if (GT::size(grad) != e.size)
+      throw Error(impl::cat("DistributedOptimizer::add: parameter '", e.name, "' (group ", group, ") has ", e.size,
+                            " values but its gradient has ", GT::size(grad), " on rank ", sync().backend().rank()));
+    // Checked here, before the sync and the optimizer register anything, so a failed add leaves both as they were.
+    for (const Entry& o : entries_)
+      if (e.size > 0 && o.size > 0 && e.param < o.param + o.size && o.param < e.param + e.size)
+        throw Error(impl::cat("DistributedOptimizer::add: parameter '", e.name, "' (group ", group,
+                              ") overlaps parameter '", o.name, "' already registered on rank ",
+                              sync().backend().rank(),
+                              e.param == o.param ? " (the same parameter registered twice)" : ""));
+    if (!PT::is_contiguous(param))
+      throw Error(
+          impl::cat("DistributedOptimizer::add: parameter '", e.name, "' (group ", group, ") is not contiguous"));
+    sync().template add<Group>(grad, name);
+    e.slot = opt_.add(param, grad);
+    entries_.push_back(std::move(e));
+  }
+
+  /// Horovod parity: the parameter's gradient becomes local (never communicated; scaled by
+  /// 1/world_size when Options::scale_local_gradients is set). The parameter keeps its own values
+  /// in broadcast_parameters().
+  template <class P>
+  void register_local_var(const P& param) {
+    using PT = TensorTraits<P>;
+    static_assert(is_tensor_v<P>, "gradsync::DistributedOptimizer::register_local_var: not a tensor gradsync knows");
+    const Entry& e = find(PT::data(param), "register_local_var");
+    sync().register_local_var(Span<value_type, memory_space>(e.grad, e.size));
+  }
+
+  /// Whether a registered parameter's gradient is local.
+  template <class P>
+  bool is_local(const P& param) const {
+    const Entry& e = find(TensorTraits<P>::data(param), "is_local");
+    return sync().is_local(Span<value_type, memory_space>(e.grad, e.size));
+  }
+
+  /// Synchronizes the gradients; true on the passes where they hold synchronized values.
+  bool synchronize() { return sync().synchronize(); }
+
+  /// Runs the wrapped optimizer on the current gradients.
+  void apply() { opt_.step(); }
+
+  /// synchronize(), then apply() when it returned true. Returns whether the parameters changed.
+  bool step() {
+    if (!synchronize()) return false;
+    apply();
+    return true;
+  }
+
+  /// Sends every data-parallel parameter and its optimizer state (buffers and step counts) from
+  /// `root` to every rank; local parameters and their state keep this rank's values. Collective.
+  /// Throws MismatchError on every rank when the ranks' data-parallel parameters differ in count
+  /// or size, naming the first differing parameter and the ranks involved.
+  void broadcast_parameters(int root) {
+    const auto& b = sync().backend();
+    if (root < 0 || root >= b.size())
+      throw Error(
+          impl::cat("broadcast_parameters: root ", root, " is not a rank of this ", b.size(), "-rank communicator"));
+    Kokkos::fence();  // pending kernels may still write parameters or state
+    const std::vector<const Entry*> dp = data_parallel_entries();
+    check_agreement(dp, root);
+    std::vector<std::int64_t*> counters;
+    for (const Entry* e : dp) {
+      broadcast_values(e->param, e->size, root);
+      if constexpr (impl::has_state_visitor<Optimizer>::value)
+        opt_.for_each_state(e->slot, [&](auto* data, std::size_t n) {
+          using T = std::remove_pointer_t<decltype(data)>;
+          if constexpr (std::is_same_v<T, value_type>)
+            broadcast_values(data, n, root);
+          else {
+            static_assert(std::is_same_v<T, std::int64_t>,
+                          "optimizer for_each_state: state is value_type buffers or std::int64_t counters");
+            for (std::size_t i = 0; i < n; ++i) counters.push_back(data + i);
+          }
+        });
+    }
+    if (!counters.empty()) {
+      std::vector<std::int64_t> flat(counters.size());
+      for (std::size_t i = 0; i < flat.size(); ++i) flat[i] = *counters[i];
+      impl::via_reachable<Kokkos::HostSpace, memory_space>(b, flat.data(), flat.size(),
+                                                           [&](std::int64_t* p) { b.broadcast(p, flat.size(), root); });
+      for (std::size_t i = 0; i < flat.size(); ++i) *counters[i] = flat[i];
+    }
+    Kokkos::fence();
+  }
+
+  /// The norm of the whole model's gradient as if it ran on one process (see global_norm.hpp):
+  /// local gradients summed over ranks, data-parallel ones counted once; one allreduce of one value.
+  /// Collective; call it after synchronize() returned true.
+  double global_norm() { return norm_.norm(sync()); }
+
+  /// Scales every gradient by min(1, max_norm / (global_norm + 1e-6)) as
+  /// torch.nn.utils.clip_grad_norm_ does; returns the norm before clipping. Collective.
+  double clip_grad_norm(double max_norm, bool error_if_nonfinite = false) {
+    return norm_.clip(sync(), max_norm, error_if_nonfinite);
+  }
+
+  Optimizer& optimizer() { return opt_; }
+  const Optimizer& optimizer() const { return opt_; }
+  sync_type& sync() { return sync_; }
+  const sync_type& sync() const { return sync_; }
+  std::size_t num_params() const { return entries_.size(); }
+
+ private:
+  struct Entry {
+    value_type* param = nullptr;
+    value_type* grad = nullptr;
+    std::size_t size = 0;
+    std::size_t slot = 0;
+    std::string name, group;
+  };
+
+  const Entry& find(const value_type* param, const char* who) const {
+    for (const Entry& e : entries_)
+      if (e.param == param) return e;
+    throw Error(impl::cat("DistributedOptimizer::", who, ": the parameter is not registered with add<Group>() on rank ",
+                          sync().backend().rank()));
+  }
+
+  std::vector<const Entry*> data_parallel_entries() const {
+    std::unordered_map<const value_type*, bool> local;
+    sync().for_each_tensor([&](const value_type* d, std::size_t, bool l) { local[d] = l; });
+    std::vector<const Entry*> dp;
+    for (const Entry& e : entries_)
+      if (!local.at(e.grad)) dp.push_back(&e);
+    return dp;
+  }
+
+  template <class T>
+  void broadcast_values(T* data, std::size_t n, int root) {
+    if (n == 0) return;
+    const auto& b = sync().backend();
+    impl::via_reachable<memory_space, Kokkos::HostSpace>(b, data, n, [&](T* p) { b.broadcast(p, n, root); });
+  }
+
+  // Every rank learns every rank's first data-parallel parameter that differs from root's (count or
+  // size) with one broadcast of root's sizes and one allreduce_min; all throw together or none does.
+  void check_agreement(const std::vector<const Entry*>& dp, int root) {
+    const auto& b = sync().backend();
+    const int n = b.size(), me = b.rank();
+    std::vector<std::int64_t> sizes(dp.size() + 1);
+    sizes[0] = std::int64_t(dp.size());
+    for (std::size_t i = 0; i < dp.size(); ++i) sizes[i + 1] = std::int64_t(dp[i]->size);
+    std::int64_t root_count = sizes[0];
+    impl::via_reachable<Kokkos::HostSpace, memory_space>(b, &root_count, 1,
+                                                         [&](std::int64_t* p) { b.broadcast(p, 1, root); });
+    std::vector<std::int64_t> root_sizes(std::size_t(root_count) + 1);
+    if (me == root) root_sizes = sizes;
+    impl::via_reachable<Kokkos::HostSpace, memory_space>(
+        b, root_sizes.data(), root_sizes.size(), [&](std::int64_t* p) { b.broadcast(p, root_sizes.size(), root); });
+    constexpr std::int64_t none = std::numeric_limits<std::int64_t>::max();
+    std::int64_t first = none;
+    const std::size_t common = std::min(dp.size(), std::size_t(root_count));
+    for (std::size_t i = 0; i < common && first == none; ++i)
+      if (sizes[i + 1] != root_sizes[i + 1]) first = std::int64_t(i);
+    if (first == none && dp.size() != std::size_t(root_count)) first = std::int64_t(common);
+    std::vector<std::int64_t> firsts(std::size_t(n), none);
+    firsts[std::size_t(me)] = first;
+    impl::via_reachable<Kokkos::HostSpace, memory_space>(b, firsts.data(), firsts.size(),
+                                                         [&](std::int64_t* p) { b.allreduce_min(p, firsts.size()); });
+    std::string ranks;
+    std::int64_t at = none;
+    for (int r = 0; r < n; ++r)
+      if (firsts[std::size_t(r)] != none) {
+        ranks += impl::cat(ranks.empty() ? "" : ", ", r);
+        at = std::min(at, firsts[std::size_t(r)]);
+      }
+    if (ranks.empty()) return;
+    const std::size_t i = std::size_t(at);
+    const std::string here = i < dp.size()
+                                 ? impl::cat("'", dp[i]->name, "' (group ", dp[i]->group, ", ", dp[i]->size, " values)")
+                                 : std::string("none");
+    const std::string there =
+        i < std::size_t(root_count) ? impl::cat(root_sizes[i + 1], " values") : std::string("none");
+    throw MismatchError(impl::cat("broadcast_parameters(root ", root, "): the data-parallel parameters of rank(s) ",
+                                  ranks, " differ from root's, first at data-parallel parameter #", i, ": on rank ", me,
+                                  " ", here, ", on rank ", root, " ", there, " (", dp.size(), " vs ", root_count,
+                                  " data-parallel parameters)"));
+  }
+
+  Optimizer opt_;
+  Sync sync_;
+  GlobalNorm<sync_type> norm_;
+  std::vector<Entry> entries_;
+};
+
+}  // namespace gradsync

@@ -1,0 +1,183 @@
+// gradsync: the global gradient norm of a hybrid model, and clipping by it.
+//
+// The norm is that of the whole model's gradient as if it ran on one process. After synchronize()
+// a data-parallel gradient holds the same values on every rank and must count once, not n times;
+// a local gradient is one rank's shard and counts once where it lives. Each rank therefore
+// contributes  Σ_local |g|² + Σ_data-parallel |g|² / n  and one allreduce of that single value gives
+// the square of the norm on every rank (dividing the replicated part by n, rather than counting it on
+// one rank, makes the result independent of last-bit differences between ranks' copies).
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "config.hpp"
+#include "error.hpp"
+
+namespace gradsync {
+namespace impl {
+
+template <class T>
+struct NormSegment {
+  T* ptr = nullptr;
+  std::int64_t count = 0;
+  double weight = 1;  // 1 for local tensors, 1/n for data-parallel ones
+};
+
+template <class T, class MemorySpace>
+using NormSegmentView = Kokkos::View<NormSegment<T>*, MemorySpace>;
+
+// sum += weight · Σ ptr[i]², accumulated in double whatever T is.
+template <class T, class ExecutionSpace, class MemorySpace>
+struct SquaredNormKernel {
+  using member_type = typename Kokkos::TeamPolicy<ExecutionSpace>::member_type;
+  NormSegmentView<T, MemorySpace> segs;
+
+  KOKKOS_INLINE_FUNCTION void operator()(const member_type& team, double& sum) const {
+    const NormSegment<T> s = segs(team.league_rank());
+    double part = 0;
+    Kokkos::parallel_reduce(
+        Kokkos::TeamThreadRange(team, s.count),
+        [&](std::int64_t i, double& acc) {
+          const double x = double(s.ptr[i]);
+          acc += x * x;
+        },
+        part);
+    Kokkos::single(Kokkos::PerTeam(team), [&]() { sum += s.weight * part; });
+  }
+};
+
+// ptr[i] *= factor
+template <class T, class ExecutionSpace, class MemorySpace>
+struct ScaleKernel {
+  using member_type = typename Kokkos::TeamPolicy<ExecutionSpace>::member_type;
+  NormSegmentView<T, MemorySpace> segs;
+  T factor;
+
+  KOKKOS_INLINE_FUNCTION void operator()(const member_type& team) const {
+    const NormSegment<T> s = segs(team.league_rank());
+    const T f = factor;
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, s.count), [&](std::int64_t i) { s.ptr[i] *= f; });
+  }
+};
+
+inline const std::string& label_norm() {
+  static const std::string s("gradsync::squared_norm");
+  return s;
+}
+inline const std::string& label_clip() {
+  static const std::string s("gradsync::clip_grad_norm");
+  return s;
+}
+
+}  // namespace impl
+
+/// Global norm and clipping over every gradient a GradientSync holds. Keeps its kernel table between
+/// calls (rebuilt when registrations change), so repeated calls allocate nothing. Collective: every
+/// rank of the sync's communicator calls it, after synchronize() returned true.
+template <class Sync>
+class GlobalNorm {
+ public:
+  using value_type = typename Sync::value_type;
+  using memory_space = typename Sync::memory_space;
+  using execution_space = typename Sync::execution_space;
+
+  explicit GlobalNorm(execution_space exec = {}) : exec_(exec) {}
+
+  /// sqrt(Σ over the whole model of g²), equal on every rank.
+  double norm(const Sync& sync) {
+    refresh(sync);
+    double local_part = 0;
+    if (n_segs_ > 0)
+      Kokkos::parallel_reduce(impl::label_norm(),
+                              Kokkos::TeamPolicy<execution_space>(exec_, int(n_segs_), Kokkos::AUTO),
+                              impl::SquaredNormKernel<value_type, execution_space, memory_space>{segs_}, local_part);
+    const auto& b = sync.backend();
+    if (b.template can_access<Kokkos::HostSpace>()) {
+      b.allreduce_sum(&local_part, 1);
+    } else {  // a device-only backend: reduce a one-value View in the gradients' memory space
+      Kokkos::View<double, memory_space> dev("gradsync::global_norm");
+      Kokkos::deep_copy(dev, local_part);
+      b.allreduce_sum(dev.data(), 1);
+      Kokkos::deep_copy(local_part, dev);
+    }
+    return std::sqrt(local_part);
+  }
+
+  /// torch.nn.utils.clip_grad_norm_: scales every gradient by max_norm / (norm + 1e-6) when that is
+  /// below 1 and returns the norm before clipping. A non-finite norm throws with error_if_nonfinite,
+  /// else (as in PyTorch) the gradients are scaled by the resulting NaN or zero factor.
+  double clip(Sync& sync, double max_norm, bool error_if_nonfinite = false) {
+    if (!(max_norm >= 0)) throw ConfigError(impl::cat("clip_grad_norm: max_norm must be >= 0, got ", max_norm));
+    const double total = norm(sync);
+    if (error_if_nonfinite && !std::isfinite(total))
+      throw Error(impl::cat("clip_grad_norm: the global gradient norm is ", total, " on rank ", sync.backend().rank(),
+                            " (and every other rank)"));
+    const double coef = max_norm / (total + 1e-6);
+    if (!(coef >= 1) && n_segs_ > 0) {  // also NaN, as torch.clamp(NaN, max=1) is NaN
+      Kokkos::parallel_for(impl::label_clip(), Kokkos::TeamPolicy<execution_space>(exec_, int(n_segs_), Kokkos::AUTO),
+                           impl::ScaleKernel<value_type, execution_space, memory_space>{segs_, value_type(coef)});
+      impl::fence(exec_, impl::label_clip());
+    }
+    return total;
+  }
+
+ private:
+  struct Key {
+    const value_type* data;
+    std::size_t size;
+    bool local;
+    bool operator!=(const Key& o) const { return data != o.data || size != o.size || local != o.local; }
+  };
+
+  // Rebuilds the segment table when the sync's tensors or their local flags changed.
+  void refresh(const Sync& sync) {
+    scratch_.clear();
+    sync.for_each_tensor([&](const value_type* d, std::size_t n, bool local) { scratch_.push_back(Key{d, n, local}); });
+    const int n = sync.backend().size();
+    bool same = built_ && n == world_ && scratch_.size() == keys_.size();
+    for (std::size_t i = 0; same && i < keys_.size(); ++i) same = !(scratch_[i] != keys_[i]);
+    if (same) return;
+    std::vector<impl::NormSegment<value_type>> host;
+    constexpr std::int64_t max_seg = std::int64_t(1) << 20;
+    for (const Key& k : scratch_)
+      for (std::int64_t done = 0; done < std::int64_t(k.size); done += max_seg)
+        host.push_back(impl::NormSegment<value_type>{const_cast<value_type*>(k.data) + done,
+                                                     std::min<std::int64_t>(std::int64_t(k.size) - done, max_seg),
+                                                     k.local ? 1.0 : 1.0 / double(n)});
+    segs_ = impl::NormSegmentView<value_type, memory_space>(
+        Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("gradsync::norm_segments")), host.size());
+    auto mirror = Kokkos::create_mirror_view(segs_);
+    std::copy(host.begin(), host.end(), mirror.data());
+    Kokkos::deep_copy(segs_, mirror);
+    n_segs_ = std::int64_t(host.size());
+    keys_.assign(scratch_.begin(), scratch_.end());  // scratch_ keeps its capacity: no allocation next time
+    world_ = n;
+    built_ = true;
+  }
+
+  execution_space exec_;
+  bool built_ = false;
+  int world_ = 0;
+  std::vector<Key> keys_, scratch_;
+  impl::NormSegmentView<value_type, memory_space> segs_;
+  std::int64_t n_segs_ = 0;
+};
+
+/// The global gradient norm of everything `sync` holds (see GlobalNorm; builds its table each call).
+template <class Sync>
+double global_norm(const Sync& sync) {
+  return GlobalNorm<Sync>().norm(sync);
+}
+
+/// Clips everything `sync` holds by the global norm; returns the norm before clipping.
+template <class Sync>
+double clip_grad_norm(Sync& sync, double max_norm, bool error_if_nonfinite = false) {
+  return GlobalNorm<Sync>().clip(sync, max_norm, error_if_nonfinite);
+}
+
+}  // namespace gradsync

@@ -1,0 +1,13 @@
+# Passes only when a command exits non-zero AND prints what it must: a failure that is the
+# expected one, not a crash. ctest alone can check one or the other, not both.
+#   cmake -DCOMMAND=prog|arg|... -DREGEX=... -P expect_failure.cmake     ('|' separates arguments)
+string(REPLACE "|" ";" _cmd "${COMMAND}")
+execute_process(COMMAND ${_cmd} OUTPUT_VARIABLE _out ERROR_VARIABLE _err RESULT_VARIABLE _rc)
+message("${_out}${_err}")
+if(_rc EQUAL 0)
+  message(FATAL_ERROR "expected a non-zero exit status, got 0")
+endif()
+if(NOT _out MATCHES "${REGEX}")
+  message(FATAL_ERROR "the output does not match: ${REGEX}")
+endif()
+message("failed as expected (exit status ${_rc})")
