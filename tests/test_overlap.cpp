@@ -1,11 +1,10 @@
 // mark_ready (overlap with backward), in-place reduction of large tensors, fused order, blocking and
 // nonblocking collectives and the auto chunk size: every combination gives the values of a plain
 // synchronize(), bit for bit, which are checked against analytic averages.
-#include <gradsync/gradsync.hpp>
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <gradsync/gradsync.hpp>
 #include <random>
 #include <vector>
 
@@ -207,7 +206,8 @@ TEST_CASE("fusion_threshold_auto settles on one candidate on every rank and keep
   opt.fusion_threshold_bytes = gradsync::fusion_threshold_auto;
   Sync s(gradsync::MpiBackend(MPI_COMM_WORLD), opt);
   m.add_to(s);
-  const int steps = int(gradsync::impl::ChunkTuner::candidates().size()) * gradsync::impl::ChunkTuner::steps_per_candidate + 3;
+  const int steps =
+      int(gradsync::impl::ChunkTuner::candidates().size()) * gradsync::impl::ChunkTuner::steps_per_candidate + 3;
   for (int p = 0; p < steps; ++p) {
     m.fill(rank, p);
     CHECK(s.synchronize());
@@ -216,7 +216,8 @@ TEST_CASE("fusion_threshold_auto settles on one candidate on every rank and keep
   const auto& c = gradsync::impl::ChunkTuner::candidates();
   const double chosen = double(s.fusion_threshold_bytes());
   GRADSYNC_CHECK_ALL(std::find(c.begin(), c.end(), s.fusion_threshold_bytes()) != c.end());
-  GRADSYNC_CHECK_ALL(gradsync_test::max_over_ranks(chosen) == chosen && -gradsync_test::max_over_ranks(-chosen) == chosen);
+  GRADSYNC_CHECK_ALL(gradsync_test::max_over_ranks(chosen) == chosen &&
+                     -gradsync_test::max_over_ranks(-chosen) == chosen);
   // The plan is built once per candidate and once for the choice, then never again.
   GRADSYNC_CHECK_ALL(s.stats().plan_builds == c.size() + 1);
 }

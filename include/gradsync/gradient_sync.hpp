@@ -8,10 +8,10 @@
 #include <algorithm>
 #include <chrono>
 #include <climits>
-#include <limits>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <string>
 #include <type_traits>
@@ -61,7 +61,9 @@ class GradientSync {
                 "MPI and NCCL sum)");
 
   explicit GradientSync(Backend backend, Options options = {}, execution_space exec = {})
-      : backend_(std::move(backend)), opt_(options), exec_(exec),
+      : backend_(std::move(backend)),
+        opt_(options),
+        exec_(exec),
         tuner_(options.fusion_threshold_bytes == fusion_threshold_auto) {
     validate_options(opt_);
   }
@@ -283,9 +285,9 @@ class GradientSync {
     const double own = std::max(std::ceil(opt_.in_place_min_fraction * double(chunk_limit())),
                                 double(opt_.in_place_min_bytes / sizeof(value_type)));
     const std::int64_t own_min = in_place_ && own < 9e18 ? std::max<std::int64_t>(1, std::int64_t(own))
-                                                          : std::numeric_limits<std::int64_t>::max();
-    auto plan = impl::FusionPlan<value_type>::build(dp, std::int64_t(chunk_limit()), fusion_threshold_bytes() == 0,
-                                                    own_min);
+                                                         : std::numeric_limits<std::int64_t>::max();
+    auto plan =
+        impl::FusionPlan<value_type>::build(dp, std::int64_t(chunk_limit()), fusion_threshold_bytes() == 0, own_min);
     chunks_ = std::move(plan.chunks);
     const std::vector<Seg>& segs = plan.segments;
     std::vector<const void*> dp_data;
@@ -365,37 +367,36 @@ class GradientSync {
         impl::label_pack(), exec_, n_dp_segs_,
         impl::PackKernel<value_type, execution_space, memory_space>{dp_segs_, buffer_, 0, 0, pre_factor_, !first});
     impl::launch_segments(impl::label_local(), exec_, n_local_segs_,
-                             impl::LocalKernel<value_type, execution_space, memory_space>{
-                                 local_segs_, local_acc_, first ? impl::LocalMode::store : impl::LocalMode::accumulate});
+                          impl::LocalKernel<value_type, execution_space, memory_space>{
+                              local_segs_, local_acc_, first ? impl::LocalMode::store : impl::LocalMode::accumulate});
   }
 
   // Where chunk c lives in the buffer: its slot when windowed, its own place otherwise.
-  std::int64_t buffer_pos(std::size_t c) const {
-    return windowed_ ? slot_of_[c] * slot_size_ : chunks_[c].begin;
-  }
+  std::int64_t buffer_pos(std::size_t c) const { return windowed_ ? slot_of_[c] * slot_size_ : chunks_[c].begin; }
 
   bool reduced_in_place(std::size_t c) const { return in_place_ && chunks_[c].contiguous; }
 
   void scale_in_place(std::size_t c, value_type factor) {
     if (factor == value_type(1)) return;
     const impl::Chunk& ch = chunks_[c];
-    impl::launch_segments(impl::label_unpack(), exec_, ch.seg_end - ch.seg_begin,
-                             impl::InPlaceScaleKernel<value_type, execution_space, memory_space>{dp_segs_, ch.seg_begin, factor});
+    impl::launch_segments(
+        impl::label_unpack(), exec_, ch.seg_end - ch.seg_begin,
+        impl::InPlaceScaleKernel<value_type, execution_space, memory_space>{dp_segs_, ch.seg_begin, factor});
   }
 
   // Packs chunk c into its place (the kernels index the buffer by segment offset - base).
   void pack_chunk(std::size_t c, bool aggregated) {
     const impl::Chunk& ch = chunks_[c];
     impl::launch_segments(impl::label_pack(), exec_, ch.seg_end - ch.seg_begin,
-                             impl::PackKernel<value_type, execution_space, memory_space>{
-                                 dp_segs_, buffer_, ch.seg_begin, ch.begin - buffer_pos(c), pre_factor_, aggregated});
+                          impl::PackKernel<value_type, execution_space, memory_space>{
+                              dp_segs_, buffer_, ch.seg_begin, ch.begin - buffer_pos(c), pre_factor_, aggregated});
   }
 
   void unpack_chunk(std::size_t c) {
     const impl::Chunk& ch = chunks_[c];
     impl::launch_segments(impl::label_unpack(), exec_, ch.seg_end - ch.seg_begin,
-                             impl::UnpackKernel<value_type, execution_space, memory_space>{
-                                 dp_segs_, buffer_, ch.seg_begin, ch.begin - buffer_pos(c), post_factor_});
+                          impl::UnpackKernel<value_type, execution_space, memory_space>{
+                              dp_segs_, buffer_, ch.seg_begin, ch.begin - buffer_pos(c), post_factor_});
   }
 
   // The chunk's values as the backend sees them: in the fusion buffer, or in the host mirror.
@@ -498,10 +499,9 @@ class GradientSync {
   }
 
   void finish_local(bool aggregated) {
-    impl::launch_segments(
-        impl::label_local(), exec_, n_local_segs_,
-        impl::LocalKernel<value_type, execution_space, memory_space>{
-            local_segs_, local_acc_, aggregated ? impl::LocalMode::finish : impl::LocalMode::scale});
+    impl::launch_segments(impl::label_local(), exec_, n_local_segs_,
+                          impl::LocalKernel<value_type, execution_space, memory_space>{
+                              local_segs_, local_acc_, aggregated ? impl::LocalMode::finish : impl::LocalMode::scale});
   }
 
   Backend backend_;
@@ -515,7 +515,7 @@ class GradientSync {
   bool windowed_ = true;
   int pass_ = 0;
   static constexpr std::int64_t pipeline_depth = 2;  // buffer slots for nonblocking packed chunks
-  static constexpr std::size_t max_in_flight = 4;      // nonblocking chunks in flight at once
+  static constexpr std::size_t max_in_flight = 4;    // nonblocking chunks in flight at once
   std::vector<impl::Chunk> chunks_;
   std::vector<value_type*> plan_first_ptr_;  // per chunk, its first value in the gradients
   std::int64_t slot_size_ = 0;
@@ -528,7 +528,7 @@ class GradientSync {
   std::size_t launched_ = 0, completed_ = 0;
   impl::ReadyTracker ready_;
   impl::ChunkTuner tuner_;
-  std::vector<typename Backend::Request> requests_;  // per chunk
+  std::vector<typename Backend::Request> requests_;   // per chunk
   std::vector<std::int64_t> slot_of_, prev_in_slot_;  // per chunk: its slot (-1: in place), the slot's previous chunk
   impl::BufferView<value_type, impl::staging_space_t<memory_space>> staging_;
   SegView dp_segs_, local_segs_;

@@ -9,13 +9,12 @@
 //   bench_sync overlap <models_dir> <out.csv> [budget_s]   mark_ready during a simulated backward
 //   bench_sync hostpath <tensors> <reps>                   host path only (for callgrind)
 //   bench_sync smoke                                       a few tiny runs of every path (ctest)
-#include <gradsync/gradsync.hpp>
-
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <gradsync/gradsync.hpp>
 #include <memory>
 #include <string>
 #include <vector>
@@ -43,11 +42,11 @@ FILE* out_file = nullptr;
 void row(const std::string& section, const std::string& cas, const std::string& method, std::size_t bytes,
          std::size_t tensors, double median_s, std::size_t reps) {
   if (bench::rank() != 0) return;
-  std::fprintf(out_file, "%s,%s,%s,%zu,%zu,%d,%.9g,%zu\n", section.c_str(), cas.c_str(), method.c_str(), bytes,
-               tensors, bench::size(), median_s, reps);
+  std::fprintf(out_file, "%s,%s,%s,%zu,%zu,%d,%.9g,%zu\n", section.c_str(), cas.c_str(), method.c_str(), bytes, tensors,
+               bench::size(), median_s, reps);
   std::fflush(out_file);
-  std::printf("  %-10s %-22s %-26s %12zu B %6zu tensors  %10.3f ms\n", section.c_str(), cas.c_str(),
-              method.c_str(), bytes, tensors, median_s * 1e3);
+  std::printf("  %-10s %-22s %-26s %12zu B %6zu tensors  %10.3f ms\n", section.c_str(), cas.c_str(), method.c_str(),
+              bytes, tensors, median_s * 1e3);
   std::fflush(stdout);
 }
 
@@ -65,8 +64,10 @@ struct Tensors {
 std::unique_ptr<Sync> make_sync(const bench::Model& m, Tensors& t, gradsync::Options opt) {
   auto s = std::make_unique<Sync>(gradsync::MpiBackend(MPI_COMM_WORLD), opt);
   for (std::size_t i = 0; i < m.numel.size(); ++i) {
-    if (m.local[i]) s->add<Tables>(t.g[i]);
-    else s->add<Dense>(t.g[i]);
+    if (m.local[i])
+      s->add<Tables>(t.g[i]);
+    else
+      s->add<Dense>(t.g[i]);
   }
   return s;
 }
@@ -80,8 +81,10 @@ void raw_chunked(float* buf, std::size_t elements, std::size_t chunk_bytes) {
 
 std::string size_label(std::size_t bytes) {
   char b[32];
-  if (bytes >= MiB) std::snprintf(b, sizeof b, "%gMiB", double(bytes) / MiB);
-  else std::snprintf(b, sizeof b, "%gKiB", double(bytes) / KiB);
+  if (bytes >= MiB)
+    std::snprintf(b, sizeof b, "%gMiB", double(bytes) / MiB);
+  else
+    std::snprintf(b, sizeof b, "%gKiB", double(bytes) / KiB);
   return b;
 }
 
@@ -150,7 +153,8 @@ void bench_model(const bench::Model& m, double budget, gradsync::Options opt, co
   }
   for (std::size_t c : raw_sweep())
     if (c / 2 < bytes) ms.push_back({"raw " + size_label(c), [&, c] { raw_chunked(raw.data(), elems, c); }, {}});
-  ms.push_back({"per-tensor", [&] {
+  ms.push_back({"per-tensor",
+                [&] {
                   for (auto& g : dp)
                     MPI_Allreduce(MPI_IN_PLACE, g.data(), int(g.size()), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
                 },
@@ -176,7 +180,8 @@ void run_models(const std::string& dir, double budget, const std::string& only) 
   std::size_t mlp = 0;
   auto models = load_models(dir, &mlp);
   for (auto& m : models)
-    if (only.empty() || m.name.find(only) != std::string::npos) bench_model(m, budget, gradsync::Options{}, "models", m.name.rfind("DLRM", 0) == 0 ? mlp : 0);
+    if (only.empty() || m.name.find(only) != std::string::npos)
+      bench_model(m, budget, gradsync::Options{}, "models", m.name.rfind("DLRM", 0) == 0 ? mlp : 0);
 }
 
 // gradsync at several fusion thresholds beside raw at the same chunk sizes: the default's evidence.
@@ -215,7 +220,8 @@ void run_growth(std::size_t max_mib, double budget) {
     auto sync = make_sync(m, t, {});
     std::vector<bench::Method> ms;
     ms.push_back({"gradsync", [&] { sync->synchronize(); }, {}});
-    ms.push_back({"per-tensor", [&] {
+    ms.push_back({"per-tensor",
+                  [&] {
                     for (auto& g : t.g)
                       MPI_Allreduce(MPI_IN_PLACE, g.data(), int(g.size()), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
                   },
@@ -223,7 +229,8 @@ void run_growth(std::size_t max_mib, double budget) {
     std::vector<float> raw(n * 256, 0.f);
     ms.push_back({"raw 4MiB", [&] { raw_chunked(raw.data(), raw.size(), 4 * MiB); }, {}});
     bench::measure(ms, 2, bench::reps_for(0.002 * double(n) / 100, budget / 7, 15, 301));
-    for (auto& mm : ms) row("tensors", std::to_string(n), mm.name, n * KiB, n, bench::median(mm.times), mm.times.size());
+    for (auto& mm : ms)
+      row("tensors", std::to_string(n), mm.name, n * KiB, n, bench::median(mm.times), mm.times.size());
   }
   for (std::size_t mib = 1; mib <= max_mib; mib *= 2) {
     const std::size_t n = mib * 4;  // 256 KiB tensors
@@ -235,7 +242,8 @@ void run_growth(std::size_t max_mib, double budget) {
     ms.push_back({"gradsync", [&] { sync->synchronize(); }, {}});
     ms.push_back({"raw 4MiB", [&] { raw_chunked(raw.data(), raw.size(), 4 * MiB); }, {}});
     bench::measure(ms, 1, bench::reps_for(2 * 0.25e-3 * double(mib), budget / 10, 5, 201));
-    for (auto& mm : ms) row("bytes", size_label(mib * MiB), mm.name, mib * MiB, n, bench::median(mm.times), mm.times.size());
+    for (auto& mm : ms)
+      row("bytes", size_label(mib * MiB), mm.name, mib * MiB, n, bench::median(mm.times), mm.times.size());
   }
 }
 
@@ -285,8 +293,10 @@ void run_overlap(const std::string& dir, double budget, double factor) {
             overlapped->progress();
           }
         }
-        if (mode == 1) overlapped->synchronize();
-        else plain->synchronize();
+        if (mode == 1)
+          overlapped->synchronize();
+        else
+          plain->synchronize();
         double e = MPI_Wtime() - (t0 + backward);
         MPI_Allreduce(MPI_IN_PLACE, &e, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
         (mode == 1 ? exposed : no_overlap).push_back(e);
@@ -296,7 +306,8 @@ void run_overlap(const std::string& dir, double budget, double factor) {
     row("overlap", m.name, "sync (default)", bytes, m.dp_tensors(), comm, ms[0].times.size());
     row("overlap", m.name, "sync (nonblocking)", bytes, m.dp_tensors(), bench::median(ms[1].times), ms[1].times.size());
     row("overlap", m.name, "backward (simulated)", bytes, m.dp_tensors(), backward, std::size_t(reps));
-    row("overlap", m.name, "exposed: sync after backward", bytes, m.dp_tensors(), bench::median(no_overlap), std::size_t(reps));
+    row("overlap", m.name, "exposed: sync after backward", bytes, m.dp_tensors(), bench::median(no_overlap),
+        std::size_t(reps));
     row("overlap", m.name, "exposed: mark_ready", bytes, m.dp_tensors(), bench::median(exposed), std::size_t(reps));
   }
 }
@@ -340,13 +351,20 @@ int main(int argc, char** argv) {
       out_file = std::fopen(out.c_str(), "a");
       if (!out_file) throw std::runtime_error("cannot open " + out);
     }
-    if (mode == "models") run_models(arg(2, "."), std::stod(arg(4, "8")), arg(5, ""));
-    else if (mode == "chunks") run_chunks(arg(2, "."), std::stod(arg(4, "8")));
-    else if (mode == "growth") run_growth(std::stoul(arg(3, "512")), std::stod(arg(4, "40")));
-    else if (mode == "overlap") run_overlap(arg(2, "."), std::stod(arg(4, "8")), std::stod(arg(5, "2")));
-    else if (mode == "hostpath") run_hostpath(std::stoul(arg(2, "1000")), std::stoi(arg(3, "100")));
-    else if (mode == "smoke") run_smoke(arg(2, GRADSYNC_BENCH_MODELS_DIR));
-    else throw std::runtime_error("unknown mode " + mode);
+    if (mode == "models")
+      run_models(arg(2, "."), std::stod(arg(4, "8")), arg(5, ""));
+    else if (mode == "chunks")
+      run_chunks(arg(2, "."), std::stod(arg(4, "8")));
+    else if (mode == "growth")
+      run_growth(std::stoul(arg(3, "512")), std::stod(arg(4, "40")));
+    else if (mode == "overlap")
+      run_overlap(arg(2, "."), std::stod(arg(4, "8")), std::stod(arg(5, "2")));
+    else if (mode == "hostpath")
+      run_hostpath(std::stoul(arg(2, "1000")), std::stoi(arg(3, "100")));
+    else if (mode == "smoke")
+      run_smoke(arg(2, GRADSYNC_BENCH_MODELS_DIR));
+    else
+      throw std::runtime_error("unknown mode " + mode);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_sync (rank %d): %s\n", bench::rank(), e.what());
     rc = 1;

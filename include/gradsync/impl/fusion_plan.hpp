@@ -48,7 +48,7 @@ struct FusionPlan {
   static FusionPlan build(const std::vector<Tensor>& tensors, std::int64_t limit, bool per_tensor,
                           std::int64_t own_min = std::numeric_limits<std::int64_t>::max()) {
     FusionPlan p;
-    std::vector<Segment<T>> open;          // the packed chunk being filled, offsets from its start
+    std::vector<Segment<T>> open;           // the packed chunk being filled, offsets from its start
     std::vector<std::size_t> open_tensors;  // the tensors it holds
     std::int64_t open_size = 0;
     auto emit = [&](std::vector<Segment<T>>& segs, std::int64_t size, const std::vector<std::size_t>& members) {
