@@ -17,6 +17,7 @@
 #include <gradsync/gradsync.hpp>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "bench_common.hpp"
@@ -289,8 +290,11 @@ void run_overlap(const std::string& dir, double budget, double factor) {
           if (MPI_Wtime() - t0 >= ready_at[j]) {
             if (mode == 1) overlapped->mark_ready(t.g[n - 1 - j]);
             ++j;
-          } else if (mode == 1) {
-            overlapped->progress();
+          } else {
+            // Waiting on the device: let chunks advance, then yield the core for a moment (as a
+            // host blocked on a device event would) instead of spinning against other processes.
+            if (mode == 1) overlapped->progress();
+            std::this_thread::sleep_for(std::chrono::microseconds(20));
           }
         }
         if (mode == 1)
