@@ -23,7 +23,7 @@ int main(int argc, char** argv) {
   int status = 0;
   {
     using View = Kokkos::View<double*>;
-    gradsync::Options opt;  // average over ranks, 4 MiB fusion chunks
+    gradsync::Options opt;  // average over ranks, 2 MiB fusion chunks
     gradsync::GradientSync<gradsync::MpiBackend, View> sync(gradsync::MpiBackend(MPI_COMM_WORLD), opt);
     const int rank = sync.backend().rank(), size = sync.backend().size();
     const int dim = 8, samples = 256, steps = argc > 1 ? std::atoi(argv[1]) : 300;

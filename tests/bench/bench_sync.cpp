@@ -228,7 +228,7 @@ void run_growth(std::size_t max_mib, double budget) {
                   },
                   {}});
     std::vector<float> raw(n * 256, 0.f);
-    ms.push_back({"raw 4MiB", [&] { raw_chunked(raw.data(), raw.size(), 4 * MiB); }, {}});
+    ms.push_back({"raw 2MiB", [&] { raw_chunked(raw.data(), raw.size(), 2 * MiB); }, {}});
     bench::measure(ms, 2, bench::reps_for(0.002 * double(n) / 100, budget / 7, 15, 301));
     for (auto& mm : ms)
       row("tensors", std::to_string(n), mm.name, n * KiB, n, bench::median(mm.times), mm.times.size());
@@ -241,7 +241,7 @@ void run_growth(std::size_t max_mib, double budget) {
     std::vector<float> raw(n * 64 * KiB, 0.f);
     std::vector<bench::Method> ms;
     ms.push_back({"gradsync", [&] { sync->synchronize(); }, {}});
-    ms.push_back({"raw 4MiB", [&] { raw_chunked(raw.data(), raw.size(), 4 * MiB); }, {}});
+    ms.push_back({"raw 2MiB", [&] { raw_chunked(raw.data(), raw.size(), 2 * MiB); }, {}});
     bench::measure(ms, 1, bench::reps_for(2 * 0.25e-3 * double(mib), budget / 10, 5, 201));
     for (auto& mm : ms)
       row("bytes", size_label(mib * MiB), mm.name, mib * MiB, n, bench::median(mm.times), mm.times.size());

@@ -138,7 +138,7 @@ def main():
     plot_ok = False
     if tens:
         md += ["## Growth with tensor count (1 KiB tensors), 2 ranks", "",
-               "| tensors | gradsync ms | per-tensor ms | raw (same bytes, 4 MiB chunks) ms | gradsync µs per tensor |",
+               "| tensors | gradsync ms | per-tensor ms | raw (same bytes, 2 MiB chunks) ms | gradsync µs per tensor |",
                "| --- | --- | --- | --- | --- |"]
         counts = sorted({r["tensors"] for r in tens})
         g_by = {r["tensors"]: r["t"] for r in tens if r["method"] == "gradsync"}
@@ -153,7 +153,7 @@ def main():
                        f"KiBs included): **{slope:.2f} µs per tensor**.", ""]
     if byt:
         md += ["## Growth with total bytes (256 KiB tensors), 2 ranks", "",
-               "| bytes | tensors | gradsync ms | raw 4 MiB chunks ms | gradsync ns/byte | raw ns/byte |",
+               "| bytes | tensors | gradsync ms | raw 2 MiB chunks ms | gradsync ns/byte | raw ns/byte |",
                "| --- | --- | --- | --- | --- | --- |"]
         sizes = sorted({r["bytes"] for r in byt})
         for b in sizes:
@@ -184,7 +184,7 @@ set grid
 set key top left
 set xlabel 'total bytes (MiB, 256 KiB tensors)'
 set ylabel 'time per sync (ms)'
-plot '{out_dir}/bytes.dat' u 1:2 w lp t 'gradsync', '' u 1:3 w lp t 'raw MPI_Allreduce, 4 MiB chunks'
+plot '{out_dir}/bytes.dat' u 1:2 w lp t 'gradsync', '' u 1:3 w lp t 'raw MPI_Allreduce, 2 MiB chunks'
 set xlabel 'tensor count (1 KiB tensors)'
 plot '{out_dir}/tensors.dat' u 1:2 w lp t 'gradsync', '' u 1:3 w lp t 'per-tensor MPI_Allreduce', '' u 1:4 w lp t 'raw, same bytes'
 unset multiplot
