@@ -410,7 +410,9 @@ class GradientSync {
     const std::int64_t pos = buffer_pos(c), len = chunks_[c].size();
     value_type* data = nullptr;
     if (reduced_in_place(c)) {
-      scale_in_place(c, pre_factor_);
+      // Every factor is applied before the reduction: one pass that leaves the piece in cache for
+      // the backend to read, instead of a pass after it over memory the backend has just written.
+      scale_in_place(c, pre_factor_ * post_factor_);
       data = chunk_data(c);
       stats_.bytes_in_place += std::size_t(len) * sizeof(value_type);
     } else {
@@ -430,7 +432,7 @@ class GradientSync {
   // Waits for chunk c's reduction and unpacks it into the gradients.
   void complete_chunk(std::size_t c) {
     if (!blocking_) backend_.wait(requests_[c]);
-    if (reduced_in_place(c)) return scale_in_place(c, post_factor_);
+    if (reduced_in_place(c)) return;  // scaled before the reduction
     if (staged_) {
       const std::int64_t pos = buffer_pos(c), len = chunks_[c].size();
       Kokkos::deep_copy(exec_, window(buffer_, pos, len), window(staging_, pos, len));

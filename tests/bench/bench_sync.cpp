@@ -189,7 +189,7 @@ void run_models(const std::string& dir, double budget, const std::string& only) 
 void run_chunks(const std::string& dir, double budget) {
   std::size_t mlp = 0;
   auto models = load_models(dir, &mlp);
-  for (int k : {0, 2}) {  // ResNet-50 and MobileNetV2
+  for (int k : {0, 1, 2}) {  // ResNet-50, ViT-B/16, MobileNetV2
     const bench::Model& m = models[std::size_t(k)];
     Tensors t(m);
     const std::size_t elems = m.dp_elements(), bytes = elems * sizeof(float);
