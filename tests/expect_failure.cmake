@@ -4,6 +4,10 @@
 string(REPLACE "|" ";" _cmd "${COMMAND}")
 execute_process(COMMAND ${_cmd} OUTPUT_VARIABLE _out ERROR_VARIABLE _err RESULT_VARIABLE _rc)
 message("${_out}${_err}")
+# A process killed by a signal reports a text (e.g. "Segmentation fault"), not an exit status.
+if(NOT _rc MATCHES "^[0-9]+$")
+  message(FATAL_ERROR "expected a non-zero exit status, got: ${_rc}")
+endif()
 if(_rc EQUAL 0)
   message(FATAL_ERROR "expected a non-zero exit status, got 0")
 endif()

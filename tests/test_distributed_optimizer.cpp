@@ -11,6 +11,7 @@
 
 #include "gradsync_test.hpp"
 
+using gradsync_test::max_over_ranks;
 using gradsync_test::rel_err;
 using gradsync_test::world_rank;
 using gradsync_test::world_size;
@@ -38,7 +39,6 @@ struct AddGrad {
   }
 };
 
-double max_over_ranks(double x) { return gradsync_test::max_over_ranks(x); }
 double min_over_ranks(double x) {
   MPI_Allreduce(MPI_IN_PLACE, &x, 1, MPI_DOUBLE, MPI_MIN, MPI_COMM_WORLD);
   return x;

@@ -21,7 +21,7 @@ inline constexpr std::uint64_t teacher_seed = 0x7eac4e5ull;
 
 class Generator {
  public:
-  explicit Generator(const Config& c) : cfg_(c) {
+  explicit Generator(const Config& c) : cfg_(c), table_w_(2.0 / std::sqrt(double(c.num_tables()))) {
     const int T = c.num_tables(), F = c.dense_features();
     for (int t = 0; t < T; ++t)  // exponents 1.5 .. 4: the larger, the more skewed
       skew_.push_back(1.5 + 2.5 * double((t * 7) % T) / double(T > 1 ? T - 1 : 1));
@@ -29,7 +29,6 @@ class Generator {
       mean_count_.push_back(double(1 << (j % 6)));
       dense_w_.push_back(1.6 * normal(teacher_seed, 1, std::uint64_t(j)) / std::sqrt(double(F)) * 2.0);
     }
-    for (int t = 0; t < T; ++t) table_w_.push_back(2.0 / std::sqrt(double(T)));
   }
 
   /// Fills `count` samples starting at global position `first` of batch `step`:
@@ -57,7 +56,7 @@ class Generator {
             std::min<std::int64_t>(rows - 1, std::int64_t(double(rows) * std::pow(u, skew_[std::size_t(t)])));
         row[std::size_t(t)] = int(r);
         ids(s, t) = int(r);
-        logit += table_w_[std::size_t(t)] * normal(teacher_seed, 2 + std::uint64_t(t), std::uint64_t(r));
+        logit += table_w_ * normal(teacher_seed, 2 + std::uint64_t(t), std::uint64_t(r));
       }
       // One interaction the model can only learn through a dot product of two embeddings.
       if (T >= 2)
@@ -79,7 +78,8 @@ class Generator {
   }
 
   Config cfg_;
-  std::vector<double> skew_, mean_count_, dense_w_, table_w_;
+  std::vector<double> skew_, mean_count_, dense_w_;
+  double table_w_;  // the teacher's weight of every table's term
 };
 
 }  // namespace dlrm

@@ -206,31 +206,25 @@ struct EmbeddingLookup {
   }
 };
 
-/// The receiving side: e[s][t] = recv[table_offset(t) + s * dim ...) for this rank's samples.
-struct UnpackEmbeddings {
-  View1<Real> recv;
-  View1<Index> table_offset;
+/// This rank's samples' embeddings between the all-to-all buffer and e[s][t][d]: out of the
+/// buffer going forward (to_buffer = false), and their gradients back into the same places of
+/// the buffer going backward (to_buffer = true). One index map serves both directions, so the
+/// reverse all-to-all sends each gradient exactly where its embedding came from.
+struct EmbeddingBlocks {
+  View1<Real> buf;
+  View1<Index> table_offset;  // where table t's vectors for this rank's samples start in buf
   Cube e;
   int tables, dim;
+  bool to_buffer;
   KOKKOS_INLINE_FUNCTION void operator()(Index idx) const {
     const Index s = idx / (Index(tables) * dim);
     const int t = int((idx / dim) % tables);
     const int d = int(idx % dim);
-    e(s, t, d) = recv(table_offset(t) + s * dim + d);
-  }
-};
-
-/// Backward all-to-all, in reverse: the gradients go back where the embeddings came from.
-struct PackEmbeddingGrads {
-  Cube de;
-  View1<Index> table_offset;
-  View1<Real> send;
-  int tables, dim;
-  KOKKOS_INLINE_FUNCTION void operator()(Index idx) const {
-    const Index s = idx / (Index(tables) * dim);
-    const int t = int((idx / dim) % tables);
-    const int d = int(idx % dim);
-    send(table_offset(t) + s * dim + d) = de(s, t, d);
+    const Index at = table_offset(t) + s * dim + d;
+    if (to_buffer)
+      buf(at) = e(s, t, d);
+    else
+      e(s, t, d) = buf(at);
   }
 };
 

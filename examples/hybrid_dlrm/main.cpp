@@ -298,7 +298,7 @@ int run_train(const Config& c) {
         losses.front(), last, tail, 100 * drop, mean(floors, tail), tr.constant_loss());
     std::printf(
         "  sent per step by each rank: gradient sync %s (MLP gradients only, %llu allreduce calls in all;\n"
-        "  the tables' gradients sent 0 bytes); all-to-all %s on the busiest rank, %d (ids %s, embeddings %s,\n"
+        "  the tables' gradients sent 0 bytes); all-to-all %s on the busiest rank, rank %d (ids %s, embeddings %s,\n"
         "  embedding gradients %s)\n",
         mib(double(tr.sync_stats().bytes_allreduced) / c.steps).c_str(),
         (unsigned long long)tr.sync_stats().allreduce_calls, mib(busiest.value / c.steps).c_str(), busiest.rank,

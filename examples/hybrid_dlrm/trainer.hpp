@@ -107,7 +107,7 @@ class Trainer {
     alltoallv(emb_send_, emb_send_h_, emb_scount_, emb_sdispl_, emb_recv_, emb_recv_h_, emb_rcount_, emb_rdispl_,
               stats_.embeddings);
     Kokkos::parallel_for("dlrm::unpack_embeddings", range(b_ * T_ * dim_),
-                         UnpackEmbeddings{emb_recv_, table_offset_, emb_, T_, dim_});
+                         EmbeddingBlocks{emb_recv_, table_offset_, emb_, T_, dim_, false});
 
     // Data-parallel part on the local samples.
     forward(bottom_, dense_);
@@ -126,7 +126,7 @@ class Trainer {
 
     // Backward all-to-all: each embedding gradient returns to its table's owner.
     Kokkos::parallel_for("dlrm::pack_embedding_grads", range(b_ * T_ * dim_),
-                         PackEmbeddingGrads{demb_, table_offset_, emb_recv_, T_, dim_});
+                         EmbeddingBlocks{emb_recv_, table_offset_, demb_, T_, dim_, true});
     alltoallv(emb_recv_, emb_recv_h_, emb_rcount_, emb_rdispl_, emb_send_, emb_send_h_, emb_scount_, emb_sdispl_,
               stats_.gradients);
     Kokkos::parallel_for(
@@ -179,11 +179,13 @@ class Trainer {
   /// Table t's sparse-row gradient (rows touched by the last batch, ascending) and its values.
   std::pair<std::vector<int>, std::vector<Real>> table_gradient(int t) const {
     const Index i = local_index(t);
-    auto g = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), table_grad_);
+    // Only table t's slots come to the host (on a device build, not every owned table's).
+    auto g = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(),
+                                                 Kokkos::subview(table_grad_, i, Kokkos::ALL(), Kokkos::ALL()));
     std::pair<std::vector<int>, std::vector<Real>> out;
     for (Index k = 0; k < uniq_count_h_(i); ++k) {
       out.first.push_back(uniq_row_h_(uniq_first_h_(i) + k));
-      for (int d = 0; d < dim_; ++d) out.second.push_back(g(i, k, d));
+      for (int d = 0; d < dim_; ++d) out.second.push_back(g(k, d));
     }
     return out;
   }
@@ -191,9 +193,11 @@ class Trainer {
   /// Table t's parameters, [rows][dim].
   std::vector<Real> table_parameters(int t) const {
     const Index i = local_index(t);
-    auto p = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), tables_);
-    const Index first = row_offset_h_(i), last = row_offset_h_(i + 1);
-    return std::vector<Real>(p.data() + first * dim_, p.data() + last * dim_);
+    // Only table t's rows come to the host (on a device build, not every owned table's).
+    auto p = Kokkos::create_mirror_view_and_copy(
+        Kokkos::HostSpace(),
+        Kokkos::subview(tables_, std::make_pair(row_offset_h_(i), row_offset_h_(i + 1)), Kokkos::ALL()));
+    return std::vector<Real>(p.data(), p.data() + p.size());
   }
 
  private:

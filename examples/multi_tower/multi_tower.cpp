@@ -9,11 +9,13 @@
 // the global norm used for clipping counts the trunk once and each tower once.
 //
 //   mpirun -np 4 ./multi_tower [steps]
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <gradsync/gradsync.hpp>
 #include <random>
+#include <string>
 #include <vector>
 
 struct Trunk {};
@@ -94,7 +96,7 @@ int main(int argc, char** argv) {
 
     std::vector<double> x(samples * in_dim), y(samples);
     std::uniform_real_distribution<double> ux(-1, 1);
-    std::vector<double> z(hidden), s(width);
+    std::vector<double> z(hidden), s(width), dz(hidden);
     for (int n = 0; n < samples; ++n) {
       for (int i = 0; i < in_dim; ++i) x[std::size_t(n * in_dim + i)] = ux(own_rng);
       y[std::size_t(n)] = forward(teacher, &x[std::size_t(n * in_dim)], z.data(), s.data());
@@ -111,7 +113,7 @@ int main(int argc, char** argv) {
         const double* xn = &x[std::size_t(n * in_dim)];
         const double e = (forward(model, xn, z.data(), s.data()) - y[std::size_t(n)]) / samples;
         loss += 0.5 * e * e * samples;
-        std::vector<double> dz(hidden, 0.0);
+        std::fill(dz.begin(), dz.end(), 0.0);
         for (int j = 0; j < width; ++j) {
           grad.v(std::size_t(j)) += e * s[std::size_t(j)];
           const double da = e * model.v(std::size_t(j)) * (1 - s[std::size_t(j)] * s[std::size_t(j)]);

@@ -8,6 +8,7 @@
 // are exact gradients of that one global loss.
 #include <gradsync/gradsync.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -22,7 +23,9 @@ int main(int argc, char** argv) {
   Kokkos::initialize(argc, argv);
   int status = 0;
   {
-    using View = Kokkos::View<double*>;
+    // Host memory on purpose: the model below is plain host loops, so the example runs unchanged
+    // whatever Kokkos's default (device) memory space is.
+    using View = Kokkos::View<double*, Kokkos::HostSpace>;
     gradsync::Options opt;  // average over ranks, 2 MiB fusion chunks
     gradsync::GradientSync<gradsync::MpiBackend, View> sync(gradsync::MpiBackend(MPI_COMM_WORLD), opt);
     const int rank = sync.backend().rank(), size = sync.backend().size();
@@ -33,7 +36,7 @@ int main(int argc, char** argv) {
     sync.add<Correction>(gc, "grad_c");
 
     // This rank's shard: y = w* . x + c*_rank with w*_j = 0.5 (j+1) and c*_rank = rank.
-    Kokkos::View<double**> x("x", samples, dim);
+    Kokkos::View<double**, Kokkos::HostSpace> x("x", samples, dim);
     View y("y", samples);
     std::srand(unsigned(17 + rank));
     for (int s = 0; s < samples; ++s) {

@@ -12,11 +12,9 @@ class MpiBackend;
 /// algorithms than the tuned blocking MPI_Allreduce: measured on 2 ranks, ResNet-50's gradients
 /// took 1.7x as long nonblocking (docs/BENCHMARKS.md). Backends that progress on their own (NCCL on
 /// a stream) keep the default, false. Options::collectives overrides it.
+/// (Backends derived from MpiBackend inherit its choice.)
 template <class Backend>
-struct prefers_blocking_allreduce : std::false_type {};
-
-template <>
-struct prefers_blocking_allreduce<MpiBackend> : std::true_type {};
+struct prefers_blocking_allreduce : std::is_base_of<MpiBackend, Backend> {};
 
 template <class Backend>
 inline constexpr bool prefers_blocking_allreduce_v = prefers_blocking_allreduce<Backend>::value;

@@ -2,6 +2,7 @@
 //
 //   gradsync::DistributedOptimizer dopt(gradsync::AdamW<Grad>(o), gradsync::GradientSync<MpiBackend, Grad>(...));
 //   dopt.add<Trunk>(w, grad_w);            // the gradient goes to the sync, the pair to the optimizer
+//   dopt.add<Trunk>(b, grad_b);
 //   dopt.add<Tower>(t, grad_t);            // a local group: never communicated
 //   dopt.register_local_var(b);            // run time: b's gradient becomes local (Horovod parity)
 //   dopt.broadcast_parameters(0);          // data-parallel parameters and their state from rank 0
@@ -63,15 +64,9 @@ void via_reachable(const Backend& b, T* data, std::size_t n, Op&& op) {
   Kokkos::View<T*, DataSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>> src(data, n);
   Kokkos::View<T*, OtherSpace> copy(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("gradsync::staging")),
                                     n);
-  Kokkos::deep_copy(copy, src);
-  Kokkos::fence();
+  Kokkos::deep_copy(copy, src);  // fences before and after: op sees the copy complete
   op(copy.data());
   Kokkos::deep_copy(src, copy);
-}
-
-inline const std::string& label_fence_broadcast() {
-  static const std::string s("gradsync::broadcast_parameters");
-  return s;
 }
 
 }  // namespace impl

@@ -8,7 +8,6 @@
 // one rank, makes the result independent of last-bit differences between ranks' copies).
 #pragma once
 
-#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -17,6 +16,7 @@
 
 #include "config.hpp"
 #include "error.hpp"
+#include "impl/segment_table.hpp"
 
 namespace gradsync {
 namespace impl {
@@ -92,18 +92,18 @@ class GlobalNorm {
   double norm(const Sync& sync) {
     refresh(sync);
     double local_part = 0;
-    if (n_segs_ > 0)
+    if (segs_.extent(0) > 0)
       Kokkos::parallel_reduce(impl::label_norm(),
-                              Kokkos::TeamPolicy<execution_space>(exec_, int(n_segs_), Kokkos::AUTO),
+                              Kokkos::TeamPolicy<execution_space>(exec_, int(segs_.extent(0)), Kokkos::AUTO),
                               impl::SquaredNormKernel<value_type, execution_space, memory_space>{segs_}, local_part);
     const auto& b = sync.backend();
     if (b.template can_access<Kokkos::HostSpace>()) {
       b.allreduce_sum(&local_part, 1);
-    } else {  // a device-only backend: reduce a one-value View in the gradients' memory space
-      Kokkos::View<double, memory_space> dev("gradsync::global_norm");
-      Kokkos::deep_copy(dev, local_part);
-      b.allreduce_sum(dev.data(), 1);
-      Kokkos::deep_copy(local_part, dev);
+    } else {  // a device-only backend: reduce through a one-value View in the gradients' memory space
+      if (!device_value_.data()) device_value_ = Kokkos::View<double, memory_space>("gradsync::global_norm");
+      Kokkos::deep_copy(device_value_, local_part);
+      b.allreduce_sum(device_value_.data(), 1);
+      Kokkos::deep_copy(local_part, device_value_);
     }
     return std::sqrt(local_part);
   }
@@ -118,9 +118,9 @@ class GlobalNorm {
       throw Error(impl::cat("clip_grad_norm: the global gradient norm is ", total, " on rank ", sync.backend().rank(),
                             " (and every other rank)"));
     const double coef = max_norm / (total + 1e-6);
-    if (!(coef >= 1) && n_segs_ > 0) {  // also NaN, as torch.clamp(NaN, max=1) is NaN
-      Kokkos::parallel_for(impl::label_clip(), Kokkos::TeamPolicy<execution_space>(exec_, int(n_segs_), Kokkos::AUTO),
-                           impl::ScaleKernel<value_type, execution_space, memory_space>{segs_, value_type(coef)});
+    if (!(coef >= 1)) {  // also NaN, as torch.clamp(NaN, max=1) is NaN
+      impl::launch_per_segment(impl::label_clip(), exec_, std::int64_t(segs_.extent(0)),
+                               impl::ScaleKernel<value_type, execution_space, memory_space>{segs_, value_type(coef)});
       impl::fence(exec_, impl::label_clip());
     }
     return total;
@@ -131,7 +131,7 @@ class GlobalNorm {
     const value_type* data;
     std::size_t size;
     bool local;
-    bool operator!=(const Key& o) const { return data != o.data || size != o.size || local != o.local; }
+    bool operator==(const Key& o) const { return data == o.data && size == o.size && local == o.local; }
   };
 
   // Rebuilds the segment table when the sync's tensors or their local flags changed.
@@ -139,33 +139,26 @@ class GlobalNorm {
     scratch_.clear();
     sync.for_each_tensor([&](const value_type* d, std::size_t n, bool local) { scratch_.push_back(Key{d, n, local}); });
     const int n = sync.backend().size();
-    bool same = built_ && n == world_ && scratch_.size() == keys_.size();
-    for (std::size_t i = 0; same && i < keys_.size(); ++i) same = !(scratch_[i] != keys_[i]);
-    if (same) return;
+    if (n == world_ && scratch_ == keys_) return;
     std::vector<impl::NormSegment<value_type>> host;
-    constexpr std::int64_t max_seg = std::int64_t(1) << 20;
-    for (const Key& k : scratch_)
-      for (std::int64_t done = 0; done < std::int64_t(k.size); done += max_seg)
-        host.push_back(impl::NormSegment<value_type>{const_cast<value_type*>(k.data) + done,
-                                                     std::min<std::int64_t>(std::int64_t(k.size) - done, max_seg),
-                                                     k.local ? 1.0 : 1.0 / double(n)});
-    segs_ = impl::NormSegmentView<value_type, memory_space>(
-        Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("gradsync::norm_segments")), host.size());
-    auto mirror = Kokkos::create_mirror_view(segs_);
-    std::copy(host.begin(), host.end(), mirror.data());
-    Kokkos::deep_copy(segs_, mirror);
-    n_segs_ = std::int64_t(host.size());
+    for (const Key& k : scratch_) {
+      const double weight = k.local ? 1.0 : 1.0 / double(n);
+      // for_each_tensor hands out const pointers; clip() scales these same gradients in place.
+      value_type* const data = const_cast<value_type*>(k.data);
+      impl::for_each_segment(k.size, [&](std::int64_t off, std::int64_t count) {
+        host.push_back(impl::NormSegment<value_type>{data + off, count, weight});
+      });
+    }
+    impl::upload_segments(host, segs_, "gradsync::norm_segments");
     keys_.assign(scratch_.begin(), scratch_.end());  // scratch_ keeps its capacity: no allocation next time
     world_ = n;
-    built_ = true;
   }
 
   execution_space exec_;
-  bool built_ = false;
-  int world_ = 0;
+  int world_ = 0;  // the world size the table was built for; 0 before the first build
   std::vector<Key> keys_, scratch_;
   impl::NormSegmentView<value_type, memory_space> segs_;
-  std::int64_t n_segs_ = 0;
+  Kokkos::View<double, memory_space> device_value_;  // allocated on first use, by device-only backends only
 };
 
 /// The global gradient norm of everything `sync` holds (see GlobalNorm; builds its table each call).

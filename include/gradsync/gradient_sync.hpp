@@ -20,6 +20,7 @@
 #include "backend_traits.hpp"
 #include "config.hpp"
 #include "error.hpp"
+#include "impl/backend_order.hpp"
 #include "impl/chunk_tuner.hpp"
 #include "impl/demangle.hpp"
 #include "impl/fusion_kernels.hpp"
@@ -260,10 +261,10 @@ class GradientSync {
     return std::max<std::size_t>(1, std::min(by_bytes, impl::max_chunk_elements()));
   }
 
-  template <class T, class M>
-  void ensure(Kokkos::View<T*, M>& v, std::size_t n, const char* label) {
+  template <class V>
+  void ensure(V& v, std::size_t n, const char* label) {
     if (v.extent(0) >= n) return;
-    v = Kokkos::View<T*, M>(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), n);
+    v = impl::allocate_buffer<V>(label, n);
     ++stats_.allocations;
   }
 
@@ -355,10 +356,7 @@ class GradientSync {
   void upload(const std::vector<Seg>& host, SegView& dev, const char* label) {
     ensure(dev, host.size(), label);
     if (host.empty()) return;
-    auto mirror = Kokkos::create_mirror_view(dev);
-    if (mirror.data() != dev.data()) ++stats_.allocations;  // a staging copy, only at plan time
-    std::copy(host.begin(), host.end(), mirror.data());
-    Kokkos::deep_copy(dev, mirror);
+    if (impl::upload_buffer(dev, host.data(), host.size())) ++stats_.allocations;  // a host mirror, at plan time
   }
 
   // Passes 1 .. N-1: sum gradients into the buffer (data-parallel) and the accumulator (local).
@@ -399,12 +397,6 @@ class GradientSync {
                               dp_segs_, buffer_, ch.seg_begin, ch.begin - buffer_pos(c), post_factor_});
   }
 
-  // The chunk's values as the backend sees them: in the fusion buffer, or in the host mirror.
-  template <class View>
-  static auto window(const View& v, std::int64_t pos, std::int64_t len) {
-    return Kokkos::subview(v, std::make_pair(std::size_t(pos), std::size_t(pos + len)));
-  }
-
   // Packs chunk c and hands it to the backend without waiting for the reduction.
   void launch_chunk(std::size_t c, bool aggregated) {
     const std::int64_t pos = buffer_pos(c), len = chunks_[c].size();
@@ -417,10 +409,11 @@ class GradientSync {
       stats_.bytes_in_place += std::size_t(len) * sizeof(value_type);
     } else {
       pack_chunk(c, aggregated);
-      if (staged_) Kokkos::deep_copy(exec_, window(staging_, pos, len), window(buffer_, pos, len));
+      if (staged_) impl::copy_buffer(exec_, staging_, std::size_t(pos), buffer_, std::size_t(pos), std::size_t(len));
       data = (staged_ ? staging_.data() : buffer_.data()) + pos;
     }
-    impl::fence(exec_, impl::label_fence_pack());  // the backend reads the buffer outside Kokkos
+    // The backend reads the buffer outside Kokkos, unless it is ordered on exec_'s own stream.
+    if (staged_ || !impl::ordered_on(backend_, exec_)) impl::fence(exec_, impl::label_fence_pack());
     if (blocking_)
       backend_.allreduce_sum(data, std::size_t(len));
     else
@@ -435,7 +428,7 @@ class GradientSync {
     if (reduced_in_place(c)) return;  // scaled before the reduction
     if (staged_) {
       const std::int64_t pos = buffer_pos(c), len = chunks_[c].size();
-      Kokkos::deep_copy(exec_, window(buffer_, pos, len), window(staging_, pos, len));
+      impl::copy_buffer(exec_, buffer_, std::size_t(pos), staging_, std::size_t(pos), std::size_t(len));
     }
     unpack_chunk(c);
   }

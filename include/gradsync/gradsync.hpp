@@ -14,3 +14,11 @@
 #include "self_backend.hpp"
 #include "stats.hpp"
 #include "tensor_traits.hpp"
+
+// The CUDA parts, when the build found them (GradSync::cuda and GradSync::nccl define these).
+#if defined(GRADSYNC_HAVE_CUDA)
+#include "cuda_space.hpp"
+#endif
+#if defined(GRADSYNC_HAVE_NCCL)
+#include "nccl_backend.hpp"
+#endif

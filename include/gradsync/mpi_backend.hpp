@@ -12,6 +12,7 @@
 
 #include "config.hpp"
 #include "error.hpp"
+#include "impl/cuda_aware.hpp"
 
 namespace gradsync {
 namespace impl {
@@ -52,8 +53,9 @@ class MpiBackend {
     MPI_Request req = MPI_REQUEST_NULL;
   };
 
-  /// Works on a duplicate of `comm`; MPI must already be initialized by the caller.
-  explicit MpiBackend(MPI_Comm comm) {
+  /// Works on a duplicate of `comm`; MPI must already be initialized by the caller. `cuda_aware`
+  /// says whether device memory may be handed to MPI (detect: see impl/cuda_aware.hpp).
+  explicit MpiBackend(MPI_Comm comm, CudaAwareMpi cuda_aware = CudaAwareMpi::detect) {
     int initialized = 0, finalized = 0;
     MPI_Initialized(&initialized);
     MPI_Finalized(&finalized);
@@ -63,6 +65,7 @@ class MpiBackend {
     comm_ = std::make_shared<Comm>(comm);
     MPI_Comm_rank(comm_->comm, &rank_);
     MPI_Comm_size(comm_->comm, &size_);
+    cuda_aware_ = impl::detect_cuda_aware_mpi(cuda_aware);
   }
 
   static constexpr const char* name() { return "mpi"; }
@@ -70,11 +73,14 @@ class MpiBackend {
   int size() const { return size_; }
   MPI_Comm comm() const { return comm_->comm; }
 
-  /// Host memory always; device memory only when the MPI library is CUDA-aware (see issue 7).
+  /// Host memory always; CUDA device memory only when the MPI library is CUDA-aware.
   template <class MemorySpace>
   bool can_access() const {
-    return Kokkos::SpaceAccessibility<Kokkos::HostSpace, MemorySpace>::accessible;
+    return impl::host_accessible_v<MemorySpace> || (cuda_aware_.aware && impl::is_cuda_memory_v<MemorySpace>);
   }
+  /// Whether device memory is handed to MPI, and what decided it.
+  bool cuda_aware() const { return cuda_aware_.aware; }
+  const char* cuda_aware_source() const { return cuda_aware_.source; }
 
   template <class T>
   void allreduce_sum(T* buf, std::size_t n) const {
@@ -184,6 +190,7 @@ class MpiBackend {
   std::shared_ptr<Comm> comm_;
   int rank_ = 0;
   int size_ = 1;
+  impl::CudaAwareDecision cuda_aware_;
 };
 
 }  // namespace gradsync

@@ -21,7 +21,6 @@
 // returns.
 #pragma once
 
-#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstddef>
@@ -34,6 +33,7 @@
 #include "config.hpp"
 #include "error.hpp"
 #include "impl/fusion_kernels.hpp"
+#include "impl/segment_table.hpp"
 #include "tensor_traits.hpp"
 
 namespace gradsync {
@@ -179,6 +179,7 @@ struct AdamKernel {
 template <class Tensor, int MaxState>
 class OptimizerSlots {
   using traits = TensorTraits<Tensor>;
+  static_assert(MaxState <= 3, "gradsync optimizers: OptSegment carries at most three state buffers");
   static_assert(is_tensor_v<Tensor>,
                 "gradsync optimizers: Tensor must be a Kokkos::View, std::vector<T> or gradsync::Span<T, "
                 "MemorySpace>, or have a gradsync::TensorTraits specialisation");
@@ -278,29 +279,19 @@ class OptimizerSlots {
     std::vector<OptSegment<value_type>> host;
     for (Slot& s : slots_) {
       s.seg_begin = std::int64_t(host.size());
-      for (std::int64_t done = 0; done < std::int64_t(s.size); done += max_segment_elements) {
-        OptSegment<value_type> g;
-        g.param = s.param + done;
-        g.grad = s.grad + done;
-        value_type* st[3] = {nullptr, nullptr, nullptr};
-        for (int k = 0; k < s.nstate && k < 3; ++k) st[k] = s.state[std::size_t(k)].data() + done;
-        g.s0 = st[0];
-        g.s1 = st[1];
-        g.s2 = st[2];
-        g.count = std::min<std::int64_t>(std::int64_t(s.size) - done, max_segment_elements);
-        host.push_back(g);
-      }
+      const auto state = [&](int k, std::int64_t off) {
+        return k < s.nstate ? s.state[std::size_t(k)].data() + off : nullptr;
+      };
+      for_each_segment(s.size, [&](std::int64_t off, std::int64_t count) {
+        host.push_back(OptSegment<value_type>{s.param + off, s.grad + off, state(0, off), state(1, off),
+                                              state(2, off), count});
+      });
       s.seg_end = std::int64_t(host.size());
     }
-    segs_ = SegView(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("gradsync::optimizer_segments")),
-                    host.size());
-    auto mirror = Kokkos::create_mirror_view(segs_);
-    std::copy(host.begin(), host.end(), mirror.data());
-    Kokkos::deep_copy(segs_, mirror);
+    upload_segments(host, segs_, "gradsync::optimizer_segments");
     dirty_ = false;
   }
 
-  static constexpr std::int64_t max_segment_elements = std::int64_t(1) << 20;
   bool dirty_ = true;
 };
 

@@ -9,6 +9,7 @@
 #include <type_traits>
 
 #include "../config.hpp"
+#include "memory_ops.hpp"
 
 namespace gradsync::impl {
 
@@ -23,10 +24,7 @@ struct Segment {
 };
 
 template <class T, class MemorySpace>
-using SegmentView = Kokkos::View<Segment<T>*, MemorySpace>;
-
-template <class T, class MemorySpace>
-using BufferView = Kokkos::View<T*, MemorySpace>;
+using SegmentView = BufferView<Segment<T>, MemorySpace>;
 
 /// Where a chunk in MemorySpace is staged for a backend that cannot reach it: pinned host memory
 /// for CUDA device memory (fast, asynchronous copies), plain host memory otherwise.
@@ -46,7 +44,7 @@ using staging_space_t = typename staging_space<MemorySpace>::type;
 // buf[off - base + i] = (accumulate ? buf[...] : 0) + prescale * ptr[i]
 template <class T, class ExecutionSpace, class MemorySpace>
 struct PackKernel {
-  using member_type = typename Kokkos::TeamPolicy<ExecutionSpace>::member_type;
+  using member_type = team_member_t<ExecutionSpace>;
   SegmentView<T, MemorySpace> segs;
   BufferView<T, MemorySpace> buf;
   std::int64_t first_seg, base;
@@ -84,7 +82,7 @@ struct PackKernel {
 // ptr[i] = factor * buf[off - base + i]
 template <class T, class ExecutionSpace, class MemorySpace>
 struct UnpackKernel {
-  using member_type = typename Kokkos::TeamPolicy<ExecutionSpace>::member_type;
+  using member_type = team_member_t<ExecutionSpace>;
   SegmentView<T, MemorySpace> segs;
   BufferView<T, MemorySpace> buf;
   std::int64_t first_seg, base;
@@ -111,7 +109,7 @@ struct UnpackKernel {
 // ptr[i] *= factor: the scale of a chunk reduced in place in the gradients' own memory.
 template <class T, class ExecutionSpace, class MemorySpace>
 struct InPlaceScaleKernel {
-  using member_type = typename Kokkos::TeamPolicy<ExecutionSpace>::member_type;
+  using member_type = team_member_t<ExecutionSpace>;
   SegmentView<T, MemorySpace> segs;
   std::int64_t first_seg;
   T factor;
@@ -141,7 +139,7 @@ enum class LocalMode {
 
 template <class T, class ExecutionSpace, class MemorySpace>
 struct LocalKernel {
-  using member_type = typename Kokkos::TeamPolicy<ExecutionSpace>::member_type;
+  using member_type = team_member_t<ExecutionSpace>;
   SegmentView<T, MemorySpace> segs;
   BufferView<T, MemorySpace> acc;
   LocalMode mode;
@@ -193,15 +191,19 @@ struct LocalKernel {
 
 /// Whether an execution space runs on the host: there a RangePolicy over segments with plain loops
 /// costs less than a team per segment; on GPUs a team per segment spreads the elements.
+template <class ExecutionSpace, class = void>
+struct is_host_execution_space : std::false_type {};
 template <class ExecutionSpace>
-inline constexpr bool is_host_execution_space_v =
-    std::is_same_v<typename ExecutionSpace::memory_space, Kokkos::HostSpace>;
+struct is_host_execution_space<ExecutionSpace, std::void_t<typename ExecutionSpace::memory_space>>
+    : std::is_same<typename ExecutionSpace::memory_space, Kokkos::HostSpace> {};
+template <class ExecutionSpace>
+inline constexpr bool is_host_execution_space_v = is_host_execution_space<ExecutionSpace>::value;
 
 /// One team per segment: any kernel with a team operator().
 template <class ExecutionSpace, class Kernel>
 void launch_per_segment(const std::string& label, const ExecutionSpace& exec, std::int64_t nsegs, const Kernel& k) {
   if (nsegs <= 0) return;
-  Kokkos::parallel_for(label, Kokkos::TeamPolicy<ExecutionSpace>(exec, int(nsegs), Kokkos::AUTO), k);
+  SegmentLaunch<ExecutionSpace>::run(label, exec, nsegs, k);
 }
 
 /// The fusion kernels (a team operator() and a per-segment one): plain loops over segments on host

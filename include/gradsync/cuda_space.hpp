@@ -1,0 +1,296 @@
+// gradsync: raw CUDA memory and streams, for gradients in device memory that Kokkos does not manage
+// (a Kokkos without its CUDA backend, or memory from cudaMalloc, PyTorch, cuDNN...).
+//
+//   gradsync::Span<float, gradsync::CudaDeviceSpace> g(dev_ptr, n);
+//   gradsync::GradientSync<gradsync::NcclBackend, decltype(g)> sync(gradsync::NcclBackend(comm, stream), opt,
+//                                                                  gradsync::CudaStream(stream));
+//
+// The fusion buffer is cudaMalloc'd, packed and unpacked by CUDA kernels on the given stream, and
+// staged through cudaMallocHost memory when the backend cannot read device memory. Launching those
+// kernels needs nvcc: instantiate the sync in a .cu translation unit. The backends (NcclBackend,
+// MpiBackend) and these types compile with any host compiler.
+// With Kokkos' CUDA backend, prefer Kokkos::View<T*, Kokkos::CudaSpace>: no header beyond gradsync.hpp.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <type_traits>
+
+#include "config.hpp"
+#include "error.hpp"
+#include "impl/cuda_aware.hpp"
+#include "impl/fusion_kernels.hpp"
+#include "impl/fusion_plan.hpp"
+#include "impl/memory_ops.hpp"
+
+namespace gradsync {
+namespace impl {
+
+inline void cuda_check(cudaError_t rc, const char* what) {
+  if (rc == cudaSuccess) return;
+  throw Error(cat(what, " failed: ", cudaGetErrorName(rc), ": ", cudaGetErrorString(rc)));
+}
+
+}  // namespace impl
+
+/// A CUDA stream as gradsync's execution space for raw device memory: kernels and copies are
+/// enqueued on it and fence() waits for them. It does not own the stream. The default is the legacy
+/// default stream (correct, but it serialises with every blocking stream: pass your own).
+class CudaStream {
+ public:
+  CudaStream() = default;
+  explicit CudaStream(cudaStream_t s) : stream_(s) {}
+  cudaStream_t stream() const { return stream_; }
+  void fence() const { impl::cuda_check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize"); }
+  void fence(const std::string&) const { fence(); }  // the labelled form impl::fence calls
+  static const char* name() { return "gradsync::CudaStream"; }
+
+ private:
+  cudaStream_t stream_ = nullptr;
+};
+
+/// Device memory from cudaMalloc (or any pointer a CUDA kernel can dereference and host code cannot).
+struct CudaDeviceSpace {
+  using memory_space = CudaDeviceSpace;
+  using execution_space = CudaStream;
+  static const char* name() { return "gradsync::CudaDeviceSpace"; }
+};
+
+/// Page-locked host memory from cudaMallocHost: where device chunks are staged for an MPI that is
+/// not CUDA-aware (asynchronous copies at full PCIe/NVLink-C2C bandwidth).
+struct CudaPinnedHostSpace {
+  using memory_space = CudaPinnedHostSpace;
+  using execution_space = CudaStream;
+  static const char* name() { return "gradsync::CudaPinnedHostSpace"; }
+};
+
+namespace impl {
+
+template <>
+struct host_accessible<CudaDeviceSpace> : std::false_type {};
+template <>
+struct host_accessible<CudaPinnedHostSpace> : std::true_type {};
+template <>
+struct is_cuda_memory<CudaDeviceSpace> : std::true_type {};
+template <>
+struct staging_space<CudaDeviceSpace> {
+  using type = CudaPinnedHostSpace;
+};
+
+/// A reference-counted array of X in raw CUDA memory: the part of Kokkos::View's interface that
+/// GradientSync uses (data, extent, the space and value typedefs).
+template <class X, class Space>
+class CudaBuffer {
+ public:
+  using memory_space = Space;
+  using value_type = X;
+  using non_const_value_type = std::remove_const_t<X>;
+
+  CudaBuffer() = default;
+  CudaBuffer(const std::string& label, std::size_t n) : n_(n) {
+    if (n == 0) return;
+    void* p = nullptr;
+    const std::size_t bytes = n * sizeof(X);
+    if constexpr (std::is_same_v<Space, CudaDeviceSpace>) {
+      check_alloc(cudaMalloc(&p, bytes), "cudaMalloc", label, bytes);
+      ptr_ = std::shared_ptr<X>(static_cast<X*>(p), [](X* q) { cudaFree(q); });
+    } else {
+      check_alloc(cudaMallocHost(&p, bytes), "cudaMallocHost", label, bytes);
+      ptr_ = std::shared_ptr<X>(static_cast<X*>(p), [](X* q) { cudaFreeHost(q); });
+    }
+  }
+  X* data() const { return ptr_.get(); }
+  std::size_t extent(int) const { return n_; }
+  std::size_t size() const { return n_; }
+
+ private:
+  static void check_alloc(cudaError_t rc, const char* what, const std::string& label, std::size_t bytes) {
+    if (rc != cudaSuccess)
+      throw Error(cat(what, " of ", bytes, " bytes for ", label, " failed: ", cudaGetErrorName(rc), ": ",
+                      cudaGetErrorString(rc)));
+  }
+  std::shared_ptr<X> ptr_;
+  std::size_t n_ = 0;
+};
+
+template <class Space>
+struct CudaMemoryOps {
+  template <class X>
+  using buffer = CudaBuffer<X, Space>;
+
+  template <class X>
+  static buffer<X> allocate(const std::string& label, std::size_t n) {
+    return buffer<X>(label, n);
+  }
+
+  // Plan time only: a synchronous copy, then a device-wide sync, so that kernels on any stream
+  // (including non-blocking ones) see the new tables.
+  template <class X>
+  static bool upload(const buffer<X>& dev, const X* host, std::size_t n) {
+    cuda_check(cudaMemcpy(dev.data(), host, n * sizeof(X), cudaMemcpyDefault), "cudaMemcpy (gradsync plan upload)");
+    cuda_check(cudaDeviceSynchronize(), "cudaDeviceSynchronize (gradsync plan upload)");
+    return false;
+  }
+
+  template <class Dst, class Src>
+  static void copy(const CudaStream& exec, const Dst& dst, std::size_t dpos, const Src& src, std::size_t spos,
+                   std::size_t len) {
+    cuda_check(cudaMemcpyAsync(dst.data() + dpos, src.data() + spos, len * sizeof(*dst.data()), cudaMemcpyDefault,
+                               exec.stream()),
+               "cudaMemcpyAsync (gradsync host staging)");
+  }
+};
+
+template <>
+struct MemoryOps<CudaDeviceSpace> : CudaMemoryOps<CudaDeviceSpace> {};
+template <>
+struct MemoryOps<CudaPinnedHostSpace> : CudaMemoryOps<CudaPinnedHostSpace> {};
+
+// The batched kernels are launched as plain CUDA kernels below, never through a Kokkos team.
+struct NoTeam {};
+template <>
+struct team_member<CudaStream> {
+  using type = NoTeam;
+};
+
+#if defined(__CUDACC__)
+namespace cuda {
+
+// Grid: x = segment, y = enough blocks to cover the longest segment (max_segment_elements values)
+// in one pass. Each thread loads its values_per_thread values before storing any, so that many
+// loads are in flight (memory-level parallelism close to cudaMemcpy's), with coalesced accesses.
+inline constexpr unsigned threads_per_block = 256;
+inline constexpr int values_per_thread = 8;
+
+template <class T>
+__global__ void pack(const Segment<T>* segs, T* buf, std::int64_t first_seg, std::int64_t base, T pre, bool acc) {
+  constexpr int V = values_per_thread;
+  const Segment<T> s = segs[first_seg + blockIdx.x];
+  T* const out = buf + (s.off - base);
+  const T* const in = s.ptr;
+  const std::int64_t step = std::int64_t(blockDim.x);
+  for (std::int64_t start = std::int64_t(blockIdx.y) * step * V + threadIdx.x; start < s.count;
+       start += std::int64_t(gridDim.y) * step * V) {
+    T v[V];
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      const std::int64_t i = start + k * step;
+      v[k] = i < s.count ? pre * in[i] : T(0);
+    }
+    if (acc) {
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        const std::int64_t i = start + k * step;
+        if (i < s.count) v[k] = out[i] + v[k];
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      const std::int64_t i = start + k * step;
+      if (i < s.count) out[i] = v[k];
+    }
+  }
+}
+
+template <class T>
+__global__ void unpack(const Segment<T>* segs, const T* buf, std::int64_t first_seg, std::int64_t base, T f) {
+  constexpr int V = values_per_thread;
+  const Segment<T> s = segs[first_seg + blockIdx.x];
+  const T* const in = buf + (s.off - base);
+  T* const out = s.ptr;
+  const std::int64_t step = std::int64_t(blockDim.x);
+  for (std::int64_t start = std::int64_t(blockIdx.y) * step * V + threadIdx.x; start < s.count;
+       start += std::int64_t(gridDim.y) * step * V) {
+    T v[V];
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      const std::int64_t i = start + k * step;
+      v[k] = i < s.count ? in[i] : T(0);
+    }
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      const std::int64_t i = start + k * step;
+      if (i < s.count) out[i] = f * v[k];
+    }
+  }
+}
+
+template <class T>
+__global__ void local(const Segment<T>* segs, T* acc, LocalMode mode) {
+  const Segment<T> s = segs[blockIdx.x];
+  T* const g = s.ptr;
+  T* const a = mode == LocalMode::scale ? nullptr : acc + s.off;
+  const std::int64_t stride = std::int64_t(gridDim.y) * blockDim.x;
+  for (std::int64_t i = std::int64_t(blockIdx.y) * blockDim.x + threadIdx.x; i < s.count; i += stride) {
+    switch (mode) {
+      case LocalMode::scale: g[i] *= s.scale; break;
+      case LocalMode::store: a[i] = g[i]; break;
+      case LocalMode::accumulate: a[i] += g[i]; break;
+      case LocalMode::finish: g[i] = s.scale * (a[i] + g[i]); break;
+    }
+  }
+}
+
+// ptr[i] *= f over a chunk reduced in place (gradsync's InPlaceScaleKernel).
+template <class T>
+__global__ void scale(const Segment<T>* segs, std::int64_t first_seg, T f) {
+  const Segment<T> s = segs[first_seg + blockIdx.x];
+  const std::int64_t stride = std::int64_t(gridDim.y) * blockDim.x;
+  for (std::int64_t i = std::int64_t(blockIdx.y) * blockDim.x + threadIdx.x; i < s.count; i += stride) s.ptr[i] *= f;
+}
+
+inline dim3 grid(std::int64_t nsegs) {
+  constexpr std::int64_t per_block = std::int64_t(threads_per_block) * values_per_thread;
+  const std::int64_t y = (max_segment_elements + per_block - 1) / per_block;
+  return dim3(unsigned(nsegs), unsigned(y < 1 ? 1 : y));
+}
+
+template <class T, class M>
+void launch(cudaStream_t s, std::int64_t nsegs, const PackKernel<T, CudaStream, M>& k) {
+  pack<T><<<grid(nsegs), threads_per_block, 0, s>>>(k.segs.data(), k.buf.data(), k.first_seg, k.base, k.prescale,
+                                                   k.accumulate);
+}
+template <class T, class M>
+void launch(cudaStream_t s, std::int64_t nsegs, const UnpackKernel<T, CudaStream, M>& k) {
+  unpack<T><<<grid(nsegs), threads_per_block, 0, s>>>(k.segs.data(), k.buf.data(), k.first_seg, k.base, k.factor);
+}
+template <class T, class M>
+void launch(cudaStream_t s, std::int64_t nsegs, const LocalKernel<T, CudaStream, M>& k) {
+  local<T><<<grid(nsegs), threads_per_block, 0, s>>>(k.segs.data(), k.acc.data(), k.mode);
+}
+template <class T, class M>
+void launch(cudaStream_t s, std::int64_t nsegs, const InPlaceScaleKernel<T, CudaStream, M>& k) {
+  scale<T><<<grid(nsegs), threads_per_block, 0, s>>>(k.segs.data(), k.first_seg, k.factor);
+}
+
+}  // namespace cuda
+#endif
+
+template <class Kernel>
+inline constexpr bool always_false_v = false;
+
+template <>
+struct SegmentLaunch<CudaStream> {
+  template <class Kernel>
+  static void run(const std::string& label, const CudaStream& exec, std::int64_t nsegs, const Kernel& k) {
+#if defined(__CUDACC__)
+    cuda::launch(exec.stream(), nsegs, k);
+    const cudaError_t rc = cudaGetLastError();
+    if (rc != cudaSuccess)
+      throw Error(cat(label, " kernel launch over ", nsegs, " segments failed: ", cudaGetErrorName(rc), ": ",
+                      cudaGetErrorString(rc)));
+#else
+    (void)label, (void)exec, (void)nsegs, (void)k;
+    static_assert(always_false_v<Kernel>,
+                  "gradsync: a GradientSync over gradsync::CudaDeviceSpace launches CUDA kernels: compile this "
+                  "translation unit with nvcc (a .cu file, or LANGUAGE CUDA)");
+#endif
+  }
+};
+
+}  // namespace impl
+}  // namespace gradsync

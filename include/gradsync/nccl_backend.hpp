@@ -1,0 +1,349 @@
+// gradsync: the NCCL backend. Collectives on CUDA device memory, ordered on one CUDA stream.
+//
+// Built from the user's MPI communicator: rank 0 creates the NCCL unique id, MPI broadcasts it, every
+// rank joins with ncclCommInitRank on its current CUDA device (select it before, e.g. by local rank;
+// Kokkos::initialize does). Every NCCL and CUDA error becomes a gradsync::Error naming the call.
+//
+// Stream semantics: the nonblocking iallreduce_* enqueue on the backend's stream and record an
+// event; wait() blocks the host until that event, test() polls it. The blocking collectives enqueue
+// and then synchronize the stream, so on return the result is visible to the host and every stream.
+// Use the same stream as the gradients' producer (Kokkos' CUDA execution space instance, or the
+// CudaStream of a GradientSync over Span<T, CudaDeviceSpace>) so no extra synchronization is needed.
+#pragma once
+
+#include <mpi.h>
+#include <nccl.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+#include <type_traits>
+#include <vector>
+
+#include "config.hpp"
+#include "cuda_space.hpp"
+#include "error.hpp"
+#include "impl/cuda_aware.hpp"
+#include "mpi_backend.hpp"
+
+namespace gradsync {
+namespace impl {
+
+template <class T>
+ncclDataType_t nccl_type() {
+  if constexpr (std::is_same_v<T, float>) return ncclFloat32;
+  else if constexpr (std::is_same_v<T, double>) return ncclFloat64;
+  else if constexpr (std::is_same_v<T, int>) return ncclInt32;
+  else if constexpr (std::is_same_v<T, std::int64_t>) return ncclInt64;
+  else if constexpr (std::is_same_v<T, std::uint64_t>) return ncclUint64;
+  else if constexpr (std::is_same_v<T, char> || std::is_same_v<T, signed char>) return ncclInt8;
+  else if constexpr (std::is_same_v<T, unsigned char>) return ncclUint8;
+  else static_assert(sizeof(T) == 0, "gradsync: no NCCL datatype for this type");
+}
+
+inline void nccl_check(ncclResult_t rc, const char* what, ncclComm_t comm = nullptr) {
+  if (rc == ncclSuccess) return;
+  std::string detail;
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 13, 0)
+  if (const char* last = ncclGetLastError(comm); last && *last) detail = cat(" (", last, ")");
+#else
+  (void)comm;
+#endif
+  throw Error(cat(what, " failed: ", ncclGetErrorString(rc), detail));
+}
+
+}  // namespace impl
+
+class NcclBackend {
+ public:
+  /// A collective in flight: an event recorded on the backend's stream after it. Events come from a
+  /// small ring owned by the backend, so requests allocate nothing. A recycled event was recorded
+  /// later on the same stream, so waiting on it still implies the request's own collective is done.
+  struct Request {
+    cudaEvent_t event = nullptr;
+  };
+
+  /// ncclAvg (NCCL 2.10+): the backend can average in the reduction itself.
+  static constexpr bool reduces_average = NCCL_VERSION_CODE >= NCCL_VERSION(2, 10, 0);
+
+  /// Joins every rank of `comm` (collective over it) on the current CUDA device; collectives are
+  /// enqueued on `stream`, which the caller keeps alive as long as the backend.
+  NcclBackend(MPI_Comm comm, cudaStream_t stream) : state_(std::make_shared<State>(comm, stream)) {}
+  NcclBackend(MPI_Comm comm, CudaStream stream) : NcclBackend(comm, stream.stream()) {}
+#if defined(KOKKOS_ENABLE_CUDA)
+  /// On the stream of a Kokkos CUDA execution space instance: by default the default instance, the
+  /// one a GradientSync over Kokkos::CudaSpace views uses unless given another.
+  explicit NcclBackend(MPI_Comm comm, const Kokkos::Cuda& exec = Kokkos::Cuda())
+      : NcclBackend(comm, exec.cuda_stream()) {}
+#else
+  /// On the legacy default stream.
+  explicit NcclBackend(MPI_Comm comm) : NcclBackend(comm, CudaStream{}) {}
+#endif
+
+  static constexpr const char* name() { return "nccl"; }
+  int rank() const { return state_->rank; }
+  int size() const { return state_->size; }
+  cudaStream_t stream() const { return state_->stream; }
+  ncclComm_t nccl_comm() const { return state_->nccl; }
+  /// The duplicate of the user's communicator used for bootstrap and barrier.
+  MPI_Comm comm() const { return state_->mpi; }
+
+  /// True when `exec` enqueues on this backend's stream: a GradientSync then skips the fence between
+  /// packing a chunk and reducing it (impl/backend_order.hpp).
+  bool ordered_on(const CudaStream& exec) const { return exec.stream() == stream(); }
+#if defined(KOKKOS_ENABLE_CUDA)
+  bool ordered_on(const Kokkos::Cuda& exec) const { return exec.cuda_stream() == stream(); }
+#endif
+
+  /// Memory a CUDA device can address; host memory never (staging through host cannot help NCCL).
+  template <class MemorySpace>
+  bool can_access() const {
+    return impl::is_cuda_memory_v<MemorySpace>;
+  }
+
+  template <class T>
+  void allreduce_sum(T* buf, std::size_t n) const {
+    allreduce(buf, n, ncclSum);
+    sync();
+  }
+  template <class T>
+  void allreduce_average(T* buf, std::size_t n) const {
+    static_assert(reduces_average, "gradsync: ncclAvg needs NCCL 2.10 or newer");
+    allreduce(buf, n, avg_op());
+    sync();
+  }
+  template <class T>
+  void allreduce_min(T* buf, std::size_t n) const {
+    allreduce(buf, n, ncclMin);
+    sync();
+  }
+  template <class T>
+  void allreduce_max(T* buf, std::size_t n) const {
+    allreduce(buf, n, ncclMax);
+    sync();
+  }
+
+  /// Enqueues an in-place sum on the stream; wait() or test() the request before reading `buf`.
+  template <class T>
+  Request iallreduce_sum(T* buf, std::size_t n) const {
+    allreduce(buf, n, ncclSum);
+    return record();
+  }
+  template <class T>
+  Request iallreduce_average(T* buf, std::size_t n) const {
+    static_assert(reduces_average, "gradsync: ncclAvg needs NCCL 2.10 or newer");
+    allreduce(buf, n, avg_op());
+    return record();
+  }
+
+  /// Blocks until the request's collective is done. Polls, so that an NCCL failure elsewhere (a
+  /// rank that died, a network error) surfaces as an Error instead of a hang.
+  void wait(Request& r) const {
+    while (!test(r)) std::this_thread::yield();
+  }
+  bool test(Request& r) const {
+    if (r.event == nullptr) return true;
+    const cudaError_t rc = cudaEventQuery(r.event);
+    if (rc == cudaSuccess) {
+      r.event = nullptr;
+      return true;
+    }
+    if (rc != cudaErrorNotReady) impl::cuda_check(rc, "cudaEventQuery (gradsync NCCL request)");
+    check_async();
+    return false;
+  }
+
+  template <class T>
+  void broadcast(T* buf, std::size_t n, int root) const {
+    if (root < 0 || root >= size())
+      throw Error(impl::cat("broadcast root ", root, " is not a rank of this ", size(), "-rank NCCL communicator"));
+    impl::nccl_check(ncclBroadcast(buf, buf, n, impl::nccl_type<T>(), root, nccl_comm(), stream()), "ncclBroadcast",
+                     nccl_comm());
+    sync();
+  }
+
+  /// recv holds size()*n values: rank r's `n` values at recv + r*n.
+  template <class T>
+  void allgather(const T* send, T* recv, std::size_t n) const {
+    impl::nccl_check(ncclAllGather(send, recv, n, impl::nccl_type<T>(), nccl_comm(), stream()), "ncclAllGather",
+                     nccl_comm());
+    sync();
+  }
+
+  /// Each rank sends n values to every rank (send and recv hold size()*n values): grouped
+  /// point-to-point, which every NCCL since 2.7 has.
+  template <class T>
+  void alltoall(const T* send, T* recv, std::size_t n) const {
+    impl::nccl_check(ncclGroupStart(), "ncclGroupStart");
+    for (int r = 0; r < size(); ++r) {
+      const std::size_t off = std::size_t(r) * n;
+      impl::nccl_check(ncclSend(send + off, n, impl::nccl_type<T>(), r, nccl_comm(), stream()), "ncclSend",
+                       nccl_comm());
+      impl::nccl_check(ncclRecv(recv + off, n, impl::nccl_type<T>(), r, nccl_comm(), stream()), "ncclRecv",
+                       nccl_comm());
+    }
+    impl::nccl_check(ncclGroupEnd(), "ncclGroupEnd (alltoall)", nccl_comm());
+    sync();
+  }
+
+  /// Variable all-to-all, as MpiBackend::alltoallv: counts and displacements in elements, one per rank.
+  template <class T>
+  void alltoallv(const T* send, const int* send_counts, const int* send_displs, T* recv, const int* recv_counts,
+                 const int* recv_displs) const {
+    impl::nccl_check(ncclGroupStart(), "ncclGroupStart");
+    for (int r = 0; r < size(); ++r) {
+      if (send_counts[r] > 0)
+        impl::nccl_check(ncclSend(send + send_displs[r], std::size_t(send_counts[r]), impl::nccl_type<T>(), r,
+                                  nccl_comm(), stream()),
+                         "ncclSend", nccl_comm());
+      if (recv_counts[r] > 0)
+        impl::nccl_check(ncclRecv(recv + recv_displs[r], std::size_t(recv_counts[r]), impl::nccl_type<T>(), r,
+                                  nccl_comm(), stream()),
+                         "ncclRecv", nccl_comm());
+    }
+    impl::nccl_check(ncclGroupEnd(), "ncclGroupEnd (alltoallv)", nccl_comm());
+    sync();
+  }
+
+  /// Every rank's stream work issued so far is done, then an MPI barrier.
+  void barrier() const {
+    sync();
+    impl::mpi_check(MPI_Barrier(comm()), "MPI_Barrier");
+  }
+
+ private:
+  static constexpr int event_ring = 8;
+
+  struct State {
+    MPI_Comm mpi = MPI_COMM_NULL;
+    ncclComm_t nccl = nullptr;
+    cudaStream_t stream = nullptr;
+    int rank = 0, size = 1;
+    cudaEvent_t events[event_ring] = {};
+    mutable int next_event = 0;
+
+    State(MPI_Comm user, cudaStream_t s) : stream(s) {
+      int initialized = 0, finalized = 0;
+      MPI_Initialized(&initialized);
+      MPI_Finalized(&finalized);
+      if (!initialized || finalized)
+        throw Error("NcclBackend needs MPI to be initialized (call MPI_Init before building it)");
+      if (user == MPI_COMM_NULL) throw Error("NcclBackend was given MPI_COMM_NULL");
+      impl::mpi_check(MPI_Comm_dup(user, &mpi), "MPI_Comm_dup");
+      MPI_Comm_set_errhandler(mpi, MPI_ERRORS_RETURN);
+      MPI_Comm_rank(mpi, &rank);
+      MPI_Comm_size(mpi, &size);
+      try {
+        init();
+      } catch (...) {
+        release();
+        throw;
+      }
+    }
+    ~State() { release(); }
+    State(const State&) = delete;
+    State& operator=(const State&) = delete;
+
+    // Every step that can fail on one rank only is agreed over MPI first, so that all ranks throw
+    // together instead of some waiting forever in the next collective.
+    void init() {
+      int device = -1, count = 0;
+      std::string local_error;
+      if (const cudaError_t rc = cudaGetDeviceCount(&count); rc != cudaSuccess)
+        local_error = impl::cat("cudaGetDeviceCount failed: ", cudaGetErrorName(rc), ": ", cudaGetErrorString(rc));
+      else if (count == 0)
+        local_error = "cudaGetDeviceCount found no device";
+      else if (const cudaError_t rc2 = cudaGetDevice(&device); rc2 != cudaSuccess)
+        local_error = impl::cat("cudaGetDevice failed: ", cudaGetErrorName(rc2), ": ", cudaGetErrorString(rc2));
+      agree(local_error, "no usable CUDA device");
+
+      struct Boot {
+        int rc = int(ncclSuccess);
+        ncclUniqueId id{};
+      } boot;
+      if (rank == 0) boot.rc = int(ncclGetUniqueId(&boot.id));
+      impl::mpi_check(MPI_Bcast(&boot, int(sizeof boot), MPI_BYTE, 0, mpi), "MPI_Bcast (NCCL unique id)");
+      impl::nccl_check(ncclResult_t(boot.rc), "ncclGetUniqueId on rank 0");
+
+      const ncclResult_t rc = ncclCommInitRank(&nccl, size, boot.id, rank);
+      if (rc != ncclSuccess) {
+        local_error = impl::cat("ncclCommInitRank on CUDA device ", device, " failed: ", ncclGetErrorString(rc));
+        nccl = nullptr;
+      }
+      for (cudaEvent_t& e : events) {
+        if (!local_error.empty()) break;
+        if (const cudaError_t erc = cudaEventCreateWithFlags(&e, cudaEventDisableTiming); erc != cudaSuccess)
+          local_error = impl::cat("cudaEventCreate failed: ", cudaGetErrorString(erc));
+      }
+      agree(local_error, "could not join the NCCL communicator");
+    }
+
+    // Throws on every rank when `local_error` is set on any, naming the failing ranks.
+    void agree(const std::string& local_error, const char* what) {
+      int bad = local_error.empty() ? 0 : 1;
+      std::vector<int> all(std::size_t(size), 0);
+      impl::mpi_check(MPI_Allgather(&bad, 1, MPI_INT, all.data(), 1, MPI_INT, mpi), "MPI_Allgather");
+      std::string ranks;
+      for (int r = 0; r < size; ++r)
+        if (all[std::size_t(r)]) ranks += impl::cat(ranks.empty() ? "" : ", ", r);
+      if (ranks.empty()) return;
+      throw Error(impl::cat("NcclBackend: ", what, " on rank(s) ", ranks,
+                            local_error.empty() ? std::string() : impl::cat("; on rank ", rank, ": ", local_error)));
+    }
+
+    void release() {
+      if (nccl) {
+        cudaStreamSynchronize(stream);
+        ncclCommDestroy(nccl);
+        nccl = nullptr;
+      }
+      for (cudaEvent_t& e : events)
+        if (e) {
+          cudaEventDestroy(e);
+          e = nullptr;
+        }
+      int finalized = 0;
+      MPI_Finalized(&finalized);
+      if (mpi != MPI_COMM_NULL && !finalized) MPI_Comm_free(&mpi);
+      mpi = MPI_COMM_NULL;
+    }
+  };
+
+  static constexpr ncclRedOp_t avg_op() {
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 10, 0)
+    return ncclAvg;
+#else
+    return ncclSum;
+#endif
+  }
+
+  template <class T>
+  void allreduce(T* buf, std::size_t n, ncclRedOp_t op) const {
+    impl::nccl_check(ncclAllReduce(buf, buf, n, impl::nccl_type<T>(), op, nccl_comm(), stream()), "ncclAllReduce",
+                     nccl_comm());
+  }
+
+  Request record() const {
+    cudaEvent_t e = state_->events[state_->next_event];
+    state_->next_event = (state_->next_event + 1) % event_ring;
+    impl::cuda_check(cudaEventRecord(e, stream()), "cudaEventRecord (gradsync NCCL request)");
+    return Request{e};
+  }
+
+  void sync() const {
+    impl::cuda_check(cudaStreamSynchronize(stream()), "cudaStreamSynchronize (after an NCCL collective)");
+    check_async();
+  }
+
+  void check_async() const {
+    ncclResult_t async = ncclSuccess;
+    impl::nccl_check(ncclCommGetAsyncError(nccl_comm(), &async), "ncclCommGetAsyncError");
+    impl::nccl_check(async, "an NCCL collective (asynchronous error)", nccl_comm());
+  }
+
+  std::shared_ptr<State> state_;
+};
+
+}  // namespace gradsync

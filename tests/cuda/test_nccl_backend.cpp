@@ -1,0 +1,166 @@
+// NcclBackend against analytic values on device memory, every collective, float and double, when
+// every rank has its own CUDA device. On a machine without one (CI), the same program checks that
+// building the backend fails with a gradsync::Error on every rank, naming them, and that none hangs.
+// Compiled by the host compiler: the backend itself needs no nvcc.
+#include <gradsync/gradsync.hpp>
+
+#include <string>
+#include <vector>
+
+#include "cuda_test_util.hpp"
+#include "gradsync_test.hpp"
+
+#if !defined(GRADSYNC_HAVE_NCCL)
+#error "link GradSync::nccl"
+#endif
+
+using gradsync_test::DeviceArray;
+using gradsync_test::gpu_setup;
+using gradsync_test::world_rank;
+using gradsync_test::world_size;
+
+static_assert(std::is_copy_constructible_v<gradsync::NcclBackend>);
+
+TEST_CASE("NcclBackend without a usable CUDA device: gradsync::Error on every rank, no hang") {
+  if (gpu_setup().devices > 0) {
+    MESSAGE("CUDA devices present: the collective tests below cover construction");
+    return;
+  }
+  std::string what;
+  try {
+    gradsync::NcclBackend b(MPI_COMM_WORLD);
+  } catch (const gradsync::Error& e) {
+    what = e.what();
+  }
+  CAPTURE(what);
+  std::string all_ranks = "rank(s) 0";
+  for (int r = 1; r < world_size(); ++r) all_ranks += ", " + std::to_string(r);
+  GRADSYNC_CHECK_ALL(what.find("no usable CUDA device on " + all_ranks) != std::string::npos);
+  GRADSYNC_CHECK_ALL(what.find("on rank " + std::to_string(world_rank())) != std::string::npos);
+}
+
+TEST_CASE_TEMPLATE("NcclBackend collectives on device memory", T, float, double) {
+  if (!gpu_setup().nccl_ok) {
+    MESSAGE("skipped: " << gpu_setup().why);
+    return;
+  }
+  const int rank = world_rank(), n = world_size();
+  cudaStream_t stream;
+  gradsync_test::cuda_ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  {
+    gradsync::NcclBackend b(MPI_COMM_WORLD, stream);
+    GRADSYNC_CHECK_ALL(b.rank() == rank && b.size() == n && b.stream() == stream);
+    CHECK(b.can_access<gradsync::CudaDeviceSpace>());
+    CHECK(!b.can_access<Kokkos::HostSpace>());
+    const std::size_t m = 1000;
+    auto value = [](int r, std::size_t i) { return T(r + 1) + T(i % 13); };
+    std::vector<T> mine(m);
+    for (std::size_t i = 0; i < m; ++i) mine[i] = value(rank, i);
+    auto sum_of = [&](std::size_t i) {
+      T s = 0;
+      for (int r = 0; r < n; ++r) s += value(r, i);
+      return s;
+    };
+    bool ok = true;
+    {  // blocking sum
+      DeviceArray<T> d(mine);
+      b.allreduce_sum(d.data(), m);
+      auto h = d.download();
+      for (std::size_t i = 0; i < m; ++i) ok = ok && h[i] == sum_of(i);
+    }
+    GRADSYNC_CHECK_ALL(ok);
+    {  // two nonblocking sums in flight, waited in reverse order, then test()
+      DeviceArray<T> d1(mine), d2(mine);
+      auto r1 = b.iallreduce_sum(d1.data(), m);
+      auto r2 = b.iallreduce_sum(d2.data(), m);
+      b.wait(r2);
+      b.wait(r1);
+      CHECK(b.test(r1));
+      auto h1 = d1.download(), h2 = d2.download();
+      for (std::size_t i = 0; i < m; ++i) ok = ok && h1[i] == sum_of(i) && h2[i] == sum_of(i);
+      // More requests than the event ring holds: each still completes in order.
+      std::vector<gradsync::NcclBackend::Request> reqs;
+      for (int k = 0; k < 20; ++k) reqs.push_back(b.iallreduce_sum(d1.data(), 1));
+      for (auto& r : reqs) b.wait(r);
+    }
+    GRADSYNC_CHECK_ALL(ok);
+    if constexpr (gradsync::NcclBackend::reduces_average) {
+      DeviceArray<T> d(mine);
+      b.allreduce_average(d.data(), m);
+      auto h = d.download();
+      for (std::size_t i = 0; i < m; ++i) ok = ok && gradsync_test::rel_err(h[i], sum_of(i) / T(n)) <= 1e-6;
+      GRADSYNC_CHECK_ALL(ok);
+    }
+    {  // min / max
+      DeviceArray<T> lo(mine), hi(mine);
+      b.allreduce_min(lo.data(), m);
+      b.allreduce_max(hi.data(), m);
+      auto l = lo.download(), h = hi.download();
+      for (std::size_t i = 0; i < m; ++i) ok = ok && l[i] == value(0, i) && h[i] == value(n - 1, i);
+    }
+    GRADSYNC_CHECK_ALL(ok);
+    {  // broadcast from the last rank
+      DeviceArray<T> d(mine);
+      b.broadcast(d.data(), m, n - 1);
+      auto h = d.download();
+      for (std::size_t i = 0; i < m; ++i) ok = ok && h[i] == value(n - 1, i);
+      bool threw = false;
+      try {
+        b.broadcast(d.data(), m, n);
+      } catch (const gradsync::Error&) {
+        threw = true;
+      }
+      ok = ok && threw;
+    }
+    GRADSYNC_CHECK_ALL(ok);
+    {  // allgather and alltoall: rank r's block for rank q holds r * 100 + q
+      const std::size_t k = 5;
+      std::vector<T> send(std::size_t(n) * k);
+      for (int q = 0; q < n; ++q)
+        for (std::size_t i = 0; i < k; ++i) send[std::size_t(q) * k + i] = T(rank * 100 + q) + T(i) / 8;
+      DeviceArray<T> ds(send), dr(send.size()), dg(send.size());
+      b.alltoall(ds.data(), dr.data(), k);
+      b.allgather(ds.data(), dg.data(), k);  // everyone's first block
+      auto r = dr.download(), g = dg.download();
+      for (int q = 0; q < n; ++q)
+        for (std::size_t i = 0; i < k; ++i) {
+          ok = ok && r[std::size_t(q) * k + i] == T(q * 100 + rank) + T(i) / 8;
+          ok = ok && g[std::size_t(q) * k + i] == T(q * 100 + 0) + T(i) / 8;
+        }
+    }
+    GRADSYNC_CHECK_ALL(ok);
+    {  // alltoallv: rank r sends q + 1 values to rank q, each equal to r * 100 + q
+      const std::size_t un = std::size_t(n);
+      std::vector<int> sc(un), sd(un), rc(un), rd(un);
+      int st = 0, rt = 0;
+      for (int q = 0; q < n; ++q) {
+        sc[std::size_t(q)] = q + 1, sd[std::size_t(q)] = st, st += q + 1;
+        rc[std::size_t(q)] = rank + 1, rd[std::size_t(q)] = rt, rt += rank + 1;
+      }
+      std::vector<T> send(static_cast<std::size_t>(st));
+      for (int q = 0; q < n; ++q)
+        for (int i = 0; i <= q; ++i) send[std::size_t(sd[std::size_t(q)] + i)] = T(rank * 100 + q);
+      DeviceArray<T> ds(send), dr(static_cast<std::size_t>(rt));
+      b.alltoallv(ds.data(), sc.data(), sd.data(), dr.data(), rc.data(), rd.data());
+      auto r = dr.download();
+      for (int q = 0; q < n; ++q)
+        for (int i = 0; i <= rank; ++i) ok = ok && r[std::size_t(rd[std::size_t(q)] + i)] == T(q * 100 + rank);
+    }
+    GRADSYNC_CHECK_ALL(ok);
+    b.barrier();
+    // Copies share one communicator; the last one destroys it.
+    gradsync::NcclBackend copy = b;
+    GRADSYNC_CHECK_ALL(copy.nccl_comm() == b.nccl_comm());
+  }
+  cudaStreamDestroy(stream);
+}
+
+TEST_CASE("MpiBackend reaches gradsync::CudaDeviceSpace only when CUDA-aware") {
+  gradsync::MpiBackend aware(MPI_COMM_WORLD, gradsync::CudaAwareMpi::yes);
+  gradsync::MpiBackend not_aware(MPI_COMM_WORLD, gradsync::CudaAwareMpi::no);
+  CHECK(aware.can_access<gradsync::CudaDeviceSpace>());
+  CHECK(!not_aware.can_access<gradsync::CudaDeviceSpace>());
+  CHECK(aware.can_access<gradsync::CudaPinnedHostSpace>());
+  CHECK(not_aware.can_access<gradsync::CudaPinnedHostSpace>());
+  static_assert(std::is_same_v<gradsync::impl::staging_space_t<gradsync::CudaDeviceSpace>, gradsync::CudaPinnedHostSpace>);
+}

@@ -1,0 +1,148 @@
+#!/usr/bin/env bash
+# gradsync on a GPU, one command (about 3-6 minutes on 16 cores):
+#   bash tests/gpu/run.sh
+# 1. checks the machine: an NVIDIA GPU and driver, the CUDA toolkit with NCCL, and gradsync's Debian
+#    packages: installed (cmake/deps.sh installs them as root when apt can reach a mirror), or
+#    unpacked without root from .gpu-deps/, made by tests/gpu/bundle_deps.sh on a machine with apt;
+# 2. builds everything with CUDA and NCCL required, for this GPU's architecture;
+# 3. runs the whole test suite; the CUDA tests must run, not skip (every semantics row on device
+#    memory through NcclBackend, staged MpiBackend and SelfBackend; every NcclBackend collective);
+# 4. runs the GPU benchmark on two real models (pack/unpack against cudaMemcpy, target >= 80%;
+#    NCCL allreduce of the fusion buffer; whole syncs) and prints a short table last.
+# Environment: CUDA_HOME (default /usr/local/cuda), NCCL_HOME (if NCCL is elsewhere), GRADSYNC_GPU_DEPS
+# (the bundle folder, default .gpu-deps; GRADSYNC_USE_BUNDLED_DEPS=1 prefers it), OUT (logs are copied
+# there when it is a folder), BUILD_DIR
+# (default build-gpu), JOBS, REPS (benchmark repetitions, default 20), KOKKOS_ROOT (optional: a
+# Kokkos 4.x install with its CUDA backend, to test Kokkos::CudaSpace views as well; untested so far).
+set -uo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+build="${BUILD_DIR:-$root/build-gpu}"
+jobs="${JOBS:-$(nproc)}"
+reps="${REPS:-20}"
+cuda="${CUDA_HOME:-/usr/local/cuda}"
+export PATH="$cuda/bin:$PATH"
+export LD_LIBRARY_PATH="$cuda/lib64:$cuda/lib${NCCL_HOME:+:$NCCL_HOME/lib}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+log="$build/gpu-run.log"
+die() { echo "tests/gpu/run.sh: $*" >&2; exit 2; }
+
+# ---- 1. the machine ----
+command -v nvidia-smi >/dev/null || die "nvidia-smi not found: no NVIDIA driver on this machine"
+gpus=$(nvidia-smi --query-gpu=name,compute_cap,memory.total --format=csv,noheader) || die "nvidia-smi failed"
+[ -n "$gpus" ] || die "nvidia-smi lists no GPU"
+ngpu=$(echo "$gpus" | wc -l)
+cap=$(echo "$gpus" | head -1 | awk -F', ' '{print $(NF-1)}' | tr -d .)
+command -v nvcc >/dev/null || die "nvcc not found (set CUDA_HOME; looked in $cuda/bin)"
+[ -f "${NCCL_HOME:-$cuda}/include/nccl.h" ] || [ -f /usr/include/nccl.h ] ||
+  die "nccl.h not found in ${NCCL_HOME:-$cuda}/include or /usr/include (set NCCL_HOME)"
+mkdir -p "$build"
+# gradsync's Debian packages: installed (cmake/deps.sh installs them as root with a mirror), or
+# unpacked from a bundle made by tests/gpu/bundle_deps.sh on a Debian 12 machine that has a mirror.
+bundle="${GRADSYNC_GPU_DEPS:-$root/.gpu-deps}"
+if [ "${GRADSYNC_USE_BUNDLED_DEPS:-0}" != 1 ] && bash "$root/cmake/deps.sh" 2>/dev/null; then
+  echo "== dependencies: installed packages"
+elif compgen -G "$bundle/*.deb" >/dev/null; then
+  command -v dpkg-deb >/dev/null || command -v ar >/dev/null || die "dpkg-deb or ar is needed to unpack $bundle"
+  sysroot="$build/sysroot"
+  lib="$sysroot/usr/lib/x86_64-linux-gnu"
+  rm -rf "$sysroot" && mkdir -p "$sysroot"
+  for f in "$bundle"/*.deb; do
+    if command -v dpkg-deb >/dev/null; then dpkg-deb -x "$f" "$sysroot"
+    else (cd "$sysroot" && ar p "$f" "$(ar t "$f" | grep '^data.tar')" | tar -xJ); fi || die "cannot unpack $f"
+  done
+  # Keep only the libraries this machine lacks (Open MPI's and Kokkos' own always): a bundled copy
+  # of one it has could be older than what its own programs (cmake, nvcc) need.
+  have=$( (ldconfig -p || /sbin/ldconfig -p) 2>/dev/null)
+  for so in "$lib"/lib*.so.*; do
+    n=$(basename "$so")
+    case "$n" in libmpi*|libopen-*|libmca_*|liboshmem*|libompitrace*|libpmix*|libtrilinos*) continue ;; esac
+    echo "$have" | grep -q "^[[:space:]]$n " && rm -f "$so"
+  done
+  # Relocation: Open MPI follows OPAL_PREFIX; PMIx reads its component path from its own file.
+  sed -i "s|= /usr/lib/|= $sysroot/usr/lib/|" "$lib/pmix2/share/pmix-mca-params.conf" 2>/dev/null
+  # Debian's doctest CMake package names /usr outright.
+  sed -i "s|set(_IMPORT_PREFIX \"/usr\")|set(_IMPORT_PREFIX \"$sysroot/usr\")|" "$sysroot"/usr/lib/cmake/*/*Targets.cmake
+  for t in mpicxx mpic++ mpicc mpirun mpiexec; do ln -sf "$t.openmpi" "$sysroot/usr/bin/$t"; done
+  export OPAL_PREFIX="$sysroot/usr" PATH="$sysroot/usr/bin:$PATH"
+  export LD_LIBRARY_PATH="$lib:$lib/openmpi/lib:$LD_LIBRARY_PATH"
+  export CMAKE_PREFIX_PATH="$sysroot/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}"
+  echo "== dependencies: $(ls "$bundle"/*.deb | wc -l) bundled packages unpacked into $sysroot"
+else
+  die "gradsync's Debian packages are missing and could not be installed (no root or no apt mirror).
+  Either install: cmake make g++ libtrilinos-kokkos-dev libopenmpi-dev openmpi-bin doctest-dev,
+  or run 'bash tests/gpu/bundle_deps.sh' on a Debian 12 machine with a mirror and bring .gpu-deps/ here"
+fi
+command -v cmake >/dev/null || die "cmake not found"
+generator=()
+command -v make >/dev/null || { command -v ninja >/dev/null && generator=(-G Ninja); }
+# CMake 4 refuses package files written for CMake < 3.5 unless told a minimum policy version.
+[ "$(cmake --version | sed -n 's/cmake version \([0-9]*\).*/\1/p')" -ge 4 ] &&
+  generator+=(-DCMAKE_POLICY_VERSION_MINIMUM=3.5)
+echo "== GPUs: $(echo "$gpus" | tr '\n' ';') nvcc $(nvcc --version | sed -n 's/.*release \([0-9.]*\).*/\1/p'), arch sm_$cap"
+
+# ---- 2. build ----
+extra=()
+if [ -n "${KOKKOS_ROOT:-}" ]; then
+  extra+=(-DKokkos_ROOT="$KOKKOS_ROOT")
+  [ -x "$KOKKOS_ROOT/bin/nvcc_wrapper" ] && extra+=(-DCMAKE_CXX_COMPILER="$KOKKOS_ROOT/bin/nvcc_wrapper")
+fi
+t0=$(date +%s)
+cmake -S "$root" -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DGRADSYNC_WERROR=ON -DGRADSYNC_ENABLE_CUDA=ON \
+  -DGRADSYNC_ENABLE_NCCL=ON -DCMAKE_CUDA_ARCHITECTURES="$cap" "${extra[@]}" >"$log" 2>&1 ||
+  { tail -30 "$log"; die "configure failed (log: $log)"; }
+cmake --build "$build" -j "$jobs" >>"$log" 2>&1 || { grep -E "error" "$log" | head -30; die "build failed (log: $log)"; }
+t_build=$(( $(date +%s) - t0 ))
+
+# ---- 3. the test suite, CUDA tests included ----
+t0=$(date +%s)
+(cd "$build" && ctest -j "$jobs" --output-on-failure --timeout 300) >"$build/ctest.log" 2>&1
+ctest_rc=$?
+t_test=$(( $(date +%s) - t0 ))
+tests_line=$(grep -E "tests passed|tests failed" "$build/ctest.log" | tail -1)
+skipped=$(grep -E "\(Skipped\)" "$build/ctest.log" | sed 's/^[[:space:]]*//' | tr '\n' ' ')
+cuda_lines=$(grep -E "Test +#[0-9]+: (nccl_backend|gpu_sync)" "$build/ctest.log" |
+  sed -E 's/^.*Test +#[0-9]+: //; s/ \.+ *(\*\*\*)?/ /; s/ +/ /g' | tr '\n' ';')
+[ $ctest_rc -eq 0 ] || grep -B2 -A20 -E "\*\*\*Failed|\*\*\*Timeout" "$build/ctest.log" | head -80
+
+# ---- 4. the benchmark ----
+t0=$(date +%s)
+bench_out=""
+bench_rc=0
+for model in resnet50 vit_b_16; do
+  out=$(cd "$build" && mpirun -np 1 ./tests/cuda/bench_gpu "$root/tests/gpu/data/$model.csv" "$reps" 2>&1) || bench_rc=1
+  bench_out+="$out"$'\n'
+done
+if [ "$ngpu" -ge 2 ]; then
+  out=$(cd "$build" && mpirun -np 2 ./tests/cuda/bench_gpu "$root/tests/gpu/data/resnet50.csv" "$reps" 2>&1) || bench_rc=1
+  bench_out+="$out"$'\n'
+fi
+t_bench=$(( $(date +%s) - t0 ))
+echo "$bench_out" >"$build/bench.log"
+
+# pack/unpack against the 80% target: the "vs ref" column of those rows.
+worst=$(echo "$bench_out" | awk '/^(pack|unpack) kernel/ {gsub("%","",$5); if (w=="" || $5+0 < w) w=$5+0} END {print w}')
+target="n/a"
+[ -n "$worst" ] && { [ "$worst" -ge 80 ] && target="met ($worst% worst)" || target="MISSED ($worst% worst)"; }
+
+echo
+echo "$bench_out" | sed -n '/^gradsync GPU benchmark/,/^values checked/p'
+echo "================ gradsync GPU run ================"
+printf "%-28s %s\n" "GPU(s)" "$ngpu x $(echo "$gpus" | head -1)"
+printf "%-28s %s\n" "build (s)" "$t_build"
+printf "%-28s %s\n" "test suite (s)" "$t_test: ${tests_line:-no summary}"
+printf "%-28s %s\n" "CUDA tests" "${cuda_lines:-none ran}"
+printf "%-28s %s\n" "skipped tests" "${skipped:-none}"
+if [ $bench_rc -ne 0 ]; then
+  bench_state="FAILED: $(echo "$bench_out" | grep -m1 -E '^bench_gpu:')"
+elif echo "$bench_out" | grep -q 'WRONG'; then bench_state="WRONG VALUES"
+else bench_state="values correct"; fi
+printf "%-28s %s\n" "benchmark (s)" "$t_bench, $bench_state"
+printf "%-28s %s\n" "pack/unpack >= 80% memcpy" "$target"
+printf "%-28s %s\n" "logs" "$log $build/ctest.log $build/bench.log"
+# Where the caller collects results (a batch system's output folder), the logs go there too.
+if [ -n "${OUT:-}" ] && [ -d "${OUT:-}" ]; then
+  cp "$build/ctest.log" "$build/bench.log" "$OUT/" 2>/dev/null
+  tail -200 "$log" >"$OUT/build-tail.log" 2>/dev/null
+fi
+# Fail when a test failed, when a CUDA test skipped on a GPU machine, or the benchmark failed.
+[ $ctest_rc -eq 0 ] && [ -z "$(echo "$skipped" | grep -E 'gpu_sync')" ] && [ $bench_rc -eq 0 ]
