@@ -235,6 +235,14 @@ __global__ void local(const Segment<T>* segs, T* acc, LocalMode mode) {
   }
 }
 
+// ptr[i] *= f over a chunk reduced in place (gradsync's InPlaceScaleKernel).
+template <class T>
+__global__ void scale(const Segment<T>* segs, std::int64_t first_seg, T f) {
+  const Segment<T> s = segs[first_seg + blockIdx.x];
+  const std::int64_t stride = std::int64_t(gridDim.y) * blockDim.x;
+  for (std::int64_t i = std::int64_t(blockIdx.y) * blockDim.x + threadIdx.x; i < s.count; i += stride) s.ptr[i] *= f;
+}
+
 inline dim3 grid(std::int64_t nsegs) {
   constexpr std::int64_t per_block = std::int64_t(threads_per_block) * values_per_thread;
   const std::int64_t y = (max_segment_elements + per_block - 1) / per_block;
@@ -253,6 +261,10 @@ void launch(cudaStream_t s, std::int64_t nsegs, const UnpackKernel<T, CudaStream
 template <class T, class M>
 void launch(cudaStream_t s, std::int64_t nsegs, const LocalKernel<T, CudaStream, M>& k) {
   local<T><<<grid(nsegs), threads_per_block, 0, s>>>(k.segs.data(), k.acc.data(), k.mode);
+}
+template <class T, class M>
+void launch(cudaStream_t s, std::int64_t nsegs, const InPlaceScaleKernel<T, CudaStream, M>& k) {
+  scale<T><<<grid(nsegs), threads_per_block, 0, s>>>(k.segs.data(), k.first_seg, k.factor);
 }
 
 }  // namespace cuda

@@ -6,25 +6,30 @@
 #pragma once
 
 #include <algorithm>
+#include <chrono>
 #include <climits>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <string>
 #include <type_traits>
 #include <vector>
 
+#include "backend_traits.hpp"
 #include "config.hpp"
 #include "env.hpp"
 #include "error.hpp"
 #include "impl/backend_order.hpp"
+#include "impl/chunk_tuner.hpp"
 #include "impl/consistency.hpp"
 #include "impl/demangle.hpp"
 #include "impl/finite.hpp"
 #include "impl/fusion_kernels.hpp"
 #include "impl/fusion_plan.hpp"
+#include "impl/ready_tracker.hpp"
 #include "impl/stall.hpp"
 #include "local_var_policy.hpp"
 #include "options.hpp"
@@ -70,6 +75,7 @@ class GradientSync {
       : backend_(std::move(backend)),
         opt_(prepare_options(options)),
         exec_(exec),
+        tuner_(opt_.fusion_threshold_bytes == fusion_threshold_auto),
         ctl_(backend_, opt_) {}
 
   /// Registers a gradient in `Group`. Any contiguous tensor with this sync's value type and memory
@@ -130,8 +136,9 @@ class GradientSync {
   /// Call after each backward pass. Returns true when the gradients hold synchronized values
   /// (every Nth call, N = backward_passes_per_step); otherwise they are accumulated internally.
   bool synchronize() {
-    checks_before_pass();
-    if (dirty_) build_plan();
+    if (!step_open_) checks_before_pass();  // else mark_ready ran them when it opened the step
+    const auto t0 = std::chrono::steady_clock::now();
+    if (dirty_ && !step_open_) build_plan();
     if (opt_.check_finite) check_finite();
     ++stats_.passes;
     ++pass_;
@@ -146,7 +153,53 @@ class GradientSync {
     finish_local(n_passes > 1);
     impl::fence(exec_, impl::label_fence_sync());
     ++stats_.steps;
+    if (tuner_.active()) tune(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     return true;
+  }
+
+  /// Overlap with backward: tells the sync that this gradient is final for the current pass. A
+  /// chunk is reduced as soon as it and every chunk before it in fused order hold only ready
+  /// gradients (so all ranks issue the same collectives whatever order they mark tensors in);
+  /// synchronize() reduces the rest. The default fused order is reversed registration order, the
+  /// order backward produces gradients in. Marking is optional, repeated marks have no effect,
+  /// local tensors need none. With backward_passes_per_step = N > 1 only the Nth pass of a cycle
+  /// reduces: marks on passes 1 .. N-1 have no effect (synchronize() accumulates them), marks on
+  /// the Nth pass launch chunks of the accumulated sums. A gradient must not change after its mark
+  /// until synchronize() returns.
+  template <class U>
+  void mark_ready(const U& tensor) {
+    static_assert(is_tensor_v<U>, "gradsync::GradientSync::mark_ready: argument is not a tensor");
+    if (dirty_ && !step_open_) build_plan();
+    const value_type* p = TensorTraits<U>::data(tensor);
+    const std::int64_t i = ready_.find(p);
+    if (i < 0) {
+      for (const Entry& e : entries_)
+        if (e.data == p && e.size == TensorTraits<U>::size(tensor)) return;  // local or empty
+      throw Error(impl::cat("mark_ready: the tensor (", TensorTraits<U>::size(tensor),
+                            " elements) is not registered with add<Group>() on rank ", backend_.rank()));
+    }
+    // Blocking collectives are never started here: a rank blocked in chunk k while another is
+    // still in backward (or in the model's own collectives) would hang both.
+    if (blocking_ || pass_ + 1 < opt_.backward_passes_per_step) return;  // not a reducing pass
+    if (!step_open_) checks_before_pass();  // the ranks agree before the step's first collective
+    begin_step();
+    ready_.mark(std::size_t(i));
+    progress();
+  }
+
+  /// Lets chunks launched by mark_ready advance and launches those that became possible. Call it
+  /// while waiting during backward (e.g. while polling device events): MPI's nonblocking
+  /// collectives progress only inside MPI calls. Never blocks.
+  void progress() {
+    if (!step_open_ || blocking_) return;
+    while (completed_ < launched_ && backend_.test(requests_[completed_])) complete_chunk(completed_++);
+    launch_through(ready_.ready_prefix(), opt_.backward_passes_per_step > 1, false);
+  }
+
+  /// The chunk size the sync uses now (fusion_threshold_auto: the candidate being timed, then the
+  /// chosen one).
+  std::size_t fusion_threshold_bytes() const {
+    return opt_.fusion_threshold_bytes == fusion_threshold_auto ? tuner_.current() : opt_.fusion_threshold_bytes;
   }
 
   const Stats& stats() const { return stats_; }
@@ -209,6 +262,8 @@ class GradientSync {
     auto bad = [](double x) { return !std::isfinite(x) || x < 0; };
     if (bad(o.prescale_factor))
       throw ConfigError(impl::cat("prescale_factor must be finite and >= 0, got ", o.prescale_factor));
+    if (std::isnan(o.in_place_min_fraction) || o.in_place_min_fraction < 0)
+      throw ConfigError(impl::cat("in_place_min_fraction must be >= 0, got ", o.in_place_min_fraction));
     if (bad(o.postscale_factor))
       throw ConfigError(impl::cat("postscale_factor must be finite and >= 0, got ", o.postscale_factor));
     if (bad(o.stall_timeout))
@@ -232,7 +287,7 @@ class GradientSync {
                             "registered (", e.size, " -> ", now.second, " elements) on rank ", backend_.rank(),
                             "; build a new GradientSync and register it again after resizing"));
     }
-    if ((dirty_ && opt_.consistency_check != CheckMode::off) || opt_.consistency_check == CheckMode::every_step) {
+    if ((need_check_ && opt_.consistency_check != CheckMode::off) || opt_.consistency_check == CheckMode::every_step) {
       std::vector<impl::RegDesc> regs;
       regs.reserve(entries_.size());
       for (const Entry& e : entries_)
@@ -240,6 +295,7 @@ class GradientSync {
       impl::check_consistency(backend_, ctl_, opt_, regs, int(sizeof(value_type)), call,
                               impl::max_chunk_elements());
       ++stats_.consistency_checks;
+      need_check_ = false;
     }
   }
 
@@ -277,14 +333,15 @@ class GradientSync {
     if (pass_ != 0)
       throw Error(impl::cat("registrations changed after pass ", pass_, " of ", opt_.backward_passes_per_step,
                             " of an aggregation cycle; change them only after synchronize() returned true"));
-    dirty_ = true;
+    dirty_ = need_check_ = true;
   }
 
   // Elements per chunk: the threshold in values (at least one), never more than one call can take.
   // A threshold of 0 means no fusion: chunks then follow tensor boundaries instead.
   std::size_t chunk_limit() const {
-    if (opt_.fusion_threshold_bytes == 0) return impl::max_chunk_elements();
-    const std::size_t by_bytes = opt_.fusion_threshold_bytes / sizeof(value_type);
+    const std::size_t threshold = fusion_threshold_bytes();
+    if (threshold == 0) return impl::max_chunk_elements();
+    const std::size_t by_bytes = threshold / sizeof(value_type);
     return std::max<std::size_t>(1, std::min(by_bytes, impl::max_chunk_elements()));
   }
 
@@ -300,23 +357,59 @@ class GradientSync {
     const int N = opt_.backward_passes_per_step;
     const value_type inv_agg = opt_.average_aggregated_gradients ? value_type(1) / value_type(N) : value_type(1);
 
-    // Data-parallel tensors: fused offsets, chunks, and segments split at chunk boundaries.
+    // Data-parallel tensors in fused order: offsets, chunks, segments split at chunk boundaries.
     std::vector<typename impl::FusionPlan<value_type>::Tensor> dp;
     for (const Entry& e : entries_)
       if (!e.local()) dp.push_back({e.data, e.size});
-    auto plan = impl::FusionPlan<value_type>::build(dp, std::int64_t(chunk_limit()), opt_.fusion_threshold_bytes == 0);
+    if (opt_.fusion_order == FusionOrder::reverse) std::reverse(dp.begin(), dp.end());
+    // Large tensors are reduced where they are, in chunks of their own, skipping both copies
+    // through the fusion buffer: not when staged or when the buffer holds aggregated sums.
+    windowed_ = N == 1;
+    staged_ = use_host_staging();
+    in_place_ = windowed_ && !staged_;
+    const double own = std::max(std::ceil(opt_.in_place_min_fraction * double(chunk_limit())),
+                                double(opt_.in_place_min_bytes / sizeof(value_type)));
+    const std::int64_t own_min = in_place_ && own < 9e18 ? std::max<std::int64_t>(1, std::int64_t(own))
+                                                         : std::numeric_limits<std::int64_t>::max();
+    auto plan =
+        impl::FusionPlan<value_type>::build(dp, std::int64_t(chunk_limit()), fusion_threshold_bytes() == 0, own_min);
     chunks_ = std::move(plan.chunks);
     const std::vector<Seg>& segs = plan.segments;
-    // Without aggregation the buffer is `pipeline_depth` chunk-sized slots that chunks cycle
-    // through; with it the buffer holds every data-parallel sum between passes.
-    windowed_ = N == 1;
+    std::vector<const void*> dp_data;
+    for (const auto& t : dp) dp_data.push_back(t.data);
+    ready_.build(dp_data, plan.tensor_chunks, chunks_.size());
+    // A blocking collective cannot be watched: automatic chooses it only without a stall timeout.
+    blocking_ = opt_.collectives == Collectives::blocking ||
+                (opt_.collectives == Collectives::automatic && prefers_blocking_allreduce_v<Backend> &&
+                 !(opt_.stall_timeout > 0));
+    // Without aggregation the buffer is chunk-sized slots that chunks cycle through (one when each
+    // chunk is reduced before the next is packed); with it the buffer holds every data-parallel
+    // sum between passes.
+    slots_ = blocking_ ? 1 : pipeline_depth;
+    // Packed chunks take the buffer's slots in turn; a chunk waits for the previous user of its slot.
+    requests_.assign(chunks_.size(), typename Backend::Request{});
+    slot_of_.assign(chunks_.size(), -1);
+    prev_in_slot_.assign(chunks_.size(), -1);
+    {
+      std::vector<std::int64_t> last(std::size_t(slots_), -1);
+      std::int64_t packed = 0;
+      for (std::size_t c = 0; c < chunks_.size(); ++c) {
+        if (in_place_ && chunks_[c].contiguous) continue;
+        const std::int64_t slot = packed++ % slots_;
+        slot_of_[c] = slot;
+        prev_in_slot_[c] = last[std::size_t(slot)];
+        last[std::size_t(slot)] = std::int64_t(c);
+      }
+    }
     slot_size_ = windowed_ ? plan.widest : 0;
     const std::int64_t capacity =
-        windowed_ ? plan.widest * std::min<std::int64_t>(pipeline_depth, std::int64_t(chunks_.size())) : plan.total;
+        windowed_ ? plan.widest * std::min<std::int64_t>(slots_, std::int64_t(chunks_.size())) : plan.total;
     ensure(buffer_, std::size_t(capacity), "gradsync::fusion_buffer");
-    staged_ = use_host_staging();
     if (staged_) ensure(staging_, std::size_t(capacity), "gradsync::host_staging");
     upload(segs, dp_segs_, "gradsync::segments");
+    plan_first_ptr_.assign(chunks_.size(), nullptr);
+    for (std::size_t c = 0; c < chunks_.size(); ++c)
+      if (chunks_[c].seg_end > chunks_[c].seg_begin) plan_first_ptr_[c] = segs[std::size_t(chunks_[c].seg_begin)].ptr;
 
     // Local tensors: scaled in place, accumulated beside the buffer when N > 1.
     std::vector<Seg> lsegs;
@@ -357,51 +450,74 @@ class GradientSync {
 
   // Passes 1 .. N-1: sum gradients into the buffer (data-parallel) and the accumulator (local).
   void accumulate(bool first) {
-    impl::launch_per_segment(
+    impl::launch_segments(
         impl::label_pack(), exec_, n_dp_segs_,
         impl::PackKernel<value_type, execution_space, memory_space>{dp_segs_, buffer_, 0, 0, pre_factor_, !first});
-    impl::launch_per_segment(impl::label_local(), exec_, n_local_segs_,
-                             impl::LocalKernel<value_type, execution_space, memory_space>{
-                                 local_segs_, local_acc_, first ? impl::LocalMode::store : impl::LocalMode::accumulate});
+    impl::launch_segments(impl::label_local(), exec_, n_local_segs_,
+                          impl::LocalKernel<value_type, execution_space, memory_space>{
+                              local_segs_, local_acc_, first ? impl::LocalMode::store : impl::LocalMode::accumulate});
   }
 
   // Where chunk c lives in the buffer: its slot when windowed, its own place otherwise.
-  std::int64_t buffer_pos(std::size_t c) const {
-    return windowed_ ? std::int64_t(c % pipeline_depth) * slot_size_ : chunks_[c].begin;
+  std::int64_t buffer_pos(std::size_t c) const { return windowed_ ? slot_of_[c] * slot_size_ : chunks_[c].begin; }
+
+  bool reduced_in_place(std::size_t c) const { return in_place_ && chunks_[c].contiguous; }
+
+  void scale_in_place(std::size_t c, value_type factor) {
+    if (factor == value_type(1)) return;
+    const impl::Chunk& ch = chunks_[c];
+    impl::launch_segments(
+        impl::label_unpack(), exec_, ch.seg_end - ch.seg_begin,
+        impl::InPlaceScaleKernel<value_type, execution_space, memory_space>{dp_segs_, ch.seg_begin, factor});
   }
 
   // Packs chunk c into its place (the kernels index the buffer by segment offset - base).
   void pack_chunk(std::size_t c, bool aggregated) {
     const impl::Chunk& ch = chunks_[c];
-    impl::launch_per_segment(impl::label_pack(), exec_, ch.seg_end - ch.seg_begin,
-                             impl::PackKernel<value_type, execution_space, memory_space>{
-                                 dp_segs_, buffer_, ch.seg_begin, ch.begin - buffer_pos(c), pre_factor_, aggregated});
+    impl::launch_segments(impl::label_pack(), exec_, ch.seg_end - ch.seg_begin,
+                          impl::PackKernel<value_type, execution_space, memory_space>{
+                              dp_segs_, buffer_, ch.seg_begin, ch.begin - buffer_pos(c), pre_factor_, aggregated});
   }
 
   void unpack_chunk(std::size_t c) {
     const impl::Chunk& ch = chunks_[c];
-    impl::launch_per_segment(impl::label_unpack(), exec_, ch.seg_end - ch.seg_begin,
-                             impl::UnpackKernel<value_type, execution_space, memory_space>{
-                                 dp_segs_, buffer_, ch.seg_begin, ch.begin - buffer_pos(c), post_factor_});
+    impl::launch_segments(impl::label_unpack(), exec_, ch.seg_end - ch.seg_begin,
+                          impl::UnpackKernel<value_type, execution_space, memory_space>{
+                              dp_segs_, buffer_, ch.seg_begin, ch.begin - buffer_pos(c), post_factor_});
   }
 
   // Packs chunk c and hands it to the backend without waiting for the reduction.
   void launch_chunk(std::size_t c, bool aggregated) {
     const std::int64_t pos = buffer_pos(c), len = chunks_[c].size();
-    pack_chunk(c, aggregated);
-    if (staged_) impl::copy_buffer(exec_, staging_, std::size_t(pos), buffer_, std::size_t(pos), std::size_t(len));
+    value_type* data = nullptr;
+    if (reduced_in_place(c)) {
+      // Every factor is applied before the reduction: one pass that leaves the piece in cache for
+      // the backend to read, instead of a pass after it over memory the backend has just written.
+      scale_in_place(c, pre_factor_ * post_factor_);
+      data = chunk_data(c);
+      stats_.bytes_in_place += std::size_t(len) * sizeof(value_type);
+    } else {
+      pack_chunk(c, aggregated);
+      if (staged_) impl::copy_buffer(exec_, staging_, std::size_t(pos), buffer_, std::size_t(pos), std::size_t(len));
+      data = (staged_ ? staging_.data() : buffer_.data()) + pos;
+    }
     // The backend reads the buffer outside Kokkos, unless it is ordered on exec_'s own stream.
     if (staged_ || !impl::ordered_on(backend_, exec_)) impl::fence(exec_, impl::label_fence_pack());
-    value_type* data = (staged_ ? staging_.data() : buffer_.data()) + pos;
-    requests_[c % pipeline_depth] = backend_.iallreduce_sum(data, std::size_t(len));
+    if (blocking_)
+      backend_.allreduce_sum(data, std::size_t(len));
+    else
+      requests_[c] = backend_.iallreduce_sum(data, std::size_t(len));
     ++stats_.allreduce_calls;
     stats_.bytes_allreduced += std::size_t(len) * sizeof(value_type);
   }
 
   // Waits for chunk c's reduction and unpacks it into the gradients.
   void complete_chunk(std::size_t c) {
-    impl::wait_for(backend_, requests_[c % pipeline_depth], ctl_, opt_,
-                   impl::WaitSite{"allreduce", std::int64_t(stats_.passes), std::int64_t(c), std::int64_t(chunks_.size())});
+    // Nonblocking collectives are waited under the stall watchdog (blocking ones cannot be).
+    if (!blocking_)
+      impl::wait_for(backend_, requests_[c], ctl_, opt_,
+                     impl::WaitSite{"allreduce", std::int64_t(stats_.passes), std::int64_t(c), std::int64_t(chunks_.size())});
+    if (reduced_in_place(c)) return;  // scaled before the reduction
     if (staged_) {
       const std::int64_t pos = buffer_pos(c), len = chunks_[c].size();
       impl::copy_buffer(exec_, buffer_, std::size_t(pos), staging_, std::size_t(pos), std::size_t(len));
@@ -409,15 +525,49 @@ class GradientSync {
     unpack_chunk(c);
   }
 
-  // Chunk k is reduced while chunk k+1 is packed and chunk k-1 unpacked: up to pipeline_depth
-  // chunks are in flight, each in its own slot of the buffer.
-  void reduce_data_parallel(bool aggregated) {
-    const std::size_t n = chunks_.size();
-    for (std::size_t c = 0; c < n; ++c) {
-      if (c >= pipeline_depth) complete_chunk(c - pipeline_depth);
-      launch_chunk(c, aggregated);
+  // Where an in-place chunk starts in the gradients' memory.
+  value_type* chunk_data(std::size_t c) const { return plan_first_ptr_[c]; }
+
+  // The first reducing call of a step (mark_ready or synchronize): nothing is ready or in flight.
+  // Anything every rank must agree on before the step's first collective belongs here.
+  void begin_step() {
+    if (step_open_) return;
+    if (dirty_) build_plan();
+    ready_.reset();
+    launched_ = completed_ = 0;
+    step_open_ = true;
+  }
+
+  // Launches chunks [launched_, end) in fused order. Nonblocking: chunk k is reduced while chunk
+  // k+1 is packed and chunk k-1 unpacked, up to max_in_flight chunks in flight, packed ones each in
+  // a slot of the buffer; without `may_block` it stops where it would have to wait. Blocking:
+  // each chunk is packed, reduced and unpacked before the next (one slot, which stays hot).
+  void launch_through(std::size_t end, bool aggregated, bool may_block = true) {
+    for (; launched_ < end; ++launched_) {
+      if (blocking_) {
+        launch_chunk(launched_, aggregated);
+        complete_chunk(completed_++);
+        continue;
+      }
+      while (launched_ - completed_ >= max_in_flight ||
+             (prev_in_slot_[launched_] >= 0 && std::size_t(prev_in_slot_[launched_]) >= completed_)) {
+        if (!may_block) return;
+        complete_chunk(completed_++);
+      }
+      launch_chunk(launched_, aggregated);
     }
-    for (std::size_t c = n > pipeline_depth ? n - pipeline_depth : 0; c < n; ++c) complete_chunk(c);
+  }
+
+  void reduce_data_parallel(bool aggregated) {
+    begin_step();
+    launch_through(chunks_.size(), aggregated);
+    while (completed_ < launched_) complete_chunk(completed_++);
+    step_open_ = false;
+  }
+
+  // fusion_threshold_auto: time this step, move to the next candidate or settle.
+  void tune(double seconds) {
+    if (tuner_.record(seconds, [&](double* v, std::size_t n) { backend_.allreduce_max(v, n); })) dirty_ = true;
   }
 
   // Host staging: when the backend cannot read the buffer's memory space, or when asked to.
@@ -436,10 +586,9 @@ class GradientSync {
   }
 
   void finish_local(bool aggregated) {
-    impl::launch_per_segment(
-        impl::label_local(), exec_, n_local_segs_,
-        impl::LocalKernel<value_type, execution_space, memory_space>{
-            local_segs_, local_acc_, aggregated ? impl::LocalMode::finish : impl::LocalMode::scale});
+    impl::launch_segments(impl::label_local(), exec_, n_local_segs_,
+                          impl::LocalKernel<value_type, execution_space, memory_space>{
+                              local_segs_, local_acc_, aggregated ? impl::LocalMode::finish : impl::LocalMode::scale});
   }
 
   Backend backend_;
@@ -452,16 +601,28 @@ class GradientSync {
   bool dirty_ = true;
   bool windowed_ = true;
   int pass_ = 0;
-  static constexpr std::size_t pipeline_depth = 2;
+  static constexpr std::int64_t pipeline_depth = 2;  // buffer slots for nonblocking packed chunks
+  static constexpr std::size_t max_in_flight = 4;    // nonblocking chunks in flight at once
   std::vector<impl::Chunk> chunks_;
+  std::vector<value_type*> plan_first_ptr_;  // per chunk, its first value in the gradients
   std::int64_t slot_size_ = 0;
+  std::int64_t slots_ = pipeline_depth;
   bool staged_ = false;
-  typename Backend::Request requests_[pipeline_depth];
+  bool blocking_ = false;  // one blocking allreduce per chunk (Options::collectives)
+  bool in_place_ = false;  // contiguous chunks are reduced in the gradients' memory
+  // The step in progress: chunks launched and completed so far, and which are ready.
+  bool step_open_ = false;
+  std::size_t launched_ = 0, completed_ = 0;
+  impl::ReadyTracker ready_;
+  impl::ChunkTuner tuner_;
+  std::vector<typename Backend::Request> requests_;   // per chunk
+  std::vector<std::int64_t> slot_of_, prev_in_slot_;  // per chunk: its slot (-1: in place), the slot's previous chunk
   impl::BufferView<value_type, impl::staging_space_t<memory_space>> staging_;
   SegView dp_segs_, local_segs_;
   std::int64_t n_dp_segs_ = 0, n_local_segs_ = 0;
   Buffer buffer_, local_acc_;
   value_type pre_factor_ = 1, post_factor_ = 1;
+  bool need_check_ = true;  // registrations changed since the ranks last compared them
   impl::Control<Backend> ctl_;  // side channel: consistency check, stall reports, peer failures
 };
 

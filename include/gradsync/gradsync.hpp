@@ -1,6 +1,7 @@
 // gradsync: the whole public API.
 #pragma once
 
+#include "backend_traits.hpp"
 #include "config.hpp"
 #include "distributed_optimizer.hpp"
 #include "env.hpp"

@@ -33,12 +33,31 @@ enum class StallAction {
   abort,        ///< print the report and call MPI_Abort (ends every rank of the job)
 };
 
+/// How fused chunks are handed to the backend.
+enum class Collectives {
+  automatic,    ///< what measures faster for the backend (gradsync::prefers_blocking_allreduce)
+  blocking,     ///< one blocking allreduce per chunk, the chunk unpacked at once
+  nonblocking,  ///< up to two chunks in flight, packed and unpacked around the reduction
+};
+
+/// The order of data-parallel gradients in the fused buffer, hence the order chunks are reduced in.
+enum class FusionOrder {
+  reverse,       ///< last registered first: backward produces gradients last layer first
+  registration,  ///< as registered
+};
+
+/// Options::fusion_threshold_bytes = fusion_threshold_auto times a few chunk sizes during the first
+/// steps (all ranks agree on the timings) and keeps the fastest.
+inline constexpr std::size_t fusion_threshold_auto = ~std::size_t(0);
+
 struct Options {
   ReduceOp op = ReduceOp::average;
   double prescale_factor = 1.0;   ///< applied to data-parallel gradients before the reduction
   double postscale_factor = 1.0;  ///< applied after it
-  /// Largest fused chunk handed to the backend in one call. 0 means no fusion (one call per tensor).
-  std::size_t fusion_threshold_bytes = std::size_t(4) << 20;
+  /// Largest fused chunk handed to the backend in one call. 0 means no fusion (one call per tensor);
+  /// fusion_threshold_auto picks it by measurement. The default comes from the sweep in
+  /// docs/BENCHMARKS.md.
+  std::size_t fusion_threshold_bytes = std::size_t(2) << 20;
   int backward_passes_per_step = 1;          ///< local gradient aggregation: N passes per sync
   bool average_aggregated_gradients = false; ///< divide aggregated gradients by N
   bool scale_local_gradients = true;         ///< 1/world_size for runtime-registered local vars
@@ -59,6 +78,16 @@ struct Options {
   bool check_finite = false;
   /// Apply GRADSYNC_* environment variables over these values (they take precedence over code).
   bool read_environment = true;
+  Collectives collectives = Collectives::automatic;
+  /// Data-parallel tensors of at least in_place_min_fraction of a fused chunk (fusion_threshold_bytes)
+  /// and at least in_place_min_bytes are reduced in place, in chunks of their own, without the
+  /// copies through the fusion buffer (only without aggregation and host staging); smaller ones are
+  /// fused into full chunks. Half a chunk keeps messages large and the call count near that of one
+  /// contiguous buffer; below 64 KiB a copy costs less than a call of its own. Both 0: every tensor
+  /// in place; fraction infinity: none.
+  double in_place_min_fraction = 0.5;
+  std::size_t in_place_min_bytes = std::size_t(64) << 10;
+  FusionOrder fusion_order = FusionOrder::reverse;
 };
 
 }  // namespace gradsync

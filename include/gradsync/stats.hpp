@@ -8,6 +8,7 @@ namespace gradsync {
 struct Stats {
   std::uint64_t bytes_allreduced = 0;   ///< bytes this rank handed to the backend's allreduce
   std::uint64_t allreduce_calls = 0;    ///< backend allreduce calls (one per fused chunk)
+  std::uint64_t bytes_in_place = 0;     ///< of bytes_allreduced, those reduced in the gradients' own memory
   std::uint64_t passes = 0;             ///< synchronize() calls
   std::uint64_t steps = 0;              ///< synchronize() calls that returned true
   std::uint64_t plan_builds = 0;        ///< times the fusion plan was (re)built

@@ -44,14 +44,15 @@ inline std::uint64_t fnv1a(const void* p, std::size_t n, std::uint64_t h = 14695
 
 // The options that must agree, as words, with their names for the message.
 struct OptionWords {
-  static constexpr int count = 12;
+  static constexpr int count = 16;
   std::int64_t w[count] = {};
   static const char* name(int i) {
     static const char* const names[count] = {
         "value type", "op", "prescale_factor", "postscale_factor", "fusion_threshold_bytes",
         "backward_passes_per_step", "average_aggregated_gradients", "consistency_check", "check_finite",
         "gradsync::impl::max_chunk_elements()", "synchronize() calls so far",
-        "scale_local_gradients"};
+        "scale_local_gradients", "fusion_order", "collectives", "in_place_min_fraction",
+        "in_place_min_bytes"};
     return names[i];
   }
   static std::string show(int i, std::int64_t v) {
@@ -59,7 +60,8 @@ struct OptionWords {
       case 0: return v == 4 ? "float" : v == 8 ? "double" : cat(v, "-byte values");
       case 1: return to_string(ReduceOp(v));
       case 2:
-      case 3: {
+      case 3:
+      case 14: {
         double d;
         std::memcpy(&d, &v, sizeof d);
         return cat(d);
@@ -110,6 +112,10 @@ void check_consistency(const Backend& backend, Control<Backend>& ctl, const Opti
   ow.w[9] = std::int64_t(max_chunk);
   ow.w[10] = passes;
   ow.w[11] = o.scale_local_gradients;  // not exchanged, but local gradients would follow another loss
+  ow.w[12] = std::int64_t(o.fusion_order);  // these four shape the chunks and the calls
+  ow.w[13] = std::int64_t(o.collectives);
+  ow.w[14] = double_bits(o.in_place_min_fraction);
+  ow.w[15] = std::int64_t(o.in_place_min_bytes);
 
   // Per data-parallel tensor: a non-negative hash of (group, size, value type).
   std::vector<std::int64_t> h;

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include "../config.hpp"
 #include "memory_ops.hpp"
@@ -62,6 +63,20 @@ struct PackKernel {
       Kokkos::parallel_for(Kokkos::TeamThreadRange(team, s.count),
                            [&](std::int64_t i) { out[i] = pre * in[i]; });
   }
+
+  // Host execution spaces: one iteration per segment, a plain loop the compiler vectorizes.
+  KOKKOS_INLINE_FUNCTION void operator()(const std::int64_t k) const {
+    const Segment<T> s = segs(first_seg + k);
+    T* const out = buf.data() + (s.off - base);
+    const T* const in = s.ptr;
+    const T pre = prescale;
+    if (accumulate)
+      for (std::int64_t i = 0; i < s.count; ++i) out[i] += pre * in[i];
+    else if (pre == T(1))
+      for (std::int64_t i = 0; i < s.count; ++i) out[i] = in[i];
+    else
+      for (std::int64_t i = 0; i < s.count; ++i) out[i] = pre * in[i];
+  }
 };
 
 // ptr[i] = factor * buf[off - base + i]
@@ -80,6 +95,37 @@ struct UnpackKernel {
     const T f = factor;
     Kokkos::parallel_for(Kokkos::TeamThreadRange(team, s.count),
                          [&](std::int64_t i) { out[i] = f * in[i]; });
+  }
+
+  KOKKOS_INLINE_FUNCTION void operator()(const std::int64_t k) const {
+    const Segment<T> s = segs(first_seg + k);
+    const T* const in = buf.data() + (s.off - base);
+    T* const out = s.ptr;
+    const T f = factor;
+    for (std::int64_t i = 0; i < s.count; ++i) out[i] = f * in[i];
+  }
+};
+
+// ptr[i] *= factor: the scale of a chunk reduced in place in the gradients' own memory.
+template <class T, class ExecutionSpace, class MemorySpace>
+struct InPlaceScaleKernel {
+  using member_type = team_member_t<ExecutionSpace>;
+  SegmentView<T, MemorySpace> segs;
+  std::int64_t first_seg;
+  T factor;
+
+  KOKKOS_INLINE_FUNCTION void operator()(const member_type& team) const {
+    const Segment<T> s = segs(first_seg + team.league_rank());
+    T* const g = s.ptr;
+    const T f = factor;
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, s.count), [&](std::int64_t i) { g[i] *= f; });
+  }
+
+  KOKKOS_INLINE_FUNCTION void operator()(const std::int64_t k) const {
+    const Segment<T> s = segs(first_seg + k);
+    T* const g = s.ptr;
+    const T f = factor;
+    for (std::int64_t i = 0; i < s.count; ++i) g[i] *= f;
   }
 };
 
@@ -120,12 +166,56 @@ struct LocalKernel {
         break;
     }
   }
+
+  KOKKOS_INLINE_FUNCTION void operator()(const std::int64_t k) const {
+    const Segment<T> s = segs(k);
+    T* const g = s.ptr;
+    T* const a = mode == LocalMode::scale ? nullptr : acc.data() + s.off;
+    const T f = s.scale;
+    switch (mode) {
+      case LocalMode::scale:
+        for (std::int64_t i = 0; i < s.count; ++i) g[i] *= f;
+        break;
+      case LocalMode::store:
+        for (std::int64_t i = 0; i < s.count; ++i) a[i] = g[i];
+        break;
+      case LocalMode::accumulate:
+        for (std::int64_t i = 0; i < s.count; ++i) a[i] += g[i];
+        break;
+      case LocalMode::finish:
+        for (std::int64_t i = 0; i < s.count; ++i) g[i] = f * (a[i] + g[i]);
+        break;
+    }
+  }
 };
 
+/// Whether an execution space runs on the host: there a RangePolicy over segments with plain loops
+/// costs less than a team per segment; on GPUs a team per segment spreads the elements.
+template <class ExecutionSpace, class = void>
+struct is_host_execution_space : std::false_type {};
+template <class ExecutionSpace>
+struct is_host_execution_space<ExecutionSpace, std::void_t<typename ExecutionSpace::memory_space>>
+    : std::is_same<typename ExecutionSpace::memory_space, Kokkos::HostSpace> {};
+template <class ExecutionSpace>
+inline constexpr bool is_host_execution_space_v = is_host_execution_space<ExecutionSpace>::value;
+
+/// One team per segment: any kernel with a team operator().
 template <class ExecutionSpace, class Kernel>
 void launch_per_segment(const std::string& label, const ExecutionSpace& exec, std::int64_t nsegs, const Kernel& k) {
   if (nsegs <= 0) return;
   SegmentLaunch<ExecutionSpace>::run(label, exec, nsegs, k);
+}
+
+/// The fusion kernels (a team operator() and a per-segment one): plain loops over segments on host
+/// execution spaces, a team per segment elsewhere.
+template <class ExecutionSpace, class Kernel>
+void launch_segments(const std::string& label, const ExecutionSpace& exec, std::int64_t nsegs, const Kernel& k) {
+  if (nsegs <= 0) return;
+  if constexpr (is_host_execution_space_v<ExecutionSpace>)
+    Kokkos::parallel_for(label, Kokkos::RangePolicy<ExecutionSpace, Kokkos::IndexType<std::int64_t>>(exec, 0, nsegs),
+                         k);
+  else
+    launch_per_segment(label, exec, nsegs, k);
 }
 
 }  // namespace gradsync::impl

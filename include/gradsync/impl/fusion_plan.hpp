@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
+#include <utility>
 #include <vector>
 
 #include "fusion_kernels.hpp"
@@ -19,6 +21,9 @@ inline constexpr std::int64_t max_segment_elements = std::int64_t(1) << 12;
 struct Chunk {
   std::int64_t begin = 0, end = 0;          // range in the fused index space
   std::int64_t seg_begin = 0, seg_end = 0;  // its segments in FusionPlan::segments
+  // Its segments lie back to back in memory (a piece of one tensor, or neighbouring tensors):
+  // it can be reduced in place, without a copy through the fusion buffer.
+  bool contiguous = false;
   std::int64_t size() const { return end - begin; }
 };
 
@@ -28,39 +33,86 @@ struct FusionPlan {
   std::vector<Segment<T>> segments;  // off = position in the fused index space
   std::int64_t total = 0;            // elements of all tensors
   std::int64_t widest = 0;           // elements of the largest chunk
+  std::int64_t widest_packed = 0;    // elements of the largest chunk that is not contiguous
+  // Per input tensor, its chunks [first, last]; {-1, -2} for an empty tensor (in no chunk).
+  std::vector<std::pair<std::int64_t, std::int64_t>> tensor_chunks;
 
   struct Tensor {
     T* data;
     std::size_t size;
   };
 
-  // Tensors are laid out back to back in the given order. With `per_tensor` every tensor starts a
-  // chunk of its own (no fusion); otherwise chunks are fixed windows of `limit` elements that may
-  // split tensors. No chunk exceeds `limit` elements either way.
-  static FusionPlan build(const std::vector<Tensor>& tensors, std::int64_t limit, bool per_tensor) {
+  // Chunks follow the given tensor order. Tensors of at least `own_min` elements (and every
+  // tensor with `per_tensor`, i.e. no fusion) get chunks of their own: equal pieces of at most
+  // `limit` elements, reducible in place. The others fill packed chunks of `limit` elements, which
+  // may split a tensor; a packed chunk is placed where it fills up (or at the end), so each chunk
+  // comes after every tensor it holds. Fused positions follow chunk order.
+  static FusionPlan build(const std::vector<Tensor>& tensors, std::int64_t limit, bool per_tensor,
+                          std::int64_t own_min = std::numeric_limits<std::int64_t>::max()) {
     FusionPlan p;
-    for (const Tensor& t : tensors) p.total += std::int64_t(t.size);
-    std::int64_t offset = 0;
-    for (const Tensor& t : tensors) {
-      const std::int64_t size = std::int64_t(t.size);
-      for (std::int64_t done = 0; done < size;) {
-        const std::int64_t pos = offset + done;
-        if (p.chunks.empty() || pos >= p.chunks.back().end) {
-          Chunk c;
-          c.begin = pos;
-          c.end = std::min(pos + limit, per_tensor ? offset + size : p.total);
-          c.seg_begin = c.seg_end = std::int64_t(p.segments.size());
-          p.chunks.push_back(c);
-        }
-        Chunk& c = p.chunks.back();
-        const std::int64_t len = std::min({size - done, c.end - pos, max_segment_elements});
-        p.segments.push_back(Segment<T>{t.data + done, pos, len, T(1)});
-        c.seg_end = std::int64_t(p.segments.size());
-        done += len;
+    std::vector<Segment<T>> open;           // the packed chunk being filled, offsets from its start
+    std::vector<std::size_t> open_tensors;  // the tensors it holds
+    std::int64_t open_size = 0;
+    auto emit = [&](std::vector<Segment<T>>& segs, std::int64_t size, const std::vector<std::size_t>& members) {
+      Chunk c;
+      c.begin = p.total;
+      c.end = p.total + size;
+      c.seg_begin = std::int64_t(p.segments.size());
+      for (Segment<T> sg : segs) {
+        sg.off += p.total;
+        p.segments.push_back(sg);
       }
-      offset += size;
+      c.seg_end = std::int64_t(p.segments.size());
+      const std::int64_t idx = std::int64_t(p.chunks.size());
+      for (std::size_t i : members) {
+        auto& tc = p.tensor_chunks[i];
+        if (tc.first < 0) tc.first = idx;
+        tc.second = idx;
+      }
+      p.chunks.push_back(c);
+      p.total += size;
+    };
+    std::vector<Segment<T>> own;
+    for (std::size_t i = 0; i < tensors.size(); ++i) {
+      const Tensor& t = tensors[i];
+      const std::int64_t size = std::int64_t(t.size);
+      p.tensor_chunks.emplace_back(-1, -2);
+      if (size == 0) continue;
+      if (per_tensor || size >= own_min) {
+        const std::int64_t pieces = (size + limit - 1) / limit, piece = (size + pieces - 1) / pieces;
+        for (std::int64_t done = 0; done < size;) {
+          const std::int64_t n = std::min(piece, size - done);
+          own.clear();
+          for (std::int64_t k = 0; k < n; k += max_segment_elements)
+            own.push_back(Segment<T>{t.data + done + k, k, std::min(max_segment_elements, n - k), T(1)});
+          emit(own, n, {i});
+          done += n;
+        }
+        continue;
+      }
+      for (std::int64_t done = 0; done < size;) {
+        const std::int64_t len = std::min({size - done, limit - open_size, max_segment_elements});
+        open.push_back(Segment<T>{t.data + done, open_size, len, T(1)});
+        if (open_tensors.empty() || open_tensors.back() != i) open_tensors.push_back(i);
+        open_size += len;
+        done += len;
+        if (open_size == limit) {
+          emit(open, open_size, open_tensors);
+          open.clear();
+          open_tensors.clear();
+          open_size = 0;
+        }
+      }
     }
-    for (const Chunk& c : p.chunks) p.widest = std::max(p.widest, c.size());
+    if (open_size > 0) emit(open, open_size, open_tensors);
+    for (Chunk& c : p.chunks) {
+      c.contiguous = true;
+      for (std::int64_t k = c.seg_begin; k + 1 < c.seg_end; ++k)
+        c.contiguous = c.contiguous && p.segments[std::size_t(k)].ptr + p.segments[std::size_t(k)].count ==
+                                           p.segments[std::size_t(k + 1)].ptr;
+      p.widest = std::max(p.widest, c.size());
+      if (!c.contiguous) p.widest_packed = std::max(p.widest_packed, c.size());
+    }
     return p;
   }
 };

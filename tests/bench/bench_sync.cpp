@@ -1,0 +1,380 @@
+// gradsync benchmark: the fused sync against raw MPI on the same bytes, per-tensor MPI, growth
+// sweeps and overlap with a simulated backward. Rank 0 appends CSV rows to the output file:
+//   section,case,method,bytes,tensors,ranks,median_s,reps
+// tests/bench/run.sh runs every section, PyTorch DDP beside it, and writes docs/BENCHMARKS.md.
+//
+//   bench_sync models  <models_dir> <out.csv> [budget_s]   real models, raw sweep, per tensor
+//   bench_sync chunks  <models_dir> <out.csv> [budget_s]   gradsync and raw over chunk sizes
+//   bench_sync growth  <out.csv> [max_mib] [budget_s]      tensor count and byte sweeps
+//   bench_sync overlap <models_dir> <out.csv> [budget_s]   mark_ready during a simulated backward
+//   bench_sync hostpath <tensors> <reps>                   host path only (for callgrind)
+//   bench_sync smoke                                       a few tiny runs of every path (ctest)
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <gradsync/gradsync.hpp>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "bench_common.hpp"
+
+namespace {
+
+using Grad = Kokkos::View<float*>;
+using Sync = gradsync::GradientSync<gradsync::MpiBackend, Grad>;
+struct Dense {};
+struct Tables {};
+
+}  // namespace
+
+template <>
+struct gradsync::LocalVarPolicy<Tables> : gradsync::KeepLocal<gradsync::LocalScale::world_size> {};
+
+namespace {
+
+constexpr std::size_t KiB = 1024, MiB = 1024 * 1024;
+
+FILE* out_file = nullptr;
+
+void row(const std::string& section, const std::string& cas, const std::string& method, std::size_t bytes,
+         std::size_t tensors, double median_s, std::size_t reps) {
+  if (bench::rank() != 0) return;
+  std::fprintf(out_file, "%s,%s,%s,%zu,%zu,%d,%.9g,%zu\n", section.c_str(), cas.c_str(), method.c_str(), bytes, tensors,
+               bench::size(), median_s, reps);
+  std::fflush(out_file);
+  std::printf("  %-10s %-22s %-26s %12zu B %6zu tensors  %10.3f ms\n", section.c_str(), cas.c_str(), method.c_str(),
+              bytes, tensors, median_s * 1e3);
+  std::fflush(stdout);
+}
+
+// The gradients of a model, each its own allocation (as a framework would hold them).
+struct Tensors {
+  std::vector<Grad> g;
+  explicit Tensors(const bench::Model& m) {
+    for (std::size_t i = 0; i < m.numel.size(); ++i) {
+      g.emplace_back(Kokkos::view_alloc(Kokkos::WithoutInitializing, "g"), m.numel[i]);
+      Kokkos::deep_copy(g.back(), 1e-3f);
+    }
+  }
+};
+
+std::unique_ptr<Sync> make_sync(const bench::Model& m, Tensors& t, gradsync::Options opt) {
+  auto s = std::make_unique<Sync>(gradsync::MpiBackend(MPI_COMM_WORLD), opt);
+  for (std::size_t i = 0; i < m.numel.size(); ++i) {
+    if (m.local[i])
+      s->add<Tables>(t.g[i]);
+    else
+      s->add<Dense>(t.g[i]);
+  }
+  return s;
+}
+
+// One contiguous buffer of `elements` floats reduced in chunks of `chunk` bytes (0: one call).
+void raw_chunked(float* buf, std::size_t elements, std::size_t chunk_bytes) {
+  const std::size_t step = chunk_bytes ? chunk_bytes / sizeof(float) : elements;
+  for (std::size_t off = 0; off < elements; off += step)
+    MPI_Allreduce(MPI_IN_PLACE, buf + off, int(std::min(step, elements - off)), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+}
+
+std::string size_label(std::size_t bytes) {
+  char b[32];
+  if (bytes >= MiB)
+    std::snprintf(b, sizeof b, "%gMiB", double(bytes) / MiB);
+  else
+    std::snprintf(b, sizeof b, "%gKiB", double(bytes) / KiB);
+  return b;
+}
+
+const std::vector<std::size_t>& raw_sweep() {
+  static const std::vector<std::size_t> s = {256 * KiB, 512 * KiB, 1 * MiB, 2 * MiB, 4 * MiB, 8 * MiB, 16 * MiB};
+  return s;
+}
+
+std::vector<bench::Model> load_models(const std::string& dir, std::size_t* dlrm_mlp) {
+  std::vector<bench::Model> ms;
+  ms.push_back(bench::read_csv_model(dir + "/resnet50.csv", "ResNet-50"));
+  ms.push_back(bench::read_csv_model(dir + "/vit_b_16.csv", "ViT-B/16"));
+  ms.push_back(bench::read_csv_model(dir + "/mobilenet_v2.csv", "MobileNetV2"));
+  ms.push_back(bench::read_dlrm_model(dir + "/dlrm_criteo_kaggle.json", 100000, dlrm_mlp));
+  return ms;
+}
+
+// Times one sync of every method on `m`: gradsync, raw contiguous at each chunk size, per tensor.
+void bench_model(const bench::Model& m, double budget, gradsync::Options opt, const std::string& section,
+                 std::size_t dlrm_mlp) {
+  Tensors t(m);
+  auto sync = make_sync(m, t, opt);
+  const std::size_t elems = m.dp_elements(), bytes = elems * sizeof(float);
+  if (dlrm_mlp) {
+    // DLRM: only the MLP moves. Checked on the plan and on what one synchronize() hands to MPI.
+    const auto before = sync->stats().bytes_allreduced;
+    sync->synchronize();
+    const auto moved = sync->stats().bytes_allreduced - before;
+    if (sync->data_parallel_bytes() != dlrm_mlp * sizeof(float) || moved != dlrm_mlp * sizeof(float))
+      throw std::runtime_error("DLRM: gradsync moved " + std::to_string(moved) + " bytes, the MLP holds " +
+                               std::to_string(dlrm_mlp * sizeof(float)));
+    std::size_t local = 0, nlocal = 0;
+    for (std::size_t i = 0; i < m.numel.size(); ++i)
+      if (m.local[i]) local += m.numel[i] * sizeof(float), ++nlocal;
+    if (bench::rank() == 0)
+      std::printf("  DLRM: %zu bytes allreduced per sync = MLP bytes (%zu parameters); tables stay local\n",
+                  std::size_t(moved), dlrm_mlp);
+    row(section, m.name, "local table bytes (rank 0)", local, nlocal, 0, 0);
+  }
+  std::vector<float> raw(elems, 0.f);
+  std::vector<Grad> dp;
+  for (std::size_t i = 0; i < m.numel.size(); ++i)
+    if (!m.local[i]) dp.push_back(t.g[i]);
+
+  std::vector<bench::Method> ms;
+  ms.push_back({"gradsync", [&] { sync->synchronize(); }, {}});
+  // Variants (BENCH_VARIANTS=1): what each choice of the default is worth, same run.
+  std::vector<std::unique_ptr<Sync>> variants;
+  auto variant = [&](const std::string& label, gradsync::Options o) {
+    variants.push_back(make_sync(m, t, o));
+    Sync* s = variants.back().get();
+    ms.push_back({label, [s] { s->synchronize(); }, {}});
+  };
+  gradsync::Options o = opt;
+  o.collectives = gradsync::Collectives::nonblocking;
+  variant("gradsync nonblocking", o);
+  o = opt;
+  o.op = gradsync::ReduceOp::sum;  // what raw and per-tensor compute: no 1/n pass
+  variant("gradsync op=sum", o);
+  if (std::getenv("BENCH_VARIANTS")) {
+    for (double f : {0.0, 0.25, 1.0, HUGE_VAL}) {
+      o = opt;
+      o.in_place_min_fraction = f;
+      variant("gradsync in_place_min_fraction " + std::to_string(f), o);
+    }
+  }
+  for (std::size_t c : raw_sweep())
+    if (c / 2 < bytes) ms.push_back({"raw " + size_label(c), [&, c] { raw_chunked(raw.data(), elems, c); }, {}});
+  ms.push_back({"per-tensor",
+                [&] {
+                  for (auto& g : dp)
+                    MPI_Allreduce(MPI_IN_PLACE, g.data(), int(g.size()), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+                },
+                {}});
+  // Estimate one round, then fill the budget.
+  std::vector<bench::Method> probe = ms;
+  bench::measure(probe, 1, 1);
+  double round = 0;
+  for (auto& p : probe) round += p.times[0];
+  const int reps = bench::reps_for(round, budget, 7, 301);
+  bench::measure(ms, 1, reps);
+  double best = 1e30;
+  std::string best_name;
+  for (auto& mm : ms) {
+    const double med = bench::median(mm.times);
+    row(section, m.name, mm.name, bytes, m.dp_tensors(), med, mm.times.size());
+    if (mm.name.rfind("raw ", 0) == 0 && med < best) best = med, best_name = mm.name;
+  }
+  row(section, m.name, "raw best (" + best_name.substr(4) + ")", bytes, m.dp_tensors(), best, std::size_t(reps));
+}
+
+void run_models(const std::string& dir, double budget, const std::string& only) {
+  std::size_t mlp = 0;
+  auto models = load_models(dir, &mlp);
+  for (auto& m : models)
+    if (only.empty() || m.name.find(only) != std::string::npos)
+      bench_model(m, budget, gradsync::Options{}, "models", m.name.rfind("DLRM", 0) == 0 ? mlp : 0);
+}
+
+// gradsync at several fusion thresholds beside raw at the same chunk sizes: the default's evidence.
+void run_chunks(const std::string& dir, double budget) {
+  std::size_t mlp = 0;
+  auto models = load_models(dir, &mlp);
+  for (int k : {0, 1, 2}) {  // ResNet-50, ViT-B/16, MobileNetV2
+    const bench::Model& m = models[std::size_t(k)];
+    Tensors t(m);
+    const std::size_t elems = m.dp_elements(), bytes = elems * sizeof(float);
+    std::vector<float> raw(elems, 0.f);
+    std::vector<std::unique_ptr<Sync>> syncs;
+    std::vector<bench::Method> ms;
+    for (std::size_t c : raw_sweep()) {
+      gradsync::Options o;
+      o.fusion_threshold_bytes = c;
+      syncs.push_back(make_sync(m, t, o));
+      Sync* s = syncs.back().get();
+      ms.push_back({"gradsync " + size_label(c), [s] { s->synchronize(); }, {}});
+      ms.push_back({"raw " + size_label(c), [&, c] { raw_chunked(raw.data(), elems, c); }, {}});
+    }
+    std::vector<bench::Method> probe = ms;
+    bench::measure(probe, 1, 1);
+    double round = 0;
+    for (auto& p : probe) round += p.times[0];
+    bench::measure(ms, 1, bench::reps_for(round, budget, 5, 201));
+    for (auto& mm : ms) row("chunks", m.name, mm.name, bytes, m.dp_tensors(), bench::median(mm.times), mm.times.size());
+  }
+}
+
+// Tensor count (1 KiB tensors) and total bytes (256 KiB tensors) sweeps.
+void run_growth(std::size_t max_mib, double budget) {
+  for (std::size_t n : {10, 30, 100, 300, 1000, 3000, 10000}) {
+    bench::Model m{"count", std::vector<std::size_t>(n, 256), std::vector<bool>(n, false)};
+    Tensors t(m);
+    auto sync = make_sync(m, t, {});
+    std::vector<bench::Method> ms;
+    ms.push_back({"gradsync", [&] { sync->synchronize(); }, {}});
+    ms.push_back({"per-tensor",
+                  [&] {
+                    for (auto& g : t.g)
+                      MPI_Allreduce(MPI_IN_PLACE, g.data(), int(g.size()), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+                  },
+                  {}});
+    std::vector<float> raw(n * 256, 0.f);
+    ms.push_back({"raw 2MiB", [&] { raw_chunked(raw.data(), raw.size(), 2 * MiB); }, {}});
+    bench::measure(ms, 2, bench::reps_for(0.002 * double(n) / 100, budget / 7, 15, 301));
+    for (auto& mm : ms)
+      row("tensors", std::to_string(n), mm.name, n * KiB, n, bench::median(mm.times), mm.times.size());
+  }
+  for (std::size_t mib = 1; mib <= max_mib; mib *= 2) {
+    const std::size_t n = mib * 4;  // 256 KiB tensors
+    bench::Model m{"bytes", std::vector<std::size_t>(n, 64 * KiB), std::vector<bool>(n, false)};
+    Tensors t(m);
+    auto sync = make_sync(m, t, {});
+    std::vector<float> raw(n * 64 * KiB, 0.f);
+    std::vector<bench::Method> ms;
+    ms.push_back({"gradsync", [&] { sync->synchronize(); }, {}});
+    ms.push_back({"raw 2MiB", [&] { raw_chunked(raw.data(), raw.size(), 2 * MiB); }, {}});
+    bench::measure(ms, 1, bench::reps_for(2 * 0.25e-3 * double(mib), budget / 10, 5, 201));
+    for (auto& mm : ms)
+      row("bytes", size_label(mib * MiB), mm.name, mib * MiB, n, bench::median(mm.times), mm.times.size());
+  }
+}
+
+// Overlap with backward. A simulated accelerator computes backward while the host waits: tensor k
+// (last layer first) becomes ready at a time proportional to the bytes before it, the whole pass
+// lasting `factor` times the plain sync. The host marks each gradient ready when its time comes and
+// calls progress() in between (as it would while polling device events), then synchronize().
+// Exposed = end of synchronize() - end of backward; reported over the plain sync's time.
+void run_overlap(const std::string& dir, double budget, double factor) {
+  std::size_t mlp = 0;
+  auto models = load_models(dir, &mlp);
+  for (int k : {0, 1, 2}) {
+    const bench::Model& m = models[std::size_t(k)];
+    Tensors t(m);
+    gradsync::Options nb;
+    nb.collectives = gradsync::Collectives::nonblocking;
+    auto plain = make_sync(m, t, {});
+    auto plain_nb = make_sync(m, t, nb);
+    auto overlapped = make_sync(m, t, nb);
+    std::vector<bench::Method> ms;
+    ms.push_back({"sync (default)", [&] { plain->synchronize(); }, {}});
+    ms.push_back({"sync (nonblocking)", [&] { plain_nb->synchronize(); }, {}});
+    bench::measure(ms, 2, bench::reps_for(0.5e-9 * double(m.dp_elements()) * 2, budget / 3, 9, 101));
+    const double comm = bench::median(ms[0].times);
+    const double backward = factor * comm;
+    // Ready times, in backward order (reverse registration).
+    const std::size_t n = m.numel.size();
+    std::vector<double> ready_at(n);
+    double total = 0, acc = 0;
+    for (std::size_t x : m.numel) total += double(x);
+    for (std::size_t j = 0; j < n; ++j) {
+      acc += double(m.numel[n - 1 - j]);
+      ready_at[j] = backward * acc / total;
+    }
+    std::vector<double> exposed, no_overlap;
+    const int reps = bench::reps_for(2 * (backward + comm), budget / 2, 7, 101);
+    for (int r = 0; r < reps; ++r) {
+      for (int mode = 0; mode < 2; ++mode) {
+        MPI_Barrier(MPI_COMM_WORLD);
+        const double t0 = MPI_Wtime();
+        std::size_t j = 0;
+        while (j < n) {
+          if (MPI_Wtime() - t0 >= ready_at[j]) {
+            if (mode == 1) overlapped->mark_ready(t.g[n - 1 - j]);
+            ++j;
+          } else {
+            // Waiting on the device: let chunks advance, then yield the core for a moment (as a
+            // host blocked on a device event would) instead of spinning against other processes.
+            if (mode == 1) overlapped->progress();
+            std::this_thread::sleep_for(std::chrono::microseconds(20));
+          }
+        }
+        if (mode == 1)
+          overlapped->synchronize();
+        else
+          plain->synchronize();
+        double e = MPI_Wtime() - (t0 + backward);
+        MPI_Allreduce(MPI_IN_PLACE, &e, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+        (mode == 1 ? exposed : no_overlap).push_back(e);
+      }
+    }
+    const std::size_t bytes = m.dp_elements() * sizeof(float);
+    row("overlap", m.name, "sync (default)", bytes, m.dp_tensors(), comm, ms[0].times.size());
+    row("overlap", m.name, "sync (nonblocking)", bytes, m.dp_tensors(), bench::median(ms[1].times), ms[1].times.size());
+    row("overlap", m.name, "backward (simulated)", bytes, m.dp_tensors(), backward, std::size_t(reps));
+    row("overlap", m.name, "exposed: sync after backward", bytes, m.dp_tensors(), bench::median(no_overlap),
+        std::size_t(reps));
+    row("overlap", m.name, "exposed: mark_ready", bytes, m.dp_tensors(), bench::median(exposed), std::size_t(reps));
+  }
+}
+
+// The host path alone on `n` tiny tensors (one value each): what callgrind counts.
+void run_hostpath(std::size_t n, int reps) {
+  bench::Model m{"tiny", std::vector<std::size_t>(n, 1), std::vector<bool>(n, false)};
+  Tensors t(m);
+  auto sync = make_sync(m, t, {});
+  sync->synchronize();  // builds the plan: not part of the steady state
+  for (int r = 0; r < reps; ++r) sync->synchronize();
+  if (bench::rank() == 0) std::printf("hostpath: %zu tensors, %d syncs\n", n, reps);
+}
+
+// ctest: every path once, briefly (no timing is asserted; the DLRM byte check is).
+void run_smoke(const std::string& dir) {
+  std::size_t mlp = 0;
+  if (std::ifstream(dir + "/dlrm_criteo_kaggle.json")) {
+    bench::Model d = bench::read_dlrm_model(dir + "/dlrm_criteo_kaggle.json", 1000, &mlp);
+    bench_model(d, 0.05, {}, "smoke", mlp);
+  }
+  bench::Model small{"small", std::vector<std::size_t>(50, 300), std::vector<bool>(50, false)};
+  small.numel[7] = 600000;  // one tensor reduced in place
+  bench_model(small, 0.05, {}, "smoke", 0);
+  run_hostpath(100, 3);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  Kokkos::initialize(argc, argv);
+  int rc = 0;
+  try {
+    const std::string mode = argc > 1 ? argv[1] : "smoke";
+    auto arg = [&](int i, const char* dflt) { return std::string(argc > i ? argv[i] : dflt); };
+    std::string out = "/dev/stdout";
+    if (mode == "models" || mode == "chunks" || mode == "overlap") out = arg(3, "/dev/null");
+    if (mode == "growth") out = arg(2, "/dev/null");
+    if (bench::rank() == 0) {
+      out_file = std::fopen(out.c_str(), "a");
+      if (!out_file) throw std::runtime_error("cannot open " + out);
+    }
+    if (mode == "models")
+      run_models(arg(2, "."), std::stod(arg(4, "8")), arg(5, ""));
+    else if (mode == "chunks")
+      run_chunks(arg(2, "."), std::stod(arg(4, "8")));
+    else if (mode == "growth")
+      run_growth(std::stoul(arg(3, "512")), std::stod(arg(4, "40")));
+    else if (mode == "overlap")
+      run_overlap(arg(2, "."), std::stod(arg(4, "8")), std::stod(arg(5, "2")));
+    else if (mode == "hostpath")
+      run_hostpath(std::stoul(arg(2, "1000")), std::stoi(arg(3, "100")));
+    else if (mode == "smoke")
+      run_smoke(arg(2, GRADSYNC_BENCH_MODELS_DIR));
+    else
+      throw std::runtime_error("unknown mode " + mode);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_sync (rank %d): %s\n", bench::rank(), e.what());
+    rc = 1;
+  }
+  if (out_file && out_file != stdout) std::fclose(out_file);
+  Kokkos::finalize();
+  MPI_Finalize();
+  return rc;
+}

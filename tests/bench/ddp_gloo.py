@@ -1,0 +1,120 @@
+#!/usr/bin/python3
+"""PyTorch DDP over gloo on the benchmark models' parameter shapes: the peer gradsync is compared to.
+
+A dummy module holds float parameters of each model's shapes; its forward touches every parameter
+once (loss = sum of the parameters' sums), so backward produces a gradient for every parameter and
+DDP's bucketed reducer (25 MiB buckets, reverse order, rebuilt after the first step) allreduces
+them over gloo exactly as in training. The sync time is the median of (DDP backward) minus the
+median of (the same backward under no_sync()), interleaved repetitions, slowest rank.
+
+usage: ddp_gloo.py <models_dir> <out.csv> <ranks> [budget_s]
+Appends rows  models,<model>,DDP gloo,<bytes>,<tensors>,<ranks>,<median_s>,<reps>  (rank 0).
+"""
+import json
+import os
+import socket
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def csv_shapes(path):
+    shapes = []
+    with open(path) as f:
+        next(f)
+        for line in f:
+            line = line.strip()
+            if line:
+                shapes.append([int(x) for x in line.split(",")[1].split("x")])
+    return shapes
+
+
+def dlrm_mlp_shapes(path):
+    cfg = json.load(open(path))
+    shapes = []
+    for key in ("bottom_mlp", "top_mlp"):
+        layers = cfg[key]
+        for a, b in zip(layers[:-1], layers[1:]):
+            shapes += [[b, a], [b]]
+    return shapes
+
+
+def models(d):
+    return [
+        ("ResNet-50", csv_shapes(os.path.join(d, "resnet50.csv"))),
+        ("ViT-B/16", csv_shapes(os.path.join(d, "vit_b_16.csv"))),
+        ("MobileNetV2", csv_shapes(os.path.join(d, "mobilenet_v2.csv"))),
+        ("DLRM (MLP)", dlrm_mlp_shapes(os.path.join(d, "dlrm_criteo_kaggle.json"))),
+    ]
+
+
+class Dummy(torch.nn.Module):
+    def __init__(self, shapes):
+        super().__init__()
+        self.ps = torch.nn.ParameterList([torch.nn.Parameter(torch.full(s, 1e-3)) for s in shapes])
+
+    def forward(self):
+        return torch.stack([p.sum() for p in self.ps]).sum()
+
+
+def step(model):
+    model().backward()
+
+
+def timed(fn):
+    dist.barrier()
+    t0 = time.perf_counter()
+    fn()
+    dt = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+    dist.all_reduce(dt, op=dist.ReduceOp.MAX)
+    return dt.item()
+
+
+def worker(rank, world, port, models_dir, out, budget):
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    for name, shapes in models(models_dir):
+        torch.manual_seed(0)
+        ddp = torch.nn.parallel.DistributedDataParallel(Dummy(shapes))
+        for _ in range(3):  # the first step rebuilds the buckets in ready order
+            step(ddp)
+
+        def local():
+            with ddp.no_sync():
+                step(ddp)
+
+        probe = timed(lambda: step(ddp)) + timed(local)
+        reps = max(7, min(101, int(budget / max(probe, 1e-6))))
+        t_ddp, t_local = [], []
+        for _ in range(reps):
+            t_ddp.append(timed(lambda: step(ddp)))
+            t_local.append(timed(local))
+        sync = statistics.median(t_ddp) - statistics.median(t_local)
+        numel = sum(p.numel() for p in ddp.parameters())
+        if rank == 0:
+            row = f"models,{name},DDP gloo,{4 * numel},{len(shapes)},{world},{sync:.9g},{reps}\n"
+            with open(out, "a") as f:
+                f.write(row)
+            print(f"  models     {name:<22} DDP gloo (backward {statistics.median(t_ddp) * 1e3:.3f} ms, "
+                  f"no_sync {statistics.median(t_local) * 1e3:.3f} ms)  sync {sync * 1e3:10.3f} ms", flush=True)
+        del ddp
+    dist.destroy_process_group()
+
+
+def main():
+    models_dir, out, world = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    budget = float(sys.argv[4]) if len(sys.argv) > 4 else 8.0
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(worker, args=(world, port, models_dir, out, budget), nprocs=world, join=True)
+
+
+if __name__ == "__main__":
+    main()

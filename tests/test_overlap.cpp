@@ -1,0 +1,223 @@
+// mark_ready (overlap with backward), in-place reduction of large tensors, fused order, blocking and
+// nonblocking collectives and the auto chunk size: every combination gives the values of a plain
+// synchronize(), bit for bit, which are checked against analytic averages.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <gradsync/gradsync.hpp>
+#include <random>
+#include <vector>
+
+#include "gradsync_test.hpp"
+
+using gradsync_test::rel_err;
+using gradsync_test::world_rank;
+using gradsync_test::world_size;
+
+namespace {
+struct Dense {};
+struct Tables {};
+}  // namespace
+
+template <>
+struct gradsync::LocalVarPolicy<Tables> : gradsync::KeepLocal<gradsync::LocalScale::world_size> {};
+
+namespace {
+
+using View = Kokkos::View<double*>;
+using Sync = gradsync::GradientSync<gradsync::MpiBackend, View>;
+
+double grad_value(int tag, std::size_t i, int r, int p) { return (r + 1) * (i % 97 + 1) * 0.5 + 0.25 * p + tag; }
+
+// Dense tensors of mixed sizes (empty, one value, small, larger than every in-place threshold
+// used here) around a local table whose size differs per rank.
+struct Model {
+  std::vector<View> dense;
+  View table;
+  explicit Model(int rank) {
+    for (std::size_t n : {std::size_t(5), std::size_t(300), std::size_t(0), std::size_t(1), std::size_t(2000),
+                          std::size_t(17), std::size_t(64), std::size_t(700)})
+      dense.emplace_back("g", n);
+    table = View("t", std::size_t(9 + rank));
+  }
+  void fill(int rank, int pass) {
+    for (std::size_t k = 0; k < dense.size(); ++k)
+      for (std::size_t i = 0; i < dense[k].size(); ++i) dense[k](i) = grad_value(int(k), i, rank, pass);
+    for (std::size_t i = 0; i < table.size(); ++i) table(i) = grad_value(100, i, rank, pass);
+  }
+  void add_to(Sync& s) {
+    s.add<Dense>(dense[0]);
+    s.add<Dense>(dense[1]);
+    s.add<Tables>(table);
+    for (std::size_t k = 2; k < dense.size(); ++k) s.add<Dense>(dense[k]);
+  }
+};
+
+// Largest relative error against the analytic values after the cycle of N passes ending at `last`.
+double analytic_error(const Model& m, int rank, int n, int N, int last) {
+  double worst = 0;
+  for (std::size_t k = 0; k < m.dense.size(); ++k)
+    for (std::size_t i = 0; i < m.dense[k].size(); ++i) {
+      double s = 0;
+      for (int r = 0; r < n; ++r)
+        for (int p = last - N + 1; p <= last; ++p) s += grad_value(int(k), i, r, p);
+      worst = std::max(worst, rel_err(m.dense[k](i), s / n));
+    }
+  for (std::size_t i = 0; i < m.table.size(); ++i) {
+    double s = 0;
+    for (int p = last - N + 1; p <= last; ++p) s += grad_value(100, i, rank, p);
+    worst = std::max(worst, rel_err(m.table(i), s / n));
+  }
+  return worst;
+}
+
+bool bitwise_equal(const Model& a, const Model& b) {
+  for (std::size_t k = 0; k < a.dense.size(); ++k)
+    if (a.dense[k].size() && std::memcmp(a.dense[k].data(), b.dense[k].data(), a.dense[k].size() * sizeof(double)))
+      return false;
+  return std::memcmp(a.table.data(), b.table.data(), a.table.size() * sizeof(double)) == 0;
+}
+
+}  // namespace
+
+TEST_CASE("mark_ready in any order, on any subset, gives the values of a plain synchronize") {
+  const int rank = world_rank(), n = world_size();
+  std::mt19937 rng(1234u + unsigned(rank));  // each rank marks in its own order
+  int config = 0;
+  for (int N : {1, 3})
+    for (auto coll : {gradsync::Collectives::blocking, gradsync::Collectives::nonblocking})
+      for (auto order : {gradsync::FusionOrder::reverse, gradsync::FusionOrder::registration})
+        for (std::size_t threshold : {std::size_t(64), std::size_t(4096), std::size_t(0)})
+          for (double in_place : {0.0, 0.25, HUGE_VAL}) {
+            gradsync::Options opt;
+            opt.backward_passes_per_step = N;
+            opt.collectives = coll;
+            opt.fusion_order = order;
+            opt.fusion_threshold_bytes = threshold;
+            opt.in_place_min_fraction = in_place;
+            opt.in_place_min_bytes = 0;
+            if (config % 3 == 2) opt.host_staging = gradsync::HostStaging::always;
+            CAPTURE(config);
+            ++config;
+            Model plain(rank), marked(rank);
+            Sync a(gradsync::MpiBackend(MPI_COMM_WORLD), opt), b(gradsync::MpiBackend(MPI_COMM_WORLD), opt);
+            plain.add_to(a);
+            marked.add_to(b);
+            for (int p = 0; p < 2 * N; ++p) {
+              plain.fill(rank, p);
+              marked.fill(rank, p);
+              // Backward: a random order per rank and pass, some tensors twice, some never
+              // (synchronize() finishes them), the local table too.
+              std::vector<std::size_t> idx(marked.dense.size());
+              for (std::size_t k = 0; k < idx.size(); ++k) idx[k] = k;
+              std::shuffle(idx.begin(), idx.end(), rng);
+              const std::size_t marks = std::size_t(p) % 2 == 0 ? idx.size() : idx.size() / 2;
+              for (std::size_t j = 0; j < marks; ++j) {
+                b.mark_ready(marked.dense[idx[j]]);
+                if (j % 3 == 0) b.mark_ready(marked.dense[idx[j]]);
+              }
+              b.mark_ready(marked.table);
+              const bool ra = a.synchronize(), rb = b.synchronize();
+              CAPTURE(p);
+              GRADSYNC_CHECK_ALL(ra == rb && ra == ((p + 1) % N == 0));
+              if (ra) {
+                GRADSYNC_CHECK_ALL(bitwise_equal(plain, marked));
+                const double err = analytic_error(plain, rank, n, N, p);
+                CAPTURE(err);
+                GRADSYNC_CHECK_ALL(err <= 1e-13);
+              }
+            }
+            GRADSYNC_CHECK_ALL(a.stats().bytes_allreduced == b.stats().bytes_allreduced);
+            GRADSYNC_CHECK_ALL(a.stats().allreduce_calls == b.stats().allreduce_calls);
+          }
+}
+
+TEST_CASE("mark_ready of a tensor that is not registered throws, and the sync goes on") {
+  const int rank = world_rank();
+  Model m(rank);
+  Sync s(gradsync::MpiBackend(MPI_COMM_WORLD));
+  m.add_to(s);
+  View stranger("x", 3);
+  bool threw = false;
+  try {
+    s.mark_ready(stranger);
+  } catch (const gradsync::Error&) {
+    threw = true;
+  }
+  GRADSYNC_CHECK_ALL(threw);
+  m.fill(rank, 0);
+  s.mark_ready(m.dense[4]);
+  CHECK(s.synchronize());
+  GRADSYNC_CHECK_ALL(analytic_error(m, rank, world_size(), 1, 0) <= 1e-13);
+}
+
+TEST_CASE("large tensors are reduced in place: no bytes through the fusion buffer") {
+  const int rank = world_rank();
+  Model m(rank);
+  gradsync::Options opt;
+  opt.in_place_min_fraction = 0;  // every tensor reduced where it is
+  opt.in_place_min_bytes = 0;
+  opt.fusion_threshold_bytes = 1024;  // the 2000-value tensor in pieces of 128 values
+  Sync s(gradsync::MpiBackend(MPI_COMM_WORLD), opt);
+  m.add_to(s);
+  for (int p = 0; p < 3; ++p) {
+    m.fill(rank, p);
+    CHECK(s.synchronize());
+    GRADSYNC_CHECK_ALL(analytic_error(m, rank, world_size(), 1, p) <= 1e-13);
+  }
+  // One call per piece of each non-empty tensor: ceil(size / 128) each.
+  std::uint64_t calls = 0;
+  for (const auto& g : m.dense) calls += (g.size() + 127) / 128;
+  GRADSYNC_CHECK_ALL(s.stats().allreduce_calls == 3 * calls);
+  GRADSYNC_CHECK_ALL(s.stats().bytes_in_place == s.stats().bytes_allreduced);
+}
+
+TEST_CASE("tensors side by side in memory are reduced in place when the fused order follows memory") {
+  const int rank = world_rank(), n = world_size();
+  View arena("arena", 1000);
+  const std::pair<std::size_t, std::size_t> cuts[] = {{0, 100}, {100, 300}, {300, 1000}};
+  for (auto order : {gradsync::FusionOrder::registration, gradsync::FusionOrder::reverse}) {
+    gradsync::Options opt;
+    opt.fusion_order = order;
+    opt.in_place_min_fraction = HUGE_VAL;  // no tensor is large: only adjacency can avoid the copy
+    Sync s(gradsync::MpiBackend(MPI_COMM_WORLD), opt);
+    for (auto c : cuts) s.add<Dense>(Kokkos::subview(arena, c));
+    for (int p = 0; p < 2; ++p) {
+      for (std::size_t i = 0; i < arena.size(); ++i) arena(i) = grad_value(0, i, rank, p);
+      CHECK(s.synchronize());
+      double worst = 0;
+      for (std::size_t i = 0; i < arena.size(); ++i) {
+        double sum = 0;
+        for (int r = 0; r < n; ++r) sum += grad_value(0, i, r, p);
+        worst = std::max(worst, rel_err(arena(i), sum / n));
+      }
+      GRADSYNC_CHECK_ALL(worst <= 1e-13);
+    }
+    // Registration order is memory order here: one contiguous chunk, no copy. Reversed, it is not.
+    const bool in_place = s.stats().bytes_in_place == s.stats().bytes_allreduced;
+    GRADSYNC_CHECK_ALL(in_place == (order == gradsync::FusionOrder::registration));
+  }
+}
+
+TEST_CASE("fusion_threshold_auto settles on one candidate on every rank and keeps the values exact") {
+  const int rank = world_rank(), n = world_size();
+  Model m(rank);
+  gradsync::Options opt;
+  opt.fusion_threshold_bytes = gradsync::fusion_threshold_auto;
+  Sync s(gradsync::MpiBackend(MPI_COMM_WORLD), opt);
+  m.add_to(s);
+  const int steps =
+      int(gradsync::impl::ChunkTuner::candidates().size()) * gradsync::impl::ChunkTuner::steps_per_candidate + 3;
+  for (int p = 0; p < steps; ++p) {
+    m.fill(rank, p);
+    CHECK(s.synchronize());
+    GRADSYNC_CHECK_ALL(analytic_error(m, rank, n, 1, p) <= 1e-13);
+  }
+  const auto& c = gradsync::impl::ChunkTuner::candidates();
+  const double chosen = double(s.fusion_threshold_bytes());
+  GRADSYNC_CHECK_ALL(std::find(c.begin(), c.end(), s.fusion_threshold_bytes()) != c.end());
+  GRADSYNC_CHECK_ALL(gradsync_test::max_over_ranks(chosen) == chosen &&
+                     -gradsync_test::max_over_ranks(-chosen) == chosen);
+  // The plan is built once per candidate and once for the choice, then never again.
+  GRADSYNC_CHECK_ALL(s.stats().plan_builds == c.size() + 1);
+}
