@@ -436,8 +436,14 @@ class GradientSync {
     n_local_segs_ = std::int64_t(lsegs.size());
     stats_.buffer_bytes = (buffer_.extent(0) + local_acc_.extent(0) + staging_.extent(0)) * sizeof(value_type);
     // What a collective left incomplete by a stall may still write into.
-    ctl_.keep_on_failure({std::make_shared<Buffer>(buffer_), std::make_shared<decltype(staging_)>(staging_),
-                          std::make_shared<Backend>(backend_)});
+    // After a stall MPI may still write into the buffers and, for chunks reduced in place, into the
+    // gradients themselves: a failure keeps all of them alive (registered Views hold a keepalive copy).
+    std::vector<std::shared_ptr<void>> keep{std::make_shared<Buffer>(buffer_),
+                                            std::make_shared<decltype(staging_)>(staging_),
+                                            std::make_shared<Backend>(backend_)};
+    for (const Entry& e : entries_)
+      if (!e.local() && e.keepalive) keep.push_back(e.keepalive);
+    ctl_.keep_on_failure(std::move(keep));
     ++stats_.plan_builds;
     dirty_ = false;
   }
