@@ -117,7 +117,7 @@ class DistributedOptimizer {
                             " values but its gradient has ", GT::size(grad), " on rank ", sync().backend().rank()));
     // Checked here, before the sync and the optimizer register anything, so a failed add leaves both as they were.
     for (const Entry& o : entries_)
-      if (e.size > 0 && o.size > 0 && e.param < o.param + o.size && o.param < e.param + e.size)
+      if (impl::overlaps(e.param, e.size, o.param, o.size))
         throw Error(impl::cat("DistributedOptimizer::add: parameter '", e.name, "' (group ", group,
                               ") overlaps parameter '", o.name, "' already registered on rank ",
                               sync().backend().rank(),

@@ -108,7 +108,7 @@ class GradientSync {
     if constexpr (impl::is_std_vector<U>::value)
       e.requery = [&tensor] { return std::make_pair(UT::data(tensor), UT::size(tensor)); };
     for (const Entry& o : entries_)
-      if (e.size > 0 && o.size > 0 && e.data < o.data + o.size && o.data < e.data + e.size)
+      if (impl::overlaps(e.data, e.size, o.data, o.size))
         throw Error(impl::cat("tensor '", e.name, "' (group ", e.group, ") overlaps tensor '", o.name,
                               "' (group ", o.group, ") already registered",
                               e.data == o.data ? " (the same tensor registered twice)" : ""));

@@ -243,7 +243,7 @@ class OptimizerSlots {
     if (!PT::is_contiguous(param) || !GT::is_contiguous(grad))
       throw Error(impl::cat(who, " parameter #", index, ": parameter and gradient must be contiguous"));
     for (const Slot& o : slots_)
-      if (s.size > 0 && o.size > 0 && s.param < o.param + o.size && o.param < s.param + s.size)
+      if (impl::overlaps(s.param, s.size, o.param, o.size))
         throw Error(impl::cat(who, " parameter #", index, " overlaps a parameter already registered"));
     if constexpr (Kokkos::is_view<P>::value) s.keep_param = std::make_shared<P>(param);
     if constexpr (Kokkos::is_view<G>::value) s.keep_grad = std::make_shared<G>(grad);

@@ -76,6 +76,14 @@ struct TensorTraits<Span<T, M>> {
   static bool is_contiguous(const Span<T, M>&) { return true; }
 };
 
+namespace impl {
+/// Whether [a, a+na) and [b, b+nb) share an element; empty ranges overlap nothing.
+template <class T>
+constexpr bool overlaps(const T* a, std::size_t na, const T* b, std::size_t nb) {
+  return na > 0 && nb > 0 && a < b + nb && b < a + na;
+}
+}  // namespace impl
+
 /// The value types gradsync reduces: those with a built-in MPI and NCCL sum.
 template <class T>
 inline constexpr bool is_supported_value_v = std::is_same_v<T, float> || std::is_same_v<T, double>;
