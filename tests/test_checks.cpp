@@ -9,6 +9,7 @@
 #include <functional>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gradsync_test.hpp"
@@ -261,19 +262,26 @@ TEST_CASE("shape, count, order, value type, option and policy mismatches: every 
   }
 }
 
-TEST_CASE("every_step: registrations changed on one rank only are a MismatchError, not a stall") {
+// Nonblocking collectives need every_step for this; on the blocking path (MPI's default) the
+// arrival check tells every rank that one rank's registrations changed, so on_change suffices.
+TEST_CASE("registrations changed on one rank only are a MismatchError, not a stall") {
   if (world_size() < 2) return;
   const int rank = world_rank(), last = world_size() - 1;
-  gradsync::Options o = opts();
-  o.consistency_check = gradsync::CheckMode::every_step;
-  View a("a", 10), extra("extra", 4);
-  Sync sync(gradsync::MpiBackend(MPI_COMM_WORLD), o);
-  sync.add<Dense>(a, "a");
-  fill(a, rank, 0);
-  sync.synchronize();
-  if (rank == last) sync.add<Dense>(extra, "extra");
-  expect_mismatch([&] { sync.synchronize(); },
-                  {"data-parallel tensor #1", rank_word(last) + ": 'extra'", "no tensor"});
+  for (auto [mode, coll] : {std::pair{gradsync::CheckMode::every_step, gradsync::Collectives::nonblocking},
+                            std::pair{gradsync::CheckMode::on_change, gradsync::Collectives::automatic}}) {
+    gradsync::Options o = opts();
+    o.consistency_check = mode;
+    o.collectives = coll;
+    View a("a", 10), extra("extra", 4);
+    Sync sync(gradsync::MpiBackend(MPI_COMM_WORLD), o);
+    sync.add<Dense>(a, "a");
+    fill(a, rank, 0);
+    sync.synchronize();
+    if (rank == last) sync.add<Dense>(extra, "extra");
+    CAPTURE(int(coll));
+    expect_mismatch([&] { sync.synchronize(); },
+                    {"data-parallel tensor #1", rank_word(last) + ": 'extra'", "no tensor"});
+  }
 }
 
 TEST_CASE("check_finite and resize detection on the single-process backend") {
@@ -293,10 +301,14 @@ TEST_CASE("check_finite and resize detection on the single-process backend") {
 TEST_CASE("a NaN or Inf in a gradient: every rank throws, naming the tensor and the rank (check_finite)") {
   const int rank = world_rank();
   const int last = world_size() - 1;
+  // Blocking collectives (MPI's default): the peers stop in the arrival check; nonblocking: in the
+  // allreduce they already posted.
+  for (auto coll : {gradsync::Collectives::blocking, gradsync::Collectives::nonblocking})
   for (double bad : {std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::infinity(),
                      -std::numeric_limits<double>::infinity()}) {
     gradsync::Options o = opts();
     o.check_finite = true;
+    o.collectives = coll;
     View a("a", 100), w("w", 3000);
     Sync sync(gradsync::MpiBackend(MPI_COMM_WORLD), o);
     sync.add<Dense>(a, "a");
@@ -314,7 +326,8 @@ TEST_CASE("a NaN or Inf in a gradient: every rank throws, naming the tensor and 
     GRADSYNC_CHECK_ALL(has(out.what, "gradient 'w' (group Dense, 3000 values) holds NaN or Inf on rank " +
                                          std::to_string(last)));
     if (rank != last)
-      CHECK(has(out.what, "rank " + std::to_string(last) + " failed before the allreduce"));
+      CHECK(has(out.what, "rank " + std::to_string(last) + " failed before the " +
+                              (coll == gradsync::Collectives::blocking ? "arrival check" : "allreduce")));
   }
 }
 

@@ -72,69 +72,104 @@ Caught catch_stall(F&& f) {
 
 }  // namespace
 
+namespace {
+
+// Both paths: blocking collectives (MPI's default), behind a watched arrival check, and
+// nonblocking ones, watched themselves.
+constexpr gradsync::Collectives paths[] = {gradsync::Collectives::automatic, gradsync::Collectives::nonblocking};
+bool blocking(gradsync::Collectives c) { return c != gradsync::Collectives::nonblocking; }
+
+gradsync::Options stall_opts(gradsync::Collectives c) {
+  gradsync::Options o = stall_opts();
+  o.collectives = c;
+  return o;
+}
+
+}  // namespace
+
 TEST_CASE("a rank that skips one synchronize() is reported missing by every other rank") {
   if (world_size() < 2) return;
   const int rank = world_rank(), victim = world_size() - 1;
-  View g("g", 64);  // one chunk
-  Sync sync(gradsync::MpiBackend(MPI_COMM_WORLD), stall_opts());
-  sync.add<Dense>(g);
-  const Caught c = catch_stall([&] {
-    for (int step = 0; step < 5; ++step) {
-      if (rank == victim && step == 2) continue;  // the bug: this rank skips one call
-      fill(g, rank, step);
-      sync.synchronize();
+  for (auto path : paths) {
+    View g("g", 64);  // one chunk
+    Sync sync(gradsync::MpiBackend(MPI_COMM_WORLD), stall_opts(path));
+    sync.add<Dense>(g);
+    const Caught c = catch_stall([&] {
+      for (int step = 0; step < 5; ++step) {
+        if (rank == victim && step == 2) continue;  // the bug: this rank skips one call
+        fill(g, rank, step);
+        sync.synchronize();
+      }
+    });
+    CAPTURE(c.what);
+    CAPTURE(int(path));
+    if (rank == victim) {
+      CHECK(!c.stall);  // its four calls were matched by the others' first four
+    } else {
+      CHECK(c.stall);
+      CHECK(has(c.what, missing_report(victim, world_size())));
+      CHECK(has(c.what, blocking(path) ? "for the arrival check in synchronize() call 5"
+                                       : "for the allreduce of chunk 1 of 1 in synchronize() call 5"));
     }
-  });
-  CAPTURE(c.what);
-  if (rank == victim) {
-    CHECK(!c.stall);  // its four calls were matched by the others' first four
-  } else {
-    CHECK(c.stall);
-    CHECK(has(c.what, missing_report(victim, world_size())));
-    CHECK(has(c.what, "for the allreduce of chunk 1 of 1 in synchronize() call 5"));
   }
 }
 
-TEST_CASE("a rank that sleeps past the deadline is reported; it completes correctly when it arrives") {
+TEST_CASE("a rank that sleeps past the deadline is reported; when it arrives it stops too (blocking) or completes") {
   if (world_size() < 2) return;
   const int rank = world_rank(), victim = world_size() - 1;
-  View g("g", 64);
-  Sync sync(gradsync::MpiBackend(MPI_COMM_WORLD), stall_opts());
-  sync.add<Dense>(g);
-  fill(g, rank, 0);
-  sync.synchronize();
-  GRADSYNC_CHECK_ALL(summed_ok(g, 0));
-  fill(g, rank, 1);
-  MPI_Barrier(MPI_COMM_WORLD);
-  if (rank == victim) std::this_thread::sleep_for(std::chrono::milliseconds(2500));
-  const Caught c = catch_stall([&] { sync.synchronize(); });
-  CAPTURE(c.what);
-  if (rank == victim) {
-    // Its peers' contributions were posted before they gave up: its own result is exact.
-    CHECK(!c.stall);
-    CHECK(summed_ok(g, 1));
-  } else {
-    CHECK(c.stall);
-    CHECK(has(c.what, missing_report(victim, world_size())));
-    CHECK(has(c.what, "in synchronize() call 2"));
+  for (auto path : paths) {
+    View g("g", 64);
+    Sync sync(gradsync::MpiBackend(MPI_COMM_WORLD), stall_opts(path));
+    sync.add<Dense>(g);
+    fill(g, rank, 0);
+    sync.synchronize();
+    GRADSYNC_CHECK_ALL(summed_ok(g, 0));
+    fill(g, rank, 1);
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (rank == victim) std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+    const Caught c = catch_stall([&] { sync.synchronize(); });
+    CAPTURE(c.what);
+    CAPTURE(int(path));
+    if (rank != victim) {
+      CHECK(c.stall);
+      CHECK(has(c.what, missing_report(victim, world_size())));
+      CHECK(has(c.what, "in synchronize() call 2"));
+    } else if (blocking(path)) {
+      // Its peers gave up before any blocking collective: it learns so in the arrival check's
+      // second round and stops with their report, its gradient untouched.
+      CHECK(c.stall);
+      CHECK(has(c.what, "so rank " + std::to_string(victim) + " stops too"));
+      CHECK(has(c.what, missing_report(victim, world_size())));
+      bool untouched = true;
+      for (std::size_t i = 0; i < g.size(); ++i) untouched &= g(i) == value(rank, 1, i);
+      CHECK(untouched);
+    } else {
+      // Its peers' contributions were posted before they gave up: its own result is exact.
+      CHECK(!c.stall);
+      CHECK(summed_ok(g, 1));
+    }
+    MPI_Barrier(MPI_COMM_WORLD);  // the next path starts together
   }
 }
 
-TEST_CASE("a rank that never reaches its first synchronize(): the consistency check is watched too") {
+TEST_CASE("a rank that never reaches its first synchronize(): the first collective is watched too") {
   if (world_size() < 2) return;
   const int rank = world_rank(), victim = world_size() - 1;
-  View g("g", 16);
-  Sync sync(gradsync::MpiBackend(MPI_COMM_WORLD), stall_opts());
-  sync.add<Dense>(g);
-  MPI_Barrier(MPI_COMM_WORLD);
-  const Caught c = catch_stall([&] {
-    if (rank != victim) sync.synchronize();
-  });
-  CAPTURE(c.what);
-  CHECK(c.stall == (rank != victim));
-  if (rank != victim) {
-    CHECK(has(c.what, missing_report(victim, world_size())));
-    CHECK(has(c.what, "consistency check"));
+  for (auto path : paths) {
+    View g("g", 16);
+    Sync sync(gradsync::MpiBackend(MPI_COMM_WORLD), stall_opts(path));
+    sync.add<Dense>(g);
+    MPI_Barrier(MPI_COMM_WORLD);
+    const Caught c = catch_stall([&] {
+      if (rank != victim) sync.synchronize();
+    });
+    CAPTURE(c.what);
+    CHECK(c.stall == (rank != victim));
+    if (rank != victim) {
+      CHECK(has(c.what, missing_report(victim, world_size())));
+      CHECK(has(c.what, blocking(path) ? "arrival check" : "consistency check"));
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
   }
 }
 
@@ -152,11 +187,13 @@ TEST_CASE("a rank that never builds its GradientSync: the others' constructors e
   if (rank != victim) CHECK(has(c.what, "GradientSync constructor"));
 }
 
+// Nonblocking path (on the blocking one the arrival check turns this into a MismatchError, see
+// test_checks.cpp).
 TEST_CASE("registrations changed on one rank only: every rank stops, saying where each one waits") {
   if (world_size() < 2) return;
   const int rank = world_rank(), victim = world_size() - 1;
   View g("g", 16), extra("extra", 4);
-  Sync sync(gradsync::MpiBackend(MPI_COMM_WORLD), stall_opts());
+  Sync sync(gradsync::MpiBackend(MPI_COMM_WORLD), stall_opts(gradsync::Collectives::nonblocking));
   sync.add<Dense>(g);
   fill(g, rank, 0);
   sync.synchronize();

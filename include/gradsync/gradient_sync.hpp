@@ -76,6 +76,9 @@ class GradientSync {
         opt_(prepare_options(options)),
         exec_(exec),
         tuner_(opt_.fusion_threshold_bytes == fusion_threshold_auto),
+        blocking_(opt_.collectives == Collectives::blocking ||
+                  (opt_.collectives == Collectives::automatic && prefers_blocking_allreduce_v<Backend>)),
+        agreed_(blocking_ && opt_.stall_timeout > 0 && impl::has_mpi_comm<Backend>::value),
         ctl_(backend_, opt_) {}
 
   /// Registers a gradient in `Group`. Any contiguous tensor with this sync's value type and memory
@@ -140,6 +143,7 @@ class GradientSync {
     const auto t0 = std::chrono::steady_clock::now();
     if (dirty_ && !step_open_) build_plan();
     if (opt_.check_finite) check_finite();
+    if (agreed_) agree_before_exchange();  // after every local check: the collectives follow
     ++stats_.passes;
     ++pass_;
     const int n_passes = opt_.backward_passes_per_step;
@@ -274,10 +278,10 @@ class GradientSync {
                                   o.stall_warning));
   }
 
-  // Local checks, then the cross-rank consistency check (see impl/consistency.hpp). A rank that
-  // fails a local check tells its peers before throwing, so none of them waits for it.
+  // Local checks, then the cross-rank consistency check (on the blocking path the agreement before
+  // the exchange runs it instead). A rank that fails a local check tells its peers before
+  // throwing, so none of them waits for it.
   void checks_before_pass() {
-    const std::int64_t call = std::int64_t(stats_.passes) + 1;
     for (Entry& e : entries_) {
       if (!e.requery) continue;
       const auto now = e.requery();
@@ -287,7 +291,13 @@ class GradientSync {
                             "registered (", e.size, " -> ", now.second, " elements) on rank ", backend_.rank(),
                             "; build a new GradientSync and register it again after resizing"));
     }
-    if ((need_check_ && opt_.consistency_check != CheckMode::off) || opt_.consistency_check == CheckMode::every_step) {
+    if (!agreed_) check_consistency(need_check_);
+  }
+
+  // The cross-rank comparison of registrations (impl/consistency.hpp), when a rank needs it.
+  void check_consistency(bool needed) {
+    const std::int64_t call = std::int64_t(stats_.passes) + 1;
+    if ((needed && opt_.consistency_check != CheckMode::off) || opt_.consistency_check == CheckMode::every_step) {
       std::vector<impl::RegDesc> regs;
       regs.reserve(entries_.size());
       for (const Entry& e : entries_)
@@ -378,10 +388,6 @@ class GradientSync {
     std::vector<const void*> dp_data;
     for (const auto& t : dp) dp_data.push_back(t.data);
     ready_.build(dp_data, plan.tensor_chunks, chunks_.size());
-    // A blocking collective cannot be watched: automatic chooses it only without a stall timeout.
-    blocking_ = opt_.collectives == Collectives::blocking ||
-                (opt_.collectives == Collectives::automatic && prefers_blocking_allreduce_v<Backend> &&
-                 !(opt_.stall_timeout > 0));
     // Without aggregation the buffer is chunk-sized slots that chunks cycle through (one when each
     // chunk is reduced before the next is packed); with it the buffer holds every data-parallel
     // sum between passes.
@@ -564,6 +570,34 @@ class GradientSync {
     }
   }
 
+  // Blocking collectives cannot be given a deadline, so on the blocking path the ranks first agree,
+  // on the side channel and under the stall deadline, that all of them have arrived at this
+  // synchronize() call, in two rounds (on every call, so that check modes count calls as on the
+  // nonblocking path). Round 1 also tells every rank whether any rank's registrations changed
+  // (so all of them run the consistency check, and a change on one rank only is a MismatchError,
+  // not a stall). A rank that gives up in round 1 never posts round 2, so a rank that arrives late
+  // and completes round 1 waits in round 2 and stops too, instead of blocking in a collective its
+  // peers have left. Once round 2 completes every rank is committed: the chunks follow with no
+  // user code in between. Two small allreduces of latency per call.
+  void agree_before_exchange() {
+    const std::int64_t call = std::int64_t(stats_.passes) + 1;
+    std::int64_t v[3] = {-std::int64_t(need_check_), call, -call};
+    try {
+      ctl_.allreduce_min(backend_, v, 3, opt_, impl::WaitSite{"arrival check", call, -1, 0});
+    } catch (const StallError& e) {
+      ctl_.tell_peers(impl::ErrorKind::stall, e.what());  // the late ranks then stop in round 2 at once
+      throw;
+    }
+    if (v[1] != -v[2])
+      ctl_.fail(impl::ErrorKind::mismatch,
+                impl::cat("the ranks reached the exchange in different synchronize() calls (", v[1], " to ", -v[2],
+                          "): a rank called synchronize() more often than the others"),
+                opt_);
+    check_consistency(v[0] < 0);
+    std::int64_t go = 0;
+    ctl_.allreduce_min(backend_, &go, 1, opt_, impl::WaitSite{"arrival confirmation", call, -1, 0});
+  }
+
   void reduce_data_parallel(bool aggregated) {
     begin_step();
     launch_through(chunks_.size(), aggregated);
@@ -614,13 +648,14 @@ class GradientSync {
   std::int64_t slot_size_ = 0;
   std::int64_t slots_ = pipeline_depth;
   bool staged_ = false;
-  bool blocking_ = false;  // one blocking allreduce per chunk (Options::collectives)
   bool in_place_ = false;  // contiguous chunks are reduced in the gradients' memory
   // The step in progress: chunks launched and completed so far, and which are ready.
   bool step_open_ = false;
   std::size_t launched_ = 0, completed_ = 0;
   impl::ReadyTracker ready_;
   impl::ChunkTuner tuner_;
+  bool blocking_ = false;  // one blocking allreduce per chunk (Options::collectives)
+  bool agreed_ = false;    // blocking and watched: the ranks agree before each exchange
   std::vector<typename Backend::Request> requests_;   // per chunk
   std::vector<std::int64_t> slot_of_, prev_in_slot_;  // per chunk: its slot (-1: in place), the slot's previous chunk
   impl::BufferView<value_type, impl::staging_space_t<memory_space>> staging_;

@@ -97,7 +97,8 @@ void check_consistency(const Backend& backend, Control<Backend>& ctl, const Opti
                        const std::vector<RegDesc>& regs, int value_size, std::int64_t passes,
                        std::size_t max_chunk) {
   if (ctl.size() == 1) return;
-  WaitSite site{"consistency check", passes, -1, 0};
+  const WaitSite site{"consistency check (allreduce)", passes, -1, 0};
+  const WaitSite gather_site{"consistency check (allgather)", passes, -1, 0};
 
   OptionWords ow;
   ow.w[0] = value_size;
@@ -146,7 +147,7 @@ void check_consistency(const Backend& backend, Control<Backend>& ctl, const Opti
   if (!agree(0) || !agree(1)) {
     std::vector<std::int64_t> all(std::size_t(n) * OptionWords::count);
     ctl.allgather(backend, reinterpret_cast<const unsigned char*>(ow.w), reinterpret_cast<unsigned char*>(all.data()),
-                  int(sizeof ow.w), o, site);
+                  int(sizeof ow.w), o, gather_site);
     for (int i = 0; i < OptionWords::count && msg.empty(); ++i) {
       std::vector<std::string> what(nr);
       bool differ = false;
@@ -194,7 +195,7 @@ void check_consistency(const Backend& backend, Control<Backend>& ctl, const Opti
   }
   std::vector<Wire> all(nr);
   ctl.allgather(backend, reinterpret_cast<const unsigned char*>(&mine), reinterpret_cast<unsigned char*>(all.data()),
-                int(sizeof(Wire)), o, site);
+                int(sizeof(Wire)), o, gather_site);
   const char* vt = value_size == 4 ? "float" : value_size == 8 ? "double" : "value";
   std::vector<std::string> what(nr), counts(nr);
   for (int r = 0; r < n; ++r) {
@@ -226,7 +227,7 @@ void check_consistency(const Backend& backend, Control<Backend>& ctl, const Opti
       }
     std::vector<Status> sts(nr);
     ctl.allgather(backend, reinterpret_cast<const unsigned char*>(&st), reinterpret_cast<unsigned char*>(sts.data()),
-                  int(sizeof(Status)), o, site);
+                  int(sizeof(Status)), o, gather_site);
     std::vector<int> local, global;
     for (int r = 0; r < n; ++r) {
       if (sts[std::size_t(r)].how == 2) local.push_back(r);

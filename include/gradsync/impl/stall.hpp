@@ -141,14 +141,18 @@ class Control {
   int size() const { return size_; }
 
   /// MIN over ranks of n int64 values, in place.
-  void allreduce_min(const Backend& b, std::int64_t* buf, int n, const Options& o, WaitSite site) {
+  void allreduce_min(const Backend& b, std::int64_t* buf, int n, const Options& o, const WaitSite& site) {
     if (size_ == 1) return;
     if constexpr (mpi) {
       ready(o, site);
+      // MPI works in a buffer of the Control's own, not the caller's (often on the stack): a peer
+      // that arrives after this rank gave up still writes its contribution there.
+      auto* s = scratch(std::size_t(n) * sizeof(std::int64_t));
+      std::memcpy(s, buf, std::size_t(n) * sizeof(std::int64_t));
       MPI_Request r = MPI_REQUEST_NULL;
-      check(MPI_Iallreduce(MPI_IN_PLACE, buf, n, MPI_INT64_T, MPI_MIN, *state_->comm, &r), "MPI_Iallreduce");
-      site.what = "consistency check (allreduce)";
+      check(MPI_Iallreduce(MPI_IN_PLACE, s, n, MPI_INT64_T, MPI_MIN, *state_->comm, &r), "MPI_Iallreduce");
       wait_request(r, o, site);
+      std::memcpy(buf, s, std::size_t(n) * sizeof(std::int64_t));
     } else {
       b.allreduce_min(buf, std::size_t(n));
     }
@@ -156,17 +160,20 @@ class Control {
 
   /// recv holds size() * bytes: rank r's bytes at recv + r * bytes.
   void allgather(const Backend& b, const unsigned char* send, unsigned char* recv, int bytes, const Options& o,
-                 WaitSite site) {
+                 const WaitSite& site) {
     if (size_ == 1) {
       std::memcpy(recv, send, std::size_t(bytes));
       return;
     }
     if constexpr (mpi) {
       ready(o, site);
+      auto* s = scratch(std::size_t(size_ + 1) * std::size_t(bytes));  // [recv | send], see allreduce_min
+      unsigned char* own = s + std::size_t(size_) * std::size_t(bytes);
+      std::memcpy(own, send, std::size_t(bytes));
       MPI_Request r = MPI_REQUEST_NULL;
-      check(MPI_Iallgather(send, bytes, MPI_BYTE, recv, bytes, MPI_BYTE, *state_->comm, &r), "MPI_Iallgather");
-      site.what = "consistency check (allgather)";
+      check(MPI_Iallgather(own, bytes, MPI_BYTE, s, bytes, MPI_BYTE, *state_->comm, &r), "MPI_Iallgather");
       wait_request(r, o, site);
+      std::memcpy(recv, s, std::size_t(size_) * std::size_t(bytes));
     } else {
       b.allgather(send, recv, std::size_t(bytes));
     }
@@ -341,6 +348,15 @@ class Control {
     for (auto& p : keep_) graveyard().push_back(std::move(p));
     keep_.clear();
     if (state_) graveyard().push_back(state_);
+    if (scratch_) graveyard().push_back(std::move(scratch_));
+  }
+
+  // The side channel's own buffer: allocated once (grown by the consistency check only), so the
+  // arrival check of every step allocates nothing.
+  unsigned char* scratch(std::size_t bytes) {
+    if (!scratch_ || scratch_->size() < bytes)
+      scratch_ = std::make_shared<std::vector<unsigned char>>(std::max<std::size_t>(bytes, 256));
+    return scratch_->data();
   }
 
   bool all_arrived() const { return std::find(arrived_.begin(), arrived_.end(), 0) == arrived_.end(); }
@@ -436,6 +452,7 @@ class Control {
   std::vector<std::string> where_;
   std::int64_t arrival_step_ = 0;
   std::vector<std::shared_ptr<void>> keep_;
+  std::shared_ptr<std::vector<unsigned char>> scratch_;
 };
 
 /// Waits for a backend request with the deadline of Options::stall_timeout (0: backend.wait()).
