@@ -14,6 +14,8 @@ models="$(cd "$models" && pwd)"
 if [[ -n "${QUICK:-}" ]]; then budget="${BUDGET:-2}"; max_mib="${MAX_MIB:-64}"; else budget="${BUDGET:-6}"; max_mib="${MAX_MIB:-512}"; fi
 py=/usr/bin/python3
 
+# The peers and tools the benchmark compares and plots with (installed when run as root).
+bash "$root/cmake/deps.sh" python3-torch gnuplot-nox valgrind
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DGRADSYNC_WERROR=ON >/dev/null
 cmake --build "$build" --target bench_sync -j 2 >/dev/null
 bench="$build/tests/bench/bench_sync"
