@@ -13,6 +13,7 @@
 #include "config.hpp"
 #include "error.hpp"
 #include "impl/cuda_aware.hpp"
+#include "impl/ring_allreduce.hpp"
 
 namespace gradsync {
 namespace impl {
@@ -51,6 +52,7 @@ class MpiBackend {
   /// A nonblocking collective in flight. Keep it alive (and the buffer) until wait() or test().
   struct Request {
     MPI_Request req = MPI_REQUEST_NULL;
+    std::shared_ptr<impl::RingAllreduce> ring;  // set when gradsync's own ring runs it
   };
 
   /// Works on a duplicate of `comm`; MPI must already be initialized by the caller. `cuda_aware`
@@ -90,21 +92,44 @@ class MpiBackend {
     });
   }
 
-  /// Nonblocking in-place sum; n must fit one MPI call (the fusion layer splits chunks).
+  /// Nonblocking in-place sum; n must fit one MPI call (the fusion layer splits chunks). Host
+  /// buffers of at least ring_min_bytes go through gradsync's own ring (impl/ring_allreduce.hpp),
+  /// the rest to MPI_Iallreduce.
   template <class T>
   Request iallreduce_sum(T* buf, std::size_t n) const {
     Request r;
-    impl::mpi_check(MPI_Iallreduce(MPI_IN_PLACE, buf, checked_count(n), impl::mpi_type<T>(), MPI_SUM,
-                                   comm(), &r.req),
+    const int count = checked_count(n);
+    // Device buffers stay with MPI: MPI_Reduce_local works on host memory.
+    if (size_ > 1 && !cuda_aware_.aware && n * sizeof(T) >= ring_min_bytes) {
+      r.ring = comm_->rings.acquire();
+      r.ring->start(buf, count, impl::mpi_type<T>(), sizeof(T), comm(), rank_, size_, comm_->rings.next_tag());
+      return r;
+    }
+    impl::mpi_check(MPI_Iallreduce(MPI_IN_PLACE, buf, count, impl::mpi_type<T>(), MPI_SUM, comm(), &r.req),
                     "MPI_Iallreduce");
     return r;
   }
-  void wait(Request& r) const { impl::mpi_check(MPI_Wait(&r.req, MPI_STATUS_IGNORE), "MPI_Wait"); }
+  void wait(Request& r) const {
+    if (r.ring) {
+      r.ring->advance(true);
+      r.ring.reset();
+      return;
+    }
+    impl::mpi_check(MPI_Wait(&r.req, MPI_STATUS_IGNORE), "MPI_Wait");
+  }
   bool test(Request& r) const {
+    if (r.ring) {
+      if (!r.ring->advance(false)) return false;
+      r.ring.reset();
+      return true;
+    }
     int done = 0;
     impl::mpi_check(MPI_Test(&r.req, &done, MPI_STATUS_IGNORE), "MPI_Test");
     return done != 0;
   }
+  /// Smallest nonblocking sum sent through the ring: below it MPI's own few-message schedule wins
+  /// on latency (libnbc's threshold for its binomial schedule, too).
+  static constexpr std::size_t ring_min_bytes = std::size_t(64) << 10;
 
   template <class T>
   void allreduce_min(T* buf, std::size_t n) const { reduce_op(buf, n, MPI_MIN); }
@@ -151,6 +176,7 @@ class MpiBackend {
   // Owns the duplicate; shared so that copies of the backend use one communicator.
   struct Comm {
     MPI_Comm comm = MPI_COMM_NULL;
+    impl::RingPool rings;  // shared by copies of the backend, like the communicator
     explicit Comm(MPI_Comm user) {
       impl::mpi_check(MPI_Comm_dup(user, &comm), "MPI_Comm_dup");
       // Errors come back as codes and become gradsync::Error instead of aborting the job.
