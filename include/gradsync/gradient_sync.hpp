@@ -197,7 +197,6 @@ class GradientSync {
   void progress() {
     if (!step_open_ || blocking_) return;
     while (completed_ < launched_ && backend_.test(requests_[completed_])) complete_chunk(completed_++);
-    advance_in_flight(completed_);
     launch_through(ready_.ready_prefix(), opt_.backward_passes_per_step > 1, false);
   }
 
@@ -527,25 +526,15 @@ class GradientSync {
   // Waits for chunk c's reduction and unpacks it into the gradients.
   void complete_chunk(std::size_t c) {
     // Nonblocking collectives are waited under the stall watchdog (blocking ones cannot be).
-    if (!blocking_) {
-      const impl::WaitSite site{"allreduce", std::int64_t(stats_.passes), std::int64_t(c), std::int64_t(chunks_.size())};
-      if (opt_.stall_timeout > 0)
-        ctl_.wait_until_done([&] { return advance_in_flight(c + 1), backend_.test(requests_[c]); }, opt_, site);
-      else
-        backend_.wait(requests_[c]);
-    }
+    if (!blocking_)
+      impl::wait_for(backend_, requests_[c], ctl_, opt_,
+                     impl::WaitSite{"allreduce", std::int64_t(stats_.passes), std::int64_t(c), std::int64_t(chunks_.size())});
     if (reduced_in_place(c)) return;  // scaled before the reduction
     if (staged_) {
       const std::int64_t pos = buffer_pos(c), len = chunks_[c].size();
       impl::copy_buffer(exec_, buffer_, std::size_t(pos), staging_, std::size_t(pos), std::size_t(len));
     }
     unpack_chunk(c);
-  }
-
-  // Lets the chunks in flight after `from` advance too: a backend whose collectives progress only
-  // when their own request is tested (MpiBackend's ring) would otherwise idle until its turn.
-  void advance_in_flight(std::size_t from) {
-    for (std::size_t k = from; k < launched_; ++k) backend_.test(requests_[k]);
   }
 
   // Where an in-place chunk starts in the gradients' memory.

@@ -111,15 +111,16 @@ class MpiBackend {
   }
   void wait(Request& r) const {
     if (r.ring) {
-      r.ring->advance(true);
-      r.ring.reset();
+      while (!test(r)) {
+      }  // polls, as MPI_Wait does: the ring advances only when tested
       return;
     }
     impl::mpi_check(MPI_Wait(&r.req, MPI_STATUS_IGNORE), "MPI_Wait");
   }
   bool test(Request& r) const {
     if (r.ring) {
-      if (!r.ring->advance(false)) return false;
+      comm_->rings.progress();
+      if (r.ring->busy()) return false;
       r.ring.reset();
       return true;
     }

@@ -43,27 +43,22 @@ class RingAllreduce {
     post();
   }
 
-  /// Advances without blocking (block = false) or to the end; true when the sum is in place.
-  bool advance(bool block) {
-    for (;;) {
-      if (block) {
-        check(MPI_Waitall(2, reqs_, MPI_STATUSES_IGNORE), "MPI_Waitall");
-      } else {
-        int done = 0;
-        check(MPI_Testall(2, reqs_, &done, MPI_STATUSES_IGNORE), "MPI_Testall");
-        if (!done) return false;
-      }
+  /// Advances as far as the messages allow, without blocking.
+  void advance() {
+    while (busy_) {
+      int done = 0;
+      check(MPI_Testall(2, reqs_, &done, MPI_STATUSES_IGNORE), "MPI_Testall");
+      if (!done) return;
       if (step_ < size_ - 1) {  // reduce-scatter: add the received segment into ours
         const int seg = mod(rank_ - step_ - 1);
         if (len(seg) > 0)
           check(MPI_Reduce_local(tmp_.data(), buf_ + begin(seg) * elem_, len(seg), type_, MPI_SUM),
                 "MPI_Reduce_local");
       }
-      if (++step_ == 2 * (size_ - 1)) {
+      if (++step_ == 2 * (size_ - 1))
         busy_ = false;
-        return true;
-      }
-      post();
+      else
+        post();
     }
   }
 
@@ -112,11 +107,18 @@ class RingAllreduce {
 /// the tag sequence every rank advances identically (ranks issue the same operations in order).
 class RingPool {
  public:
+  /// A state no request holds (a finished sum stays with its request until tested) and not busy.
   std::shared_ptr<RingAllreduce> acquire() {
     for (auto& s : states_)
-      if (!s->busy()) return s;
+      if (s.use_count() == 1 && !s->busy()) return s;
     states_.push_back(std::make_shared<RingAllreduce>());
     return states_.back();
+  }
+  /// Advances every sum in flight: a ring moves on only when tested, so testing one request
+  /// advances them all, and later chunks do not idle while the sync waits for an earlier one.
+  void progress() {
+    for (auto& s : states_)
+      if (s.use_count() > 1) s->advance();  // held by a request: not abandoned
   }
   int next_tag() {
     seq_ = (seq_ + 1) % kTags;

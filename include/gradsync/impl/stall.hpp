@@ -455,4 +455,15 @@ class Control {
   std::shared_ptr<std::vector<unsigned char>> scratch_;
 };
 
+/// Waits for a backend request with the deadline of Options::stall_timeout (0: backend.wait()).
+template <class Backend>
+void wait_for(const Backend& backend, typename Backend::Request& request, Control<Backend>& ctl,
+              const Options& o, const WaitSite& site) {
+  if (o.stall_timeout <= 0) {
+    backend.wait(request);
+    return;
+  }
+  ctl.wait_until_done([&] { return backend.test(request); }, o, site);
+}
+
 }  // namespace gradsync::impl
