@@ -262,13 +262,14 @@ TEST_CASE("shape, count, order, value type, option and policy mismatches: every 
   }
 }
 
-// Nonblocking collectives need every_step for this; on the blocking path (MPI's default) the
-// arrival check tells every rank that one rank's registrations changed, so on_change suffices.
+// The arrival check before each exchange tells every rank that one rank's registrations changed,
+// so on_change suffices on both paths; every_step gets there without it.
 TEST_CASE("registrations changed on one rank only are a MismatchError, not a stall") {
   if (world_size() < 2) return;
   const int rank = world_rank(), last = world_size() - 1;
   for (auto [mode, coll] : {std::pair{gradsync::CheckMode::every_step, gradsync::Collectives::nonblocking},
-                            std::pair{gradsync::CheckMode::on_change, gradsync::Collectives::automatic}}) {
+                            std::pair{gradsync::CheckMode::on_change, gradsync::Collectives::nonblocking},
+                            std::pair{gradsync::CheckMode::on_change, gradsync::Collectives::blocking}}) {
     gradsync::Options o = opts();
     o.consistency_check = mode;
     o.collectives = coll;
@@ -301,8 +302,8 @@ TEST_CASE("check_finite and resize detection on the single-process backend") {
 TEST_CASE("a NaN or Inf in a gradient: every rank throws, naming the tensor and the rank (check_finite)") {
   const int rank = world_rank();
   const int last = world_size() - 1;
-  // Blocking collectives (MPI's default): the peers stop in the arrival check; nonblocking: in the
-  // allreduce they already posted.
+  // Blocking collectives: the peers stop in the arrival check's second round; nonblocking (MPI's
+  // default): in the allreduce they already posted.
   for (auto coll : {gradsync::Collectives::blocking, gradsync::Collectives::nonblocking})
   for (double bad : {std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::infinity(),
                      -std::numeric_limits<double>::infinity()}) {

@@ -49,8 +49,9 @@ struct TestTensor {
 
 // A hybrid model: data-parallel tensors of mixed shapes (zero-length, one element, 4096, 2-D),
 // one tensor made local at run time, and local groups whose count and sizes differ per rank.
+// `big` adds a 280 KiB (float) dense tensor, large enough to be reduced in place by the ring.
 template <class T>
-std::vector<TestTensor<T>> make_model(int rank) {
+std::vector<TestTensor<T>> make_model(int rank, bool big = false) {
   std::vector<TestTensor<T>> m;
   auto one = [&](Kind k, int tag, std::size_t n) {
     m.push_back({k, tag, Kokkos::View<T*>("g", n), {}, false});
@@ -63,6 +64,7 @@ std::vector<TestTensor<T>> make_model(int rank) {
   m.push_back({Kind::dense, 3, {}, Kokkos::View<T**>("g2", 5, 7), true});
   one(Kind::runtime_local, 300, 11);
   one(Kind::dense, 4, 4096);
+  if (big) one(Kind::dense, 5, 70000);
   return m;
 }
 
@@ -172,10 +174,14 @@ TEST_CASE_TEMPLATE("every row of the semantics table, against analytic values", 
   using Sync = gradsync::GradientSync<gradsync::MpiBackend, Kokkos::View<T*>>;
   const int rank = world_rank();
   int config = 0;
+  // Both paths; on the nonblocking one the big tensor is reduced in place by the ring, which
+  // takes every factor into its reduction (MpiBackend::folds_factor).
+  for (auto coll : {gradsync::Collectives::automatic, gradsync::Collectives::nonblocking})
   for (auto op : {gradsync::ReduceOp::sum, gradsync::ReduceOp::average})
     for (int N : {1, 3, 4})
       for (bool avg_agg : {false, true}) {
         Config c{{}, world_members(), rank};
+        c.opt.collectives = coll;
         c.opt.op = op;
         c.opt.backward_passes_per_step = N;
         c.opt.average_aggregated_gradients = avg_agg;
@@ -185,17 +191,21 @@ TEST_CASE_TEMPLATE("every row of the semantics table, against analytic values", 
           c.opt.postscale_factor = 3.0;
         }
         c.opt.fusion_threshold_bytes = config % 4 == 0 ? 256 : std::size_t(4) << 20;
+        c.opt.in_place_min_fraction = 0.05;  // 4 MiB chunks: tensors from 205 KiB in place
         CAPTURE(config);
         CAPTURE(N);
         CAPTURE(avg_agg);
+        CAPTURE(int(coll));
         ++config;
-        auto m = make_model<T>(rank);
+        auto m = make_model<T>(rank, true);
         Sync sync(gradsync::MpiBackend(MPI_COMM_WORLD), c.opt);
         register_model(sync, m);
         run_and_check<T>(sync, m, c);
         // Local tensors never reach the wire: bytes handed over are exactly the dense ones.
         GRADSYNC_CHECK_ALL(sync.stats().bytes_allreduced == sync.stats().steps * dense_bytes(m));
         GRADSYNC_CHECK_ALL(sync.stats().steps == std::uint64_t(10 / N));
+        if (N == 1)  // (with aggregation the buffer holds the sums: nothing is reduced in place)
+          GRADSYNC_CHECK_ALL(sync.stats().bytes_in_place >= sync.stats().steps * 70000 * sizeof(T));
       }
 }
 
@@ -357,6 +367,32 @@ TEST_CASE_TEMPLATE("MpiBackend nonblocking sum: exact, and the same bits on ever
     }
   GRADSYNC_CHECK_ALL(ok);
   CHECK(b.test(reqs[3]));  // a completed request stays complete
+
+  // A factor (an average's 1/n) is folded into ring sums, each value rounded once after its exact
+  // sum; other sums refuse one, so the caller knows to scale.
+  const T third = T(1) / T(3);
+  bufs.clear();
+  reqs.clear();
+  for (std::size_t s : sizes) {
+    bufs.emplace_back(s);
+    for (std::size_t i = 0; i < s; ++i) bufs.back()[i] = exact(rank, i);
+    if (b.folds_factor(s * sizeof(T)))
+      reqs.push_back(b.iallreduce_sum(bufs.back().data(), s, third));
+    else
+      CHECK_THROWS_AS(b.iallreduce_sum(bufs.back().data(), s, third), gradsync::Error);
+  }
+  for (auto& q : reqs) b.wait(q);
+  CHECK(reqs.size() == (n == 1 ? 0u : 4u));
+  ok = true;
+  for (std::size_t k = 0; k < sizes.size(); ++k) {
+    if (!b.folds_factor(sizes[k] * sizeof(T))) continue;
+    for (std::size_t i = 0; i < sizes[k]; ++i) {
+      T s = 0;
+      for (int r = 0; r < n; ++r) s += exact(r, i);
+      ok &= bufs[k][i] == s * third;
+    }
+  }
+  GRADSYNC_CHECK_ALL(ok);
 
   // Order-dependent values: every rank must hold rank 0's bits (replicas never drift apart).
   std::vector<T> v(3 * at + 5), ref(v.size());

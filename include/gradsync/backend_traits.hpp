@@ -1,22 +1,57 @@
 // gradsync: what the fused sync should know about a backend beyond its collectives.
 #pragma once
 
+#include <cstddef>
 #include <type_traits>
+#include <utility>
 
 namespace gradsync {
 
-class MpiBackend;
-
 /// True when a backend's blocking allreduce of a chunk beats its nonblocking one in the sync's
-/// pipeline. Open MPI's MPI_Iallreduce (libnbc) advances only inside MPI calls and uses other
-/// algorithms than the tuned blocking MPI_Allreduce: measured on 2 ranks, ResNet-50's gradients
-/// took 1.7x as long nonblocking (docs/BENCHMARKS.md). Backends that progress on their own (NCCL on
-/// a stream) keep the default, false. Options::collectives overrides it.
-/// (Backends derived from MpiBackend inherit its choice.)
+/// pipeline; Options::collectives = automatic follows it. False by default: nonblocking chunks
+/// overlap packing, unpacking and (with mark_ready) backward. A backend may instead answer at run
+/// time with a member `bool prefers_blocking_allreduce() const`, which wins over this trait:
+/// MpiBackend does (blocking only where its nonblocking sums would go to Open MPI's libnbc, whose
+/// reduce-then-broadcast schedule for fewer than 4 ranks measured 1.7x slower on ResNet-50).
 template <class Backend>
-struct prefers_blocking_allreduce : std::is_base_of<MpiBackend, Backend> {};
+struct prefers_blocking_allreduce : std::false_type {};
 
 template <class Backend>
 inline constexpr bool prefers_blocking_allreduce_v = prefers_blocking_allreduce<Backend>::value;
 
+namespace impl {
+
+template <class B, class = void>
+struct has_folds_factor : std::false_type {};
+template <class B>
+struct has_folds_factor<B, std::void_t<decltype(std::declval<const B&>().folds_factor(std::size_t()))>>
+    : std::true_type {};
+
+template <class B, class = void>
+struct has_blocking_preference : std::false_type {};
+template <class B>
+struct has_blocking_preference<B, std::void_t<decltype(bool(std::declval<const B&>().prefers_blocking_allreduce()))>>
+    : std::true_type {};
+
+/// The backend's run-time answer where it has one, else the trait's.
+template <class Backend>
+bool prefers_blocking(const Backend& b) {
+  if constexpr (has_blocking_preference<Backend>::value)
+    return b.prefers_blocking_allreduce();
+  else
+    return prefers_blocking_allreduce_v<Backend>;
+}
+
+/// Whether `b.iallreduce_sum(buf, n, factor)` multiplies a sum of `bytes` by factor inside the
+/// reduction (an optional capability: backends without folds_factor() never do, and the sync
+/// scales in its own kernels).
+template <class Backend>
+bool folds_factor(const Backend& b, std::size_t bytes) {
+  if constexpr (has_folds_factor<Backend>::value)
+    return b.folds_factor(bytes);
+  else
+    return false;
+}
+
+}  // namespace impl
 }  // namespace gradsync

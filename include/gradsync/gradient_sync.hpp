@@ -77,8 +77,8 @@ class GradientSync {
         exec_(exec),
         tuner_(opt_.fusion_threshold_bytes == fusion_threshold_auto),
         blocking_(opt_.collectives == Collectives::blocking ||
-                  (opt_.collectives == Collectives::automatic && prefers_blocking_allreduce_v<Backend>)),
-        agreed_(blocking_ && opt_.stall_timeout > 0 && impl::has_mpi_comm<Backend>::value),
+                  (opt_.collectives == Collectives::automatic && impl::prefers_blocking(backend_))),
+        agreed_(opt_.stall_timeout > 0 && impl::has_mpi_comm<Backend>::value),
         ctl_(backend_, opt_) {}
 
   /// Registers a gradient in `Group`. Any contiguous tensor with this sync's value type and memory
@@ -143,7 +143,7 @@ class GradientSync {
     const auto t0 = std::chrono::steady_clock::now();
     if (dirty_ && !step_open_) build_plan();
     if (opt_.check_finite) check_finite();
-    if (agreed_) agree_before_exchange();  // after every local check: the collectives follow
+    if (agreed_ && blocking_) agree_before_exchange(true);  // after every local check: the collectives follow
     ++stats_.passes;
     ++pass_;
     const int n_passes = opt_.backward_passes_per_step;
@@ -291,7 +291,10 @@ class GradientSync {
                             "registered (", e.size, " -> ", now.second, " elements) on rank ", backend_.rank(),
                             "; build a new GradientSync and register it again after resizing"));
     }
-    if (!agreed_) check_consistency(need_check_);
+    if (!agreed_)
+      check_consistency(need_check_);
+    else if (!blocking_)
+      agree_before_exchange(false);  // before the step's first collective, which is watched itself
   }
 
   // The cross-rank comparison of registrations (impl/consistency.hpp), when a rank needs it.
@@ -501,13 +504,17 @@ class GradientSync {
   // Packs chunk c and hands it to the backend without waiting for the reduction.
   void launch_chunk(std::size_t c, bool aggregated) {
     const std::int64_t pos = buffer_pos(c), len = chunks_[c].size();
+    const std::size_t bytes = std::size_t(len) * sizeof(value_type);
+    // In place, the factors go into the backend's reduction where it can take them (one pass over
+    // 1/p of the bytes, in cache); otherwise they are applied before the reduction, a pass that
+    // leaves the piece in cache for the backend to read instead of one over memory it has just
+    // written. Packed chunks take them in the unpack.
+    const bool fold = reduced_in_place(c) && !blocking_ && impl::folds_factor(backend_, bytes);
     value_type* data = nullptr;
     if (reduced_in_place(c)) {
-      // Every factor is applied before the reduction: one pass that leaves the piece in cache for
-      // the backend to read, instead of a pass after it over memory the backend has just written.
-      scale_in_place(c, pre_factor_ * post_factor_);
+      if (!fold) scale_in_place(c, pre_factor_ * post_factor_);
       data = chunk_data(c);
-      stats_.bytes_in_place += std::size_t(len) * sizeof(value_type);
+      stats_.bytes_in_place += bytes;
     } else {
       pack_chunk(c, aggregated);
       if (staged_) impl::copy_buffer(exec_, staging_, std::size_t(pos), buffer_, std::size_t(pos), std::size_t(len));
@@ -518,9 +525,15 @@ class GradientSync {
     if (blocking_)
       backend_.allreduce_sum(data, std::size_t(len));
     else
-      requests_[c] = backend_.iallreduce_sum(data, std::size_t(len));
+      requests_[c] = start_sum(data, std::size_t(len), fold);
     ++stats_.allreduce_calls;
-    stats_.bytes_allreduced += std::size_t(len) * sizeof(value_type);
+    stats_.bytes_allreduced += bytes;
+  }
+
+  typename Backend::Request start_sum(value_type* data, std::size_t n, bool fold) {
+    if constexpr (impl::has_folds_factor<Backend>::value)
+      if (fold) return backend_.iallreduce_sum(data, n, value_type(pre_factor_ * post_factor_));
+    return backend_.iallreduce_sum(data, n);
   }
 
   // Waits for chunk c's reduction and unpacks it into the gradients.
@@ -570,22 +583,24 @@ class GradientSync {
     }
   }
 
-  // Blocking collectives cannot be given a deadline, so on the blocking path the ranks first agree,
-  // on the side channel and under the stall deadline, that all of them have arrived at this
-  // synchronize() call, in two rounds (on every call, so that check modes count calls as on the
-  // nonblocking path). Round 1 also tells every rank whether any rank's registrations changed
-  // (so all of them run the consistency check, and a change on one rank only is a MismatchError,
-  // not a stall). A rank that gives up in round 1 never posts round 2, so a rank that arrives late
-  // and completes round 1 waits in round 2 and stops too, instead of blocking in a collective its
-  // peers have left. Once round 2 completes every rank is committed: the chunks follow with no
-  // user code in between. Two small allreduces of latency per call.
-  void agree_before_exchange() {
+  // With the stall watchdog on, the ranks first agree, on the side channel and under the stall
+  // deadline, that all of them have arrived at this synchronize() call (on every call, so that
+  // check modes count calls alike on both paths). The round also tells every rank whether any
+  // rank's registrations changed, so all of them run the consistency check, and a change on one
+  // rank only is a MismatchError, not a stall; a rank that called synchronize() more often is one
+  // too. Blocking collectives cannot be given a deadline, so on the blocking path a second round
+  // commits (`commit`): a rank that gives up in round 1 never posts round 2, so a rank that
+  // arrives late and completes round 1 waits in round 2 and stops too, instead of blocking in a
+  // collective its peers have left. Once round 2 completes every rank is committed: the chunks
+  // follow with no user code in between. Nonblocking chunks are watched themselves and need no
+  // commit. One or two small allreduces of latency per call.
+  void agree_before_exchange(bool commit) {
     const std::int64_t call = std::int64_t(stats_.passes) + 1;
     std::int64_t v[3] = {-std::int64_t(need_check_), call, -call};
     try {
       ctl_.allreduce_min(backend_, v, 3, opt_, impl::WaitSite{"arrival check", call, -1, 0});
     } catch (const StallError& e) {
-      ctl_.tell_peers(impl::ErrorKind::stall, e.what());  // the late ranks then stop in round 2 at once
+      ctl_.tell_peers(impl::ErrorKind::stall, e.what());  // late ranks stop at their next wait (round 2, a chunk)
       throw;
     }
     if (v[1] != -v[2])
@@ -594,6 +609,7 @@ class GradientSync {
                           "): a rank called synchronize() more often than the others"),
                 opt_);
     check_consistency(v[0] < 0);
+    if (!commit) return;
     std::int64_t go = 0;
     ctl_.allreduce_min(backend_, &go, 1, opt_, impl::WaitSite{"arrival confirmation", call, -1, 0});
   }
@@ -655,7 +671,7 @@ class GradientSync {
   impl::ReadyTracker ready_;
   impl::ChunkTuner tuner_;
   bool blocking_ = false;  // one blocking allreduce per chunk (Options::collectives)
-  bool agreed_ = false;    // blocking and watched: the ranks agree before each exchange
+  bool agreed_ = false;    // watched: the ranks agree before each exchange (agree_before_exchange)
   std::vector<typename Backend::Request> requests_;   // per chunk
   std::vector<std::int64_t> slot_of_, prev_in_slot_;  // per chunk: its slot (-1: in place), the slot's previous chunk
   impl::BufferView<value_type, impl::staging_space_t<memory_space>> staging_;

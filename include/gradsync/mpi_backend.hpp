@@ -92,22 +92,35 @@ class MpiBackend {
     });
   }
 
-  /// Nonblocking in-place sum; n must fit one MPI call (the fusion layer splits chunks). Host
-  /// buffers of at least ring_min_bytes go through gradsync's own ring (impl/ring_allreduce.hpp),
-  /// the rest to MPI_Iallreduce.
+  /// Nonblocking in-place sum, times `factor` when given; n must fit one MPI call (the fusion
+  /// layer splits chunks). Host buffers of at least ring_min_bytes go through gradsync's own ring
+  /// (impl/ring_allreduce.hpp), which folds the factor into the reduction; the rest go to
+  /// MPI_Iallreduce and take no factor (folds_factor() says which).
   template <class T>
-  Request iallreduce_sum(T* buf, std::size_t n) const {
+  Request iallreduce_sum(T* buf, std::size_t n, T factor = T(1)) const {
     Request r;
     const int count = checked_count(n);
-    // Device buffers stay with MPI: MPI_Reduce_local works on host memory.
-    if (size_ > 1 && !cuda_aware_.aware && n * sizeof(T) >= ring_min_bytes) {
+    if (folds_factor(n * sizeof(T))) {
       r.ring = comm_->rings.acquire();
-      r.ring->start(buf, count, impl::mpi_type<T>(), sizeof(T), comm(), rank_, size_, comm_->rings.next_tag());
+      r.ring->start(buf, count, factor, impl::mpi_type<T>(), comm(), rank_, size_, comm_->rings.next_tag());
       return r;
     }
+    if (factor != T(1))
+      throw Error(impl::cat("MpiBackend::iallreduce_sum: a factor is folded only into ring sums (",
+                            n * sizeof(T), " bytes given; see folds_factor)"));
     impl::mpi_check(MPI_Iallreduce(MPI_IN_PLACE, buf, count, impl::mpi_type<T>(), MPI_SUM, comm(), &r.req),
                     "MPI_Iallreduce");
     return r;
+  }
+  /// The sync's automatic choice (gradsync::prefers_blocking_allreduce): nonblocking, so that
+  /// chunks pipeline and overlap backward, unless MPI is CUDA-aware. Then sums go to libnbc, whose
+  /// MPI_Iallreduce reduces to a root and broadcasts back for fewer than 4 ranks or in place.
+  bool prefers_blocking_allreduce() const { return cuda_aware_.aware && size_ > 1; }
+
+  /// Whether a nonblocking sum of this many bytes runs the ring and so takes a factor. Device
+  /// buffers stay with MPI (MPI_Reduce_local works on host memory), as do small sums.
+  bool folds_factor(std::size_t bytes) const {
+    return size_ > 1 && !cuda_aware_.aware && bytes >= ring_min_bytes;
   }
   void wait(Request& r) const {
     if (r.ring) {
