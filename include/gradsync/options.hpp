@@ -37,7 +37,7 @@ enum class StallAction {
 enum class Collectives {
   automatic,    ///< what measures faster for the backend (gradsync::prefers_blocking_allreduce)
   blocking,     ///< one blocking allreduce per chunk, the chunk unpacked at once
-  nonblocking,  ///< up to two chunks in flight, packed and unpacked around the reduction
+  nonblocking,  ///< up to four chunks in flight (two packed), packed and unpacked around the reduction
 };
 
 /// The order of data-parallel gradients in the fused buffer, hence the order chunks are reduced in.
@@ -79,13 +79,14 @@ struct Options {
   /// Apply GRADSYNC_* environment variables over these values (they take precedence over code).
   bool read_environment = true;
   Collectives collectives = Collectives::automatic;
-  /// Data-parallel tensors of at least in_place_min_fraction of a fused chunk (fusion_threshold_bytes)
-  /// and at least in_place_min_bytes are reduced in place, in chunks of their own, without the
-  /// copies through the fusion buffer (only without aggregation and host staging); smaller ones are
-  /// fused into full chunks. Half a chunk keeps messages large and the call count near that of one
-  /// contiguous buffer; below 64 KiB a copy costs less than a call of its own. Both 0: every tensor
-  /// in place; fraction infinity: none.
-  double in_place_min_fraction = 0.5;
+  /// Data-parallel tensors of at least in_place_min_bytes and at least in_place_min_fraction of a
+  /// fused chunk (fusion_threshold_bytes) are reduced in place, in chunks of their own, without the
+  /// two copies through the fusion buffer (only without aggregation and host staging); smaller ones
+  /// are fused into full chunks. Below 64 KiB a copy costs less than a call of its own; above it the
+  /// copies cost more than the extra calls (MobileNetV2 and ResNet-50 on 2 ranks, docs/BENCHMARKS.md),
+  /// the more so since MpiBackend's ring folds the average into in-place sums. A fraction of 0.5
+  /// keeps messages near chunk size; infinity reduces nothing in place.
+  double in_place_min_fraction = 0;
   std::size_t in_place_min_bytes = std::size_t(64) << 10;
   FusionOrder fusion_order = FusionOrder::reverse;
 };
