@@ -26,7 +26,7 @@ int main(int argc, char** argv) {
     // Host memory on purpose: the model below is plain host loops, so the example runs unchanged
     // whatever Kokkos's default (device) memory space is.
     using View = Kokkos::View<double*, Kokkos::HostSpace>;
-    gradsync::Options opt;  // average over ranks, 2 MiB fusion chunks
+    gradsync::Options opt;  // average over ranks, 4 MiB fusion chunks
     gradsync::GradientSync<gradsync::MpiBackend, View> sync(gradsync::MpiBackend(MPI_COMM_WORLD), opt);
     const int rank = sync.backend().rank(), size = sync.backend().size();
     const int dim = 8, samples = 256, steps = argc > 1 ? std::atoi(argv[1]) : 300;

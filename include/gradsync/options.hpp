@@ -57,7 +57,7 @@ struct Options {
   /// Largest fused chunk handed to the backend in one call. 0 means no fusion (one call per tensor);
   /// fusion_threshold_auto picks it by measurement. The default comes from the sweep in
   /// docs/BENCHMARKS.md.
-  std::size_t fusion_threshold_bytes = std::size_t(2) << 20;
+  std::size_t fusion_threshold_bytes = std::size_t(4) << 20;
   int backward_passes_per_step = 1;          ///< local gradient aggregation: N passes per sync
   bool average_aggregated_gradients = false; ///< divide aggregated gradients by N
   bool scale_local_gradients = true;         ///< 1/world_size for runtime-registered local vars
