@@ -23,7 +23,31 @@ def load(path):
             sec, case, method, nbytes, tensors, ranks, med, reps = r
             rows.append(dict(section=sec, case=case, method=method, bytes=int(nbytes), tensors=int(tensors),
                              ranks=int(ranks), t=float(med), reps=int(reps)))
-    return rows
+    return merge_runs(rows)
+
+
+def merge_runs(rows):
+    """One row per measurement: run.sh repeats the models section (RUNS), and each run's median
+    becomes one sample; the row keeps the median of the runs. A run's "raw best (chunk)" rows merge
+    whatever chunk won, labelled with the chunk that won most often."""
+    groups = collections.OrderedDict()
+    for r in rows:
+        m = r["method"]
+        for best in ("raw best (", "raw+avg best ("):
+            if m.startswith(best):
+                m = best
+        groups.setdefault((r["section"], r["case"], m, r["ranks"]), []).append(r)
+    merged = []
+    for (_, _, m, _), rs in groups.items():
+        r = dict(rs[0])
+        r["t"] = statistics.median(x["t"] for x in rs)
+        r["reps"] = sum(x["reps"] for x in rs)
+        r["runs"] = len(rs)
+        if m.endswith("("):
+            chunks = collections.Counter(x["method"][len(m):-1] for x in rs)
+            r["method"] = m + chunks.most_common(1)[0][0] + ")"
+        merged.append(r)
+    return merged
 
 
 def pick(rows, section, case, method=None, prefix=None, ranks=2):
@@ -229,13 +253,17 @@ unset multiplot
     if os.path.exists(cg):
         md += ["## Host path instruction count (regression reference)", "", open(cg).read().strip(), ""]
 
+    g0 = pick(rows, "models", "ResNet-50", "gradsync")
+    runs = g0["runs"] if g0 else 1
     doc = ["# gradsync benchmarks", "",
            "Written by `tests/bench/run.sh`; rerun it to refresh this page and `benchmarks.png`.", "",
            "## Command", "", "```sh", command, "```", "",
            "## Machine", "", "```", machine, "```", "",
            "Times are medians over interleaved repetitions (every method once per round, in rotating order), "
-           "each repetition timed on the slowest rank. Compare ratios within one run: the machine is shared "
-           "and absolute times move with its load (see the load averages above).", "",
+           "each repetition timed on the slowest rank; the models at 2 ranks are measured in "
+           f"{runs} separate runs (`RUNS`), and each figure is the median of the runs' medians (*raw best*: of "
+           "each run's best, labelled with the chunk that won most often). Compare ratios within one table: the "
+           "machine is shared and absolute times move with its load (see the load averages above).", "",
            "Methods: **gradsync** is `GradientSync::synchronize()` with default options (average, fused, "
            "float Views, one allocation per tensor as a framework holds them). **raw** is `MPI_Allreduce` "
            "(in place, `MPI_SUM`) of one contiguous buffer of the same bytes cut into chunks of the given "
