@@ -80,8 +80,9 @@ def main():
     runs = g0["runs"] if g0 else 1
     head = ("| model | MiB | tensors | gradsync ms | raw best ms (chunk) | raw+avg best ms (chunk) | "
             "per-tensor ms | DDP gloo ms | gradsync / raw | gradsync / raw+avg | gradsync op=sum ms | "
-            "op=sum / raw | per-tensor / gradsync | DDP / gradsync | gradsync blocking ms |")
-    md += [f"## Models, 2 ranks (median of {runs} runs)", "", head, "|" + " --- |" * 15]
+            "op=sum / raw | per-tensor / gradsync | DDP / gradsync | gradsync blocking ms | gradsync arena ms | "
+            "arena / raw |")
+    md += [f"## Models, 2 ranks (median of {runs} runs)", "", head, "|" + " --- |" * 17]
     checks = []
 
     def ratio(a, b):
@@ -97,6 +98,7 @@ def main():
         ddp = pick(rows, "models", m, "DDP gloo")
         nb = pick(rows, "models", m, "gradsync blocking")
         sm = pick(rows, "models", m, "gradsync op=sum")
+        ar = pick(rows, "models", m, "gradsync arena")
         chunk = raw["method"][len("raw best ("):-1] if raw else "-"
         achunk = ravg["method"][len("raw+avg best ("):-1] if ravg else "-"
         r_raw = g["t"] / raw["t"] if raw else None
@@ -106,12 +108,13 @@ def main():
                   f"{ms(ravg['t'] if ravg else None)} ({achunk}) | {ms(pt['t'] if pt else None)} | "
                   f"{ms(ddp['t'] if ddp else None)} | {ratio(g, raw)} | {ratio(g, ravg)} | "
                   f"{ms(sm['t'] if sm else None)} | {ratio(sm, raw)} | {ratio(pt, g)} | {ratio(ddp, g)} | "
-                  f"{ms(nb['t'] if nb else None)} |")
+                  f"{ms(nb['t'] if nb else None)} | {ms(ar['t'] if ar else None)} | {ratio(ar, raw)} |")
         if m in TARGET_RAW and r_raw is not None:
             checks.append(f"{m}: gradsync / best raw = {r_raw:.2f}x (target <= {TARGET_RAW[m]:.2f}x): "
                           + ("met" if r_raw <= TARGET_RAW[m] else "NOT met")
                           + (f"; the same work as raw (op=sum) {sm['t'] / raw['t']:.2f}x" if sm else "")
-                          + (f"; the default (average) against raw + average {g['t'] / ravg['t']:.2f}x" if ravg else ""))
+                          + (f"; the default (average) against raw + average {g['t'] / ravg['t']:.2f}x" if ravg else "")
+                          + (f"; gradients in one allocation (arena) {ar['t'] / raw['t']:.2f}x" if ar else ""))
         if m == "ResNet-50":
             if r_ddp:
                 checks.append(f"ResNet-50: DDP gloo / gradsync = {r_ddp:.2f}x (target >= 4x): "
@@ -271,7 +274,9 @@ unset multiplot
            "gradsync's default also does, the average: each raw chunk multiplied by 1/n right after its "
            "reduction, while in cache (sweep 1 to 16 MiB); it is the fair baseline of the default, since "
            "a built-in `MPI_SUM` cannot scale and the multiplication is one more pass over the bytes. "
-           "**gradsync op=sum** does the same work as raw. **per-tensor** is one "
+           "**gradsync op=sum** does the same work as raw. **gradsync arena** is the default sync of the same "
+           "gradients carved from one allocation in registration order (as DDP's `gradient_as_bucket_view`): "
+           "neighbours merge into regions reduced in place. **per-tensor** is one "
            "`MPI_Allreduce` per tensor. **DDP gloo** is PyTorch "
            + "DDP (Debian python3-torch, gloo on 127.0.0.1) on a dummy module with the same parameter shapes: "
            "median backward time minus median backward time under `no_sync()`.", ""]

@@ -46,7 +46,10 @@ struct FusionPlan {
   // tensor with `per_tensor`, i.e. no fusion) get chunks of their own: equal pieces of at most
   // `limit` elements, reducible in place. The others fill packed chunks of `limit` elements, which
   // may split a tensor; a packed chunk is placed where it fills up (or at the end), so each chunk
-  // comes after every tensor it holds. Fused positions follow chunk order.
+  // comes after every tensor it holds. Fused positions follow chunk order. Consecutive tensors that
+  // are neighbours in memory (gradients carved from one allocation, in either direction) count as
+  // one region: of at least `own_min` elements, it is cut into pieces like one large tensor, so an
+  // arena of gradients is reduced in place in as few calls as one contiguous buffer.
   static FusionPlan build(const std::vector<Tensor>& tensors, std::int64_t limit, bool per_tensor,
                           std::int64_t own_min = std::numeric_limits<std::int64_t>::max()) {
     FusionPlan p;
@@ -73,10 +76,21 @@ struct FusionPlan {
       p.total += size;
     };
     std::vector<Segment<T>> own;
+    p.tensor_chunks.assign(tensors.size(), {-1, -2});
+    const bool merge = !per_tensor && own_min < std::numeric_limits<std::int64_t>::max();
+    std::int64_t single_through = -1;  // tensors of a region too small to merge: taken one by one
     for (std::size_t i = 0; i < tensors.size(); ++i) {
+      if (merge && std::int64_t(i) > single_through) {
+        const Region r = region_from(tensors, i);
+        if (r.members.size() > 1 && r.total >= own_min) {
+          emit_region(r, tensors, limit, own, emit);
+          i = r.last;
+          continue;
+        }
+        single_through = std::int64_t(r.last);
+      }
       const Tensor& t = tensors[i];
       const std::int64_t size = std::int64_t(t.size);
-      p.tensor_chunks.emplace_back(-1, -2);
       if (size == 0) continue;
       if (per_tensor || size >= own_min) {
         const std::int64_t pieces = (size + limit - 1) / limit, piece = (size + pieces - 1) / pieces;
@@ -114,6 +128,68 @@ struct FusionPlan {
       if (!c.contiguous) p.widest_packed = std::max(p.widest_packed, c.size());
     }
     return p;
+  }
+
+ private:
+  // Tensors first .. last (fused order) that tile [lo, lo + total) in memory; members in address
+  // order. Empty tensors in between are skipped (they occupy no memory and join no chunk).
+  struct Region {
+    std::vector<std::size_t> members;
+    T* lo = nullptr;
+    std::int64_t total = 0;
+    bool descending = false;  // fused order runs down through memory
+    std::size_t last = 0;
+  };
+
+  static Region region_from(const std::vector<Tensor>& ts, std::size_t first) {
+    Region r;
+    r.last = first;
+    if (ts[first].size == 0) return r;
+    r.members.push_back(first);
+    r.lo = ts[first].data;
+    r.total = std::int64_t(ts[first].size);
+    int dir = 0;
+    for (std::size_t j = first + 1; j < ts.size(); ++j) {
+      if (ts[j].size == 0) continue;
+      const int d = ts[j].data == r.lo + r.total ? 1 : ts[j].data + ts[j].size == r.lo ? -1 : 0;
+      if (d == 0 || (dir != 0 && d != dir)) break;
+      dir = d;
+      if (d > 0) {
+        r.members.push_back(j);
+      } else {
+        r.members.insert(r.members.begin(), j);
+        r.lo = ts[j].data;
+      }
+      r.total += std::int64_t(ts[j].size);
+      r.last = j;
+    }
+    r.descending = dir < 0;
+    return r;
+  }
+
+  // Equal pieces of at most `limit` elements, taken in fused order (from the top of memory down
+  // for a descending region, so the tensors backward produces first are in the first piece); each
+  // piece's segments in address order, cut at tensor boundaries.
+  template <class Emit>
+  static void emit_region(const Region& r, const std::vector<Tensor>& ts, std::int64_t limit,
+                          std::vector<Segment<T>>& segs, Emit& emit) {
+    const std::int64_t pieces = (r.total + limit - 1) / limit, piece = (r.total + pieces - 1) / pieces;
+    std::vector<std::size_t> members;
+    for (std::int64_t q = 0; q < pieces; ++q) {
+      const std::int64_t a = r.descending ? std::max<std::int64_t>(0, r.total - (q + 1) * piece) : q * piece;
+      const std::int64_t b = r.descending ? r.total - q * piece : std::min(r.total, (q + 1) * piece);
+      segs.clear();
+      members.clear();
+      std::int64_t start = 0;
+      for (std::size_t m : r.members) {
+        const std::int64_t end = start + std::int64_t(ts[m].size);
+        for (std::int64_t k = std::max(a, start); k < std::min(b, end); k += max_segment_elements)
+          segs.push_back(Segment<T>{r.lo + k, k - a, std::min(max_segment_elements, std::min(b, end) - k), T(1)});
+        if (std::max(a, start) < std::min(b, end)) members.push_back(m);
+        start = end;
+      }
+      emit(segs, b - a, members);
+    }
   }
 };
 
