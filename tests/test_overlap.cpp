@@ -261,3 +261,40 @@ TEST_CASE("an arena of gradients is reduced in place as one region, in either fu
     GRADSYNC_CHECK_ALL(plain.stats().bytes_in_place == plain.stats().bytes_allreduced);
   }
 }
+
+TEST_CASE("neighbours in memory on some ranks only: no rank merges, the values hold") {
+  const int rank = world_rank(), n = world_size();
+  // Rank 0 carves its gradients from one allocation, the others allocate each one: the plans (and
+  // so the collectives) must still match, so nobody merges.
+  const std::size_t sizes[] = {2000, 5, 1995, 1000};
+  View arena("arena", 5000);
+  std::vector<View> g;
+  std::size_t at = 0;
+  for (std::size_t s : sizes) {
+    g.push_back(rank == 0 ? View(Kokkos::subview(arena, std::make_pair(at, at + s))) : View("g", s));
+    at += s;
+  }
+  gradsync::Options opt;
+  opt.fusion_threshold_bytes = 1000 * sizeof(double);
+  opt.in_place_min_bytes = 0;
+  Sync s(gradsync::MpiBackend(MPI_COMM_WORLD), opt);
+  for (auto& v : g) s.add<Dense>(v);
+  for (int p = 0; p < 2; ++p) {
+    for (std::size_t k = 0; k < g.size(); ++k)
+      for (std::size_t i = 0; i < g[k].size(); ++i) g[k](i) = grad_value(int(k), i, rank, p);
+    CHECK(s.synchronize());
+    double worst = 0;
+    for (std::size_t k = 0; k < g.size(); ++k)
+      for (std::size_t i = 0; i < g[k].size(); ++i) {
+        double sum = 0;
+        for (int r = 0; r < n; ++r) sum += grad_value(int(k), i, r, p);
+        worst = std::max(worst, rel_err(g[k](i), sum / n));
+      }
+    CAPTURE(worst);
+    GRADSYNC_CHECK_ALL(worst <= 1e-13);
+  }
+  // Tensor by tensor on every rank (a single rank has nobody to disagree with: it merges).
+  const std::uint64_t per_step = n == 1 ? 5 : 2 + 1 + 2 + 1;
+  CAPTURE(s.stats().allreduce_calls);
+  GRADSYNC_CHECK_ALL(s.stats().allreduce_calls == 2 * per_step);
+}

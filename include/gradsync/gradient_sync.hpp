@@ -307,6 +307,7 @@ class GradientSync {
         regs.push_back({e.group, e.name, e.size, e.index_in_group, e.policy_local, e.runtime_local});
       impl::check_consistency(backend_, ctl_, opt_, regs, int(sizeof(value_type)), call,
                               impl::max_chunk_elements());
+      agree_on_neighbours(call);
       ++stats_.consistency_checks;
       need_check_ = false;
     }
@@ -340,6 +341,32 @@ class GradientSync {
     impl::throw_kind(k, msg);
   }
 
+  // Gradients that are neighbours in memory merge into one in-place region (impl::FusionPlan), but
+  // memory is each rank's own: the plan, hence the collectives, may depend on it only where every
+  // rank has the same neighbours. A hash of the neighbour relations in fused order is compared
+  // with the consistency check (one more small allreduce, only when a check runs); until the ranks
+  // agree, nothing merges.
+  void agree_on_neighbours(std::int64_t call) {
+    std::vector<const Entry*> dp;
+    for (const Entry& e : entries_)
+      if (!e.local() && e.size > 0) dp.push_back(&e);
+    if (opt_.fusion_order == FusionOrder::reverse) std::reverse(dp.begin(), dp.end());
+    std::uint64_t h = impl::fnv1a(nullptr, 0);
+    bool any = false;
+    for (std::size_t k = 1; k < dp.size(); ++k) {
+      const Entry &a = *dp[k - 1], &b = *dp[k];
+      const std::int8_t d = b.data == a.data + a.size ? 1 : b.data + b.size == a.data ? -1 : 0;
+      any = any || d != 0;
+      h = impl::fnv1a(&d, 1, h);
+    }
+    std::int64_t v[2] = {std::int64_t(h >> 1), -std::int64_t(h >> 1)};  // MIN of both: min and max
+    ctl_.allreduce_min(backend_, v, 2, opt_, impl::WaitSite{"consistency check (neighbours)", call, -1, 0});
+    const bool agreed = any && v[0] == -v[1];
+    // Rebuilt before the step's first collective (only N == 1 reduces in place: no rebuild mid-cycle).
+    if (agreed != merge_neighbours_ && opt_.backward_passes_per_step == 1) dirty_ = true;
+    merge_neighbours_ = agreed;
+  }
+
   // Registrations may change between steps, never inside an aggregation cycle: the internal sums
   // would no longer match the tensors.
   void begin_change() {
@@ -347,6 +374,7 @@ class GradientSync {
       throw Error(impl::cat("registrations changed after pass ", pass_, " of ", opt_.backward_passes_per_step,
                             " of an aggregation cycle; change them only after synchronize() returned true"));
     dirty_ = need_check_ = true;
+    merge_neighbours_ = false;  // until the ranks agree again
   }
 
   // Elements per chunk: the threshold in values (at least one), never more than one call can take.
@@ -385,7 +413,8 @@ class GradientSync {
     const std::int64_t own_min = in_place_ && own < 9e18 ? std::max<std::int64_t>(1, std::int64_t(own))
                                                          : std::numeric_limits<std::int64_t>::max();
     auto plan =
-        impl::FusionPlan<value_type>::build(dp, std::int64_t(chunk_limit()), fusion_threshold_bytes() == 0, own_min);
+        impl::FusionPlan<value_type>::build(dp, std::int64_t(chunk_limit()), fusion_threshold_bytes() == 0, own_min,
+                                            merge_neighbours_);
     chunks_ = std::move(plan.chunks);
     const std::vector<Seg>& segs = plan.segments;
     std::vector<const void*> dp_data;
@@ -680,6 +709,7 @@ class GradientSync {
   Buffer buffer_, local_acc_;
   value_type pre_factor_ = 1, post_factor_ = 1;
   bool need_check_ = true;  // registrations changed since the ranks last compared them
+  bool merge_neighbours_ = false;  // every rank has the same neighbours in memory (agree_on_neighbours)
   impl::Control<Backend> ctl_;  // side channel: consistency check, stall reports, peer failures
 };
 

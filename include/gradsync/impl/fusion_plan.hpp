@@ -48,10 +48,12 @@ struct FusionPlan {
   // may split a tensor; a packed chunk is placed where it fills up (or at the end), so each chunk
   // comes after every tensor it holds. Fused positions follow chunk order. Consecutive tensors that
   // are neighbours in memory (gradients carved from one allocation, in either direction) count as
-  // one region: of at least `own_min` elements, it is cut into pieces like one large tensor, so an
-  // arena of gradients is reduced in place in as few calls as one contiguous buffer.
+  // one region with `merge_neighbours` (the ranks agreed they all have the same neighbours): of at
+  // least `own_min` elements, it is cut into pieces like one large tensor, so an arena of gradients
+  // is reduced in place in as few calls as one contiguous buffer.
   static FusionPlan build(const std::vector<Tensor>& tensors, std::int64_t limit, bool per_tensor,
-                          std::int64_t own_min = std::numeric_limits<std::int64_t>::max()) {
+                          std::int64_t own_min = std::numeric_limits<std::int64_t>::max(),
+                          bool merge_neighbours = false) {
     FusionPlan p;
     std::vector<Segment<T>> open;           // the packed chunk being filled, offsets from its start
     std::vector<std::size_t> open_tensors;  // the tensors it holds
@@ -77,7 +79,7 @@ struct FusionPlan {
     };
     std::vector<Segment<T>> own;
     p.tensor_chunks.assign(tensors.size(), {-1, -2});
-    const bool merge = !per_tensor && own_min < std::numeric_limits<std::int64_t>::max();
+    const bool merge = merge_neighbours && !per_tensor && own_min < std::numeric_limits<std::int64_t>::max();
     std::int64_t single_through = -1;  // tensors of a region too small to merge: taken one by one
     for (std::size_t i = 0; i < tensors.size(); ++i) {
       if (merge && std::int64_t(i) > single_through) {
