@@ -341,23 +341,32 @@ class GradientSync {
     impl::throw_kind(k, msg);
   }
 
+  // What the plan is built from: the data-parallel tensors in fused order.
+  std::vector<typename impl::FusionPlan<value_type>::Tensor> data_parallel_in_fused_order() const {
+    std::vector<typename impl::FusionPlan<value_type>::Tensor> dp;
+    for (const Entry& e : entries_)
+      if (!e.local()) dp.push_back({e.data, e.size});
+    if (opt_.fusion_order == FusionOrder::reverse) std::reverse(dp.begin(), dp.end());
+    return dp;
+  }
+
   // Gradients that are neighbours in memory merge into one in-place region (impl::FusionPlan), but
   // memory is each rank's own: the plan, hence the collectives, may depend on it only where every
   // rank has the same neighbours. A hash of the neighbour relations in fused order is compared
   // with the consistency check (one more small allreduce, only when a check runs); until the ranks
   // agree, nothing merges.
   void agree_on_neighbours(std::int64_t call) {
-    std::vector<const Entry*> dp;
-    for (const Entry& e : entries_)
-      if (!e.local() && e.size > 0) dp.push_back(&e);
-    if (opt_.fusion_order == FusionOrder::reverse) std::reverse(dp.begin(), dp.end());
     std::uint64_t h = impl::fnv1a(nullptr, 0);
     bool any = false;
-    for (std::size_t k = 1; k < dp.size(); ++k) {
-      const Entry &a = *dp[k - 1], &b = *dp[k];
-      const std::int8_t d = b.data == a.data + a.size ? 1 : b.data + b.size == a.data ? -1 : 0;
-      any = any || d != 0;
-      h = impl::fnv1a(&d, 1, h);
+    const typename impl::FusionPlan<value_type>::Tensor* prev = nullptr;
+    for (const auto& t : data_parallel_in_fused_order()) {
+      if (t.size == 0) continue;  // no memory: never anyone's neighbour
+      if (prev) {
+        const std::int8_t d = std::int8_t(impl::FusionPlan<value_type>::neighbour(*prev, t));
+        any = any || d != 0;
+        h = impl::fnv1a(&d, 1, h);
+      }
+      prev = &t;
     }
     std::int64_t v[2] = {std::int64_t(h >> 1), -std::int64_t(h >> 1)};  // MIN of both: min and max
     ctl_.allreduce_min(backend_, v, 2, opt_, impl::WaitSite{"consistency check (neighbours)", call, -1, 0});
@@ -399,10 +408,7 @@ class GradientSync {
     const value_type inv_agg = opt_.average_aggregated_gradients ? value_type(1) / value_type(N) : value_type(1);
 
     // Data-parallel tensors in fused order: offsets, chunks, segments split at chunk boundaries.
-    std::vector<typename impl::FusionPlan<value_type>::Tensor> dp;
-    for (const Entry& e : entries_)
-      if (!e.local()) dp.push_back({e.data, e.size});
-    if (opt_.fusion_order == FusionOrder::reverse) std::reverse(dp.begin(), dp.end());
+    const auto dp = data_parallel_in_fused_order();
     // Large tensors are reduced where they are, in chunks of their own, skipping both copies
     // through the fusion buffer: not when staged or when the buffer holds aggregated sums.
     windowed_ = N == 1;

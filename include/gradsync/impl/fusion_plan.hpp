@@ -132,6 +132,11 @@ struct FusionPlan {
     return p;
   }
 
+  /// Where b lies against a in memory: right after it (1), right before it (-1), elsewhere (0).
+  static int neighbour(const Tensor& a, const Tensor& b) {
+    return b.data == a.data + a.size ? 1 : b.data + b.size == a.data ? -1 : 0;
+  }
+
  private:
   // Tensors first .. last (fused order) that tile [lo, lo + total) in memory; members in address
   // order. Empty tensors in between are skipped (they occupy no memory and join no chunk).
@@ -153,7 +158,7 @@ struct FusionPlan {
     int dir = 0;
     for (std::size_t j = first + 1; j < ts.size(); ++j) {
       if (ts[j].size == 0) continue;
-      const int d = ts[j].data == r.lo + r.total ? 1 : ts[j].data + ts[j].size == r.lo ? -1 : 0;
+      const int d = neighbour(Tensor{r.lo, std::size_t(r.total)}, ts[j]);
       if (d == 0 || (dir != 0 && d != dir)) break;
       dir = d;
       if (d > 0) {
