@@ -396,6 +396,7 @@ TEST_CASE("invalid options are ConfigErrors naming the option") {
   bad([](gradsync::Options& o) { o.postscale_factor = -0.5; }, "postscale_factor must be finite and >= 0");
   bad([](gradsync::Options& o) { o.stall_timeout = -1; }, "stall_timeout must be finite and >= 0");
   bad([&](gradsync::Options& o) { o.stall_warning = nan; }, "stall_warning must be finite and >= 0");
+  bad([](gradsync::Options& o) { o.max_chunks_in_flight = 0; }, "max_chunks_in_flight must be >= 1, got 0");
 }
 
 TEST_CASE("zero fusion threshold means one call per tensor") {

@@ -97,6 +97,7 @@ TEST_CASE("mark_ready in any order, on any subset, gives the values of a plain s
             opt.in_place_min_fraction = in_place;
             opt.in_place_min_bytes = 0;
             if (config % 3 == 2) opt.host_staging = gradsync::HostStaging::always;
+            if (config % 4 == 1) opt.max_chunks_in_flight = 1;  // each chunk completes before the next starts
             CAPTURE(config);
             ++config;
             Model plain(rank), marked(rank);

@@ -266,6 +266,8 @@ class GradientSync {
     auto bad = [](double x) { return !std::isfinite(x) || x < 0; };
     if (bad(o.prescale_factor))
       throw ConfigError(impl::cat("prescale_factor must be finite and >= 0, got ", o.prescale_factor));
+    if (o.max_chunks_in_flight < 1)
+      throw ConfigError(impl::cat("max_chunks_in_flight must be >= 1, got ", o.max_chunks_in_flight));
     if (std::isnan(o.in_place_min_fraction) || o.in_place_min_fraction < 0)
       throw ConfigError(impl::cat("in_place_min_fraction must be >= 0, got ", o.in_place_min_fraction));
     if (bad(o.postscale_factor))
@@ -599,7 +601,7 @@ class GradientSync {
   }
 
   // Launches chunks [launched_, end) in fused order. Nonblocking: chunk k is reduced while chunk
-  // k+1 is packed and chunk k-1 unpacked, up to max_in_flight chunks in flight, packed ones each in
+  // k+1 is packed and chunk k-1 unpacked, up to max_chunks_in_flight chunks in flight, packed ones each in
   // a slot of the buffer; without `may_block` it stops where it would have to wait. Blocking:
   // each chunk is packed, reduced and unpacked before the next (one slot, which stays hot).
   void launch_through(std::size_t end, bool aggregated, bool may_block = true) {
@@ -609,7 +611,7 @@ class GradientSync {
         complete_chunk(completed_++);
         continue;
       }
-      while (launched_ - completed_ >= max_in_flight ||
+      while (launched_ - completed_ >= std::size_t(opt_.max_chunks_in_flight) ||
              (prev_in_slot_[launched_] >= 0 && std::size_t(prev_in_slot_[launched_]) >= completed_)) {
         if (!may_block) return;
         complete_chunk(completed_++);
@@ -693,7 +695,6 @@ class GradientSync {
   bool windowed_ = true;
   int pass_ = 0;
   static constexpr std::int64_t pipeline_depth = 2;  // buffer slots for nonblocking packed chunks
-  static constexpr std::size_t max_in_flight = 4;    // nonblocking chunks in flight at once
   std::vector<impl::Chunk> chunks_;
   std::vector<value_type*> plan_first_ptr_;  // per chunk, its first value in the gradients
   std::int64_t slot_size_ = 0;

@@ -37,7 +37,8 @@ enum class StallAction {
 enum class Collectives {
   automatic,    ///< what measures faster for the backend (gradsync::prefers_blocking_allreduce)
   blocking,     ///< one blocking allreduce per chunk, the chunk unpacked at once
-  nonblocking,  ///< up to four chunks in flight (two packed), packed and unpacked around the reduction
+  nonblocking,  ///< up to max_chunks_in_flight chunks in flight (two packed), packed and unpacked around
+                ///< the reduction
 };
 
 /// The order of data-parallel gradients in the fused buffer, hence the order chunks are reduced in.
@@ -89,6 +90,10 @@ struct Options {
   double in_place_min_fraction = 0;
   std::size_t in_place_min_bytes = std::size_t(64) << 10;
   FusionOrder fusion_order = FusionOrder::reverse;
+  /// Nonblocking path: most chunks reduced at once. Many small in-place messages in flight hide
+  /// each one's handshake (docs/BENCHMARKS.md); each in-flight chunk reduced by MpiBackend's ring
+  /// holds a host temporary of 1/world_size of its bytes.
+  int max_chunks_in_flight = 16;
 };
 
 }  // namespace gradsync

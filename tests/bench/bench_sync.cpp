@@ -181,6 +181,11 @@ void bench_model(const bench::Model& m, double budget, gradsync::Options opt, co
       o.in_place_min_fraction = f;
       variant("gradsync in_place_min_fraction " + std::to_string(f), o);
     }
+    for (int k : {4, 8, 32}) {
+      o = opt;
+      o.max_chunks_in_flight = k;
+      variant("gradsync max_chunks_in_flight " + std::to_string(k), o);
+    }
   }
   for (std::size_t c : raw_sweep())
     if (c / 2 < bytes) ms.push_back({"raw " + size_label(c), [&, c] { raw_chunked(raw.data(), elems, c); }, {}});
