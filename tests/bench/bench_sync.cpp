@@ -181,6 +181,11 @@ void bench_model(const bench::Model& m, double budget, gradsync::Options opt, co
       o.in_place_min_fraction = f;
       variant("gradsync in_place_min_fraction " + std::to_string(f), o);
     }
+    for (std::size_t b : {std::size_t(16) << 10, std::size_t(256) << 10, std::size_t(1) << 20}) {
+      o = opt;
+      o.in_place_min_bytes = b;
+      variant("gradsync in_place_min_bytes " + size_label(b), o);
+    }
     for (int k : {4, 8, 32}) {
       o = opt;
       o.max_chunks_in_flight = k;
