@@ -7,6 +7,7 @@
 #include "env.hpp"
 #include "error.hpp"
 #include "global_norm.hpp"
+#include "gradient_arena.hpp"
 #include "gradient_sync.hpp"
 #include "local_var_policy.hpp"
 #include "mpi_backend.hpp"

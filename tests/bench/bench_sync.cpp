@@ -73,19 +73,18 @@ std::unique_ptr<Sync> make_sync(const bench::Model& m, Tensors& t, gradsync::Opt
   return s;
 }
 
-// The same gradients carved from one allocation in registration order, as a framework that keeps
-// its gradients in one buffer does (DDP's gradient_as_bucket_view): neighbours in memory merge
-// into regions reduced in place, so the sync sees what a contiguous buffer would.
-std::unique_ptr<Sync> make_arena_sync(const bench::Model& m, Grad& arena, gradsync::Options opt) {
+// The same gradients carved from one gradsync::GradientArena in registration order, as a framework
+// that keeps its gradients in one buffer does (DDP's gradient_as_bucket_view): neighbours in memory
+// merge into regions reduced in place, so the sync sees what a contiguous buffer would.
+std::unique_ptr<Sync> make_arena_sync(const bench::Model& m, gradsync::GradientArena<float>& arena,
+                                      gradsync::Options opt) {
   std::size_t total = 0;
   for (std::size_t n : m.numel) total += n;
-  arena = Grad(Kokkos::view_alloc(Kokkos::WithoutInitializing, "arena"), total);
-  Kokkos::deep_copy(arena, 1e-3f);
+  arena = gradsync::GradientArena<float>("arena", total);
+  Kokkos::deep_copy(arena.storage(), 1e-3f);
   auto s = std::make_unique<Sync>(gradsync::MpiBackend(MPI_COMM_WORLD), opt);
-  std::size_t at = 0;
   for (std::size_t i = 0; i < m.numel.size(); ++i) {
-    const auto g = Kokkos::subview(arena, std::make_pair(at, at + m.numel[i]));
-    at += m.numel[i];
+    const Grad g = arena.carve(m.numel[i]);
     if (m.local[i])
       s->add<Tables>(g);
     else
@@ -172,7 +171,7 @@ void bench_model(const bench::Model& m, double budget, gradsync::Options opt, co
   o = opt;
   o.op = gradsync::ReduceOp::sum;  // what raw and per-tensor compute: no 1/n pass
   variant("gradsync op=sum", o);
-  Grad arena;
+  gradsync::GradientArena<float> arena;
   variants.push_back(make_arena_sync(m, arena, opt));
   ms.push_back({"gradsync arena", [s = variants.back().get()] { s->synchronize(); }, {}});
   if (std::getenv("BENCH_VARIANTS")) {
