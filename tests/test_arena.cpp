@@ -1,5 +1,6 @@
 // GradientArena: carving, ownership, misuse, and a model carved from one arena synchronized as one
 // region in place (few calls, no copy), with the analytic averages.
+#include <cstdint>
 #include <gradsync/gradsync.hpp>
 #include <vector>
 
@@ -44,6 +45,22 @@ TEST_CASE("carves are neighbours in memory, of any rank, and run out with an Err
   CHECK(what.find("gradient arena 'grads': 41 values asked for, 40 of 100 left") != std::string::npos);
   CHECK(arena.used() == 60);  // a refused carve takes nothing
   CHECK(arena.carve(40).size() == 40);
+}
+
+TEST_CASE("a host arena of 2 MiB or more starts on a huge-page boundary, zero-filled") {
+  const std::size_t n = (std::size_t(5) << 20) / sizeof(double) + 3;  // 5 MiB and a bit
+  Arena arena("big", n);
+  CHECK(reinterpret_cast<std::uintptr_t>(arena.storage().data()) % (std::size_t(2) << 20) == 0);
+  CHECK(arena.capacity() == n);
+  std::size_t nonzero = 0;
+  for (std::size_t i = 0; i < n; ++i) nonzero += arena.storage()(i) != 0.0;
+  CHECK(nonzero == 0);
+  const View a = arena.carve(n);
+  a(n - 1) = 1;  // the last value is inside the allocation
+  CHECK(arena.storage()(n - 1) == 1.0);
+  Arena plain("big, 4 KiB pages", n, /*huge_pages=*/false);
+  CHECK(plain.capacity() == n);
+  CHECK(plain.storage()(n - 1) == 0.0);
 }
 
 TEST_CASE("a one-dimensional carve keeps the allocation alive after the arena is gone") {

@@ -10,10 +10,12 @@
 
 #include <cstddef>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 #include "config.hpp"
 #include "error.hpp"
+#include "impl/huge_pages.hpp"
 
 namespace gradsync {
 
@@ -29,7 +31,23 @@ class GradientArena {
   GradientArena() = default;
 
   /// One zero-filled allocation of `capacity` values, labelled `label` (Kokkos tools, errors).
-  GradientArena(const std::string& label, std::size_t capacity) : storage_(label, capacity) {}
+  /// In host memory, an arena of 2 MiB or more starts on a 2 MiB boundary and asks for transparent
+  /// huge pages (`huge_pages`), which make MPI's shared-memory copies cheaper.
+  GradientArena(const std::string& label, std::size_t capacity, bool huge_pages = true) {
+    constexpr std::size_t huge = impl::huge_page_bytes;
+    if constexpr (std::is_same_v<memory_space, Kokkos::HostSpace>) {
+      if (huge_pages && capacity * sizeof(T) >= huge) {
+        // Over-allocate by one huge page, start at the boundary, advise before the first touch.
+        const storage_type whole(Kokkos::view_alloc(Kokkos::WithoutInitializing, label), capacity + huge / sizeof(T));
+        const std::size_t at = impl::to_huge_page_boundary(whole.data()) / sizeof(T);
+        storage_ = Kokkos::subview(whole, std::make_pair(at, at + capacity));
+        impl::advise_huge_pages(storage_.data(), (capacity * sizeof(T)) / huge * huge);
+        Kokkos::deep_copy(storage_, T(0));
+        return;
+      }
+    }
+    storage_ = storage_type(label, capacity);
+  }
 
   /// The next `n` values, as a View that shares ownership of the allocation.
   storage_type carve(std::size_t n) {
@@ -45,6 +63,8 @@ class GradientArena {
     static_assert(Kokkos::is_view<View>::value, "gradsync::GradientArena::carve_as: View must be a Kokkos::View");
     static_assert(std::is_same_v<typename View::non_const_value_type, T>,
                   "gradsync::GradientArena::carve_as: the View's value type must be the arena's");
+    static_assert(std::is_same_v<typename View::memory_space, memory_space>,
+                  "gradsync::GradientArena::carve_as: the View's memory space must be the arena's");
     static_assert(sizeof...(Extents) == std::size_t(View::rank_dynamic),
                   "gradsync::GradientArena::carve_as: give one extent per dynamic dimension of View");
     std::size_t n = 1;

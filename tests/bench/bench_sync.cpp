@@ -223,6 +223,11 @@ void bench_model(const bench::Model& m, double budget, gradsync::Options opt, co
   }
   // Every rank measured the same medians (the slowest rank's time), so every rank picks alike.
   ms.push_back({"raw best (" + size_label(best) + ")", [&, best] { raw_chunked(raw.data(), elems, best); }, {}});
+  // The same on 2 MiB pages (GradientArena's memory, as the arena column has): how much of the
+  // arena's time is the pages rather than the sync.
+  gradsync::GradientArena<float> huge("raw on huge pages", elems);
+  ms.push_back({"raw on huge pages (" + size_label(best) + ")",
+                [&, best] { raw_chunked(huge.storage().data(), elems, best); }, {}});
   if (best_avg)
     ms.push_back({"raw+avg best (" + size_label(best_avg) + ")",
                   [&, best_avg, inv_n] { raw_chunked(raw.data(), elems, best_avg, inv_n); }, {}});
