@@ -185,10 +185,18 @@ void bench_model(const bench::Model& m, double budget, gradsync::Options opt, co
       o.in_place_min_bytes = b;
       variant("gradsync in_place_min_bytes " + size_label(b), o);
     }
-    for (int k : {4, 8, 32}) {
+    for (int k : {1, 2, 4, 8, 32}) {
       o = opt;
       o.max_chunks_in_flight = k;
       variant("gradsync max_chunks_in_flight " + std::to_string(k), o);
+    }
+    for (int k : {1, 2, 4}) {
+      o = opt;
+      o.max_chunks_in_flight = k;
+      gradsync::GradientArena<float> own;  // its carves share the allocation, so it may go
+      variants.push_back(make_arena_sync(m, own, o));
+      ms.push_back({"gradsync arena max_chunks_in_flight " + std::to_string(k),
+                    [s = variants.back().get()] { s->synchronize(); }, {}});
     }
   }
   // The raw baseline: the sweep picks the best chunk size, then that size is timed again, head to
