@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <string>
 
 namespace gradsync_test {
@@ -40,6 +41,20 @@ inline double max_over_ranks(double x, MPI_Comm comm = MPI_COMM_WORLD) {
 
 /// |a - b| relative to max(|b|, 1): the error measure of every value comparison.
 inline double rel_err(double a, double b) { return std::abs(a - b) / std::max(std::abs(b), 1.0); }
+
+/// Largest rel_err of views[k](i) against the average over n ranks of value(k, i, r): the analytic
+/// result of averaging gradients whose rank-r values are value(k, i, r).
+template <class Views, class Value>
+double worst_vs_rank_average(const Views& views, int n, Value value) {
+  double worst = 0;
+  for (std::size_t k = 0; k < views.size(); ++k)
+    for (std::size_t i = 0; i < views[k].size(); ++i) {
+      double sum = 0;
+      for (int r = 0; r < n; ++r) sum += value(k, i, r);
+      worst = std::max(worst, rel_err(views[k](i), sum / n));
+    }
+  return worst;
+}
 
 /// Tolerance of a value type: a few ulps of the arithmetic the sync does.
 template <class T>

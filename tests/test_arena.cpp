@@ -6,9 +6,9 @@
 
 #include "gradsync_test.hpp"
 
-using gradsync_test::rel_err;
 using gradsync_test::world_rank;
 using gradsync_test::world_size;
+using gradsync_test::worst_vs_rank_average;
 
 namespace {
 struct Dense {};
@@ -95,13 +95,8 @@ TEST_CASE("a model carved from one arena is reduced in place as one region, with
       for (auto& v : g)
         for (std::size_t i = 0; i < v.size(); ++i) v(i) = grad_value(i, rank, p);
       CHECK(sync.synchronize());
-      double worst = 0;
-      for (auto& v : g)
-        for (std::size_t i = 0; i < v.size(); ++i) {
-          double sum = 0;
-          for (int r = 0; r < n; ++r) sum += grad_value(i, r, p);
-          worst = std::max(worst, rel_err(v(i), sum / n));
-        }
+      const double worst =
+          worst_vs_rank_average(g, n, [&](std::size_t, std::size_t i, int r) { return grad_value(i, r, p); });
       CAPTURE(worst);
       GRADSYNC_CHECK_ALL(worst <= 1e-13);
     }

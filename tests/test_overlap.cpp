@@ -13,6 +13,7 @@
 using gradsync_test::rel_err;
 using gradsync_test::world_rank;
 using gradsync_test::world_size;
+using gradsync_test::worst_vs_rank_average;
 
 namespace {
 struct Dense {};
@@ -186,12 +187,8 @@ TEST_CASE("tensors side by side in memory are reduced in place when the fused or
     for (int p = 0; p < 2; ++p) {
       for (std::size_t i = 0; i < arena.size(); ++i) arena(i) = grad_value(0, i, rank, p);
       CHECK(s.synchronize());
-      double worst = 0;
-      for (std::size_t i = 0; i < arena.size(); ++i) {
-        double sum = 0;
-        for (int r = 0; r < n; ++r) sum += grad_value(0, i, r, p);
-        worst = std::max(worst, rel_err(arena(i), sum / n));
-      }
+      const double worst = worst_vs_rank_average(std::vector<View>{arena}, n,
+                                                 [&](std::size_t, std::size_t i, int r) { return grad_value(0, i, r, p); });
       GRADSYNC_CHECK_ALL(worst <= 1e-13);
     }
     // Registration order is memory order here: one contiguous chunk, no copy. Reversed, it is not.
@@ -246,12 +243,8 @@ TEST_CASE("an arena of gradients is reduced in place as one region, in either fu
       for (std::size_t k = parts.size(); k-- > 0;) marked.mark_ready(parts[k]);  // backward: last layer first
       CHECK(plain.synchronize());
       CHECK(marked.synchronize());
-      double worst = 0;
-      for (std::size_t i = 0; i < 5000; ++i) {
-        double sum = 0;
-        for (int r = 0; r < n; ++r) sum += grad_value(0, i, r, p);
-        worst = std::max(worst, rel_err(plain_arena(i), sum / n));
-      }
+      const double worst = worst_vs_rank_average(std::vector<View>{plain_arena}, n,
+                                                 [&](std::size_t, std::size_t i, int r) { return grad_value(0, i, r, p); });
       CAPTURE(worst);
       GRADSYNC_CHECK_ALL(worst <= 1e-13);
       GRADSYNC_CHECK_ALL(std::memcmp(plain_arena.data(), marked_arena.data(), 5000 * sizeof(double)) == 0);
@@ -284,13 +277,8 @@ TEST_CASE("neighbours in memory on some ranks only: no rank merges, the values h
     for (std::size_t k = 0; k < g.size(); ++k)
       for (std::size_t i = 0; i < g[k].size(); ++i) g[k](i) = grad_value(int(k), i, rank, p);
     CHECK(s.synchronize());
-    double worst = 0;
-    for (std::size_t k = 0; k < g.size(); ++k)
-      for (std::size_t i = 0; i < g[k].size(); ++i) {
-        double sum = 0;
-        for (int r = 0; r < n; ++r) sum += grad_value(int(k), i, r, p);
-        worst = std::max(worst, rel_err(g[k](i), sum / n));
-      }
+    const double worst = worst_vs_rank_average(
+        g, n, [&](std::size_t k, std::size_t i, int r) { return grad_value(int(k), i, r, p); });
     CAPTURE(worst);
     GRADSYNC_CHECK_ALL(worst <= 1e-13);
   }
