@@ -94,16 +94,8 @@ struct FusionPlan {
       const Tensor& t = tensors[i];
       const std::int64_t size = std::int64_t(t.size);
       if (size == 0) continue;
-      if (per_tensor || size >= own_min) {
-        const std::int64_t pieces = (size + limit - 1) / limit, piece = (size + pieces - 1) / pieces;
-        for (std::int64_t done = 0; done < size;) {
-          const std::int64_t n = std::min(piece, size - done);
-          own.clear();
-          for (std::int64_t k = 0; k < n; k += max_segment_elements)
-            own.push_back(Segment<T>{t.data + done + k, k, std::min(max_segment_elements, n - k), T(1)});
-          emit(own, n, {i});
-          done += n;
-        }
+      if (per_tensor || size >= own_min) {  // a region of one tensor
+        emit_region(Region{{i}, t.data, size, false, i}, tensors, limit, own, emit);
         continue;
       }
       for (std::int64_t done = 0; done < size;) {
@@ -174,7 +166,7 @@ struct FusionPlan {
     return r;
   }
 
-  // Equal pieces of at most `limit` elements, taken in fused order (from the top of memory down
+  // Equal pieces of at most `limit` elements (a large tensor's too), taken in fused order (from the top of memory down
   // for a descending region, so the tensors backward produces first are in the first piece); each
   // piece's segments in address order, cut at tensor boundaries.
   template <class Emit>
