@@ -145,4 +145,14 @@ inline int reps_for(double round_seconds, double budget_seconds, int lo, int hi)
   return std::max(lo, std::min(hi, r));
 }
 
+/// Times one round of every method to estimate its cost, then measures as many rounds (at least
+/// `lo`, at most `hi`) as fit `budget_seconds`.
+inline void measure_within(std::vector<Method>& ms, double budget_seconds, int lo, int hi) {
+  std::vector<Method> probe = ms;
+  measure(probe, 1, 1);
+  double round = 0;
+  for (auto& p : probe) round += p.times[0];
+  measure(ms, 1, reps_for(round, budget_seconds, lo, hi));
+}
+
 }  // namespace bench

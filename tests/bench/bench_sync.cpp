@@ -203,31 +203,24 @@ void bench_model(const bench::Model& m, double budget, gradsync::Options opt, co
   // head with gradsync. Timing the pick in the same samples that chose it would report the
   // luckiest of several noisy medians (a bias of about one noise width with seven candidates).
   std::vector<bench::Method> sweep;
-  for (std::size_t c : raw_sweep())
-    if (c / 2 < bytes) sweep.push_back({"raw " + size_label(c), [&, c] { raw_chunked(raw.data(), elems, c); }, {}});
+  std::vector<std::pair<std::size_t, bool>> sweep_of;  // per sweep entry: chunk size, averaged
   const float inv_n = 1.f / float(bench::size());
-  for (std::size_t c : raw_sweep())
-    if (c >= MiB && c / 2 < bytes)
-      sweep.push_back({"raw+avg " + size_label(c), [&, c, inv_n] { raw_chunked(raw.data(), elems, c, inv_n); }, {}});
-  auto fill_budget = [](std::vector<bench::Method>& methods, double seconds) {
-    std::vector<bench::Method> probe = methods;  // one round estimated, then the budget filled
-    bench::measure(probe, 1, 1);
-    double round = 0;
-    for (auto& p : probe) round += p.times[0];
-    const int reps = bench::reps_for(round, seconds, 7, 301);
-    bench::measure(methods, 1, reps);
-    return reps;
-  };
-  fill_budget(sweep, budget / 3);
+  for (bool avg : {false, true})
+    for (std::size_t c : raw_sweep())
+      if (c / 2 < bytes && (!avg || c >= MiB)) {
+        sweep.push_back({(avg ? "raw+avg " : "raw ") + size_label(c),
+                         [&, c, avg, inv_n] { raw_chunked(raw.data(), elems, c, avg ? inv_n : 1.f); }, {}});
+        sweep_of.emplace_back(c, avg);
+      }
+  bench::measure_within(sweep, budget / 3, 7, 301);
   std::size_t best = 0, best_avg = 0;
   double best_t = 1e30, best_avg_t = 1e30;
-  for (auto& mm : sweep) {
-    const double med = bench::median(mm.times);
-    row(section, m.name, mm.name, bytes, m.dp_tensors(), med, mm.times.size());
-    for (std::size_t c : raw_sweep()) {
-      if (mm.name == "raw " + size_label(c) && med < best_t) best_t = med, best = c;
-      if (mm.name == "raw+avg " + size_label(c) && med < best_avg_t) best_avg_t = med, best_avg = c;
-    }
+  for (std::size_t k = 0; k < sweep.size(); ++k) {
+    const double med = bench::median(sweep[k].times);
+    row(section, m.name, sweep[k].name, bytes, m.dp_tensors(), med, sweep[k].times.size());
+    const auto [c, avg] = sweep_of[k];
+    double& t_best = avg ? best_avg_t : best_t;
+    if (med < t_best) t_best = med, (avg ? best_avg : best) = c;
   }
   // Every rank measured the same medians (the slowest rank's time), so every rank picks alike.
   ms.push_back({"raw best (" + size_label(best) + ")", [&, best] { raw_chunked(raw.data(), elems, best); }, {}});
@@ -245,7 +238,7 @@ void bench_model(const bench::Model& m, double budget, gradsync::Options opt, co
                     MPI_Allreduce(MPI_IN_PLACE, g.data(), int(g.size()), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
                 },
                 {}});
-  fill_budget(ms, budget - budget / 3);
+  bench::measure_within(ms, budget - budget / 3, 7, 301);
   for (auto& mm : ms) row(section, m.name, mm.name, bytes, m.dp_tensors(), bench::median(mm.times), mm.times.size());
 }
 
@@ -276,11 +269,7 @@ void run_chunks(const std::string& dir, double budget) {
       ms.push_back({"gradsync " + size_label(c), [s] { s->synchronize(); }, {}});
       ms.push_back({"raw " + size_label(c), [&, c] { raw_chunked(raw.data(), elems, c); }, {}});
     }
-    std::vector<bench::Method> probe = ms;
-    bench::measure(probe, 1, 1);
-    double round = 0;
-    for (auto& p : probe) round += p.times[0];
-    bench::measure(ms, 1, bench::reps_for(round, budget, 5, 201));
+    bench::measure_within(ms, budget, 5, 201);
     for (auto& mm : ms) row("chunks", m.name, mm.name, bytes, m.dp_tensors(), bench::median(mm.times), mm.times.size());
   }
 }
