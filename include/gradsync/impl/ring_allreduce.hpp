@@ -13,6 +13,7 @@
 
 #include <mpi.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -21,6 +22,10 @@
 #include "../error.hpp"
 
 namespace gradsync::impl {
+
+inline void check_ring_call(int rc, const char* what) {
+  if (rc != MPI_SUCCESS) throw Error(cat(what, " in the ring allreduce failed (code ", rc, ")"));
+}
 
 class RingAllreduce {
  public:
@@ -48,19 +53,20 @@ class RingAllreduce {
     post();
   }
 
-  /// Advances as far as the messages allow, without blocking.
-  void advance() {
-    while (busy_) {
-      int done = 0;
-      check(MPI_Testall(2, reqs_, &done, MPI_STATUSES_IGNORE), "MPI_Testall");
-      if (!done) return;
+  /// The step's two requests (receive, send), for RingPool's batched test.
+  MPI_Request* requests() { return reqs_; }
+
+  /// Moves on through the steps whose requests a test has completed (set to MPI_REQUEST_NULL):
+  /// reduces what was received and posts the next step. Calls no MPI progress itself.
+  void advance_tested() {
+    while (busy_ && reqs_[0] == MPI_REQUEST_NULL && reqs_[1] == MPI_REQUEST_NULL) {
       if (step_ < size_ - 1) {  // reduce-scatter: add the received segment into ours
         const int seg = mod(rank_ - step_ - 1);
         unsigned char* at = buf_ + begin(seg) * elem_;
         if (step_ == size_ - 2 && sum_scale_ != nullptr)  // the last addition: the segment is ours
           sum_scale_(at, tmp_.data(), std::size_t(len(seg)), factor_);
         else if (len(seg) > 0)
-          check(MPI_Reduce_local(tmp_.data(), at, len(seg), type_, MPI_SUM), "MPI_Reduce_local");
+          check_ring_call(MPI_Reduce_local(tmp_.data(), at, len(seg), type_, MPI_SUM), "MPI_Reduce_local");
       }
       if (++step_ == 2 * (size_ - 1))
         busy_ = false;
@@ -91,8 +97,8 @@ class RingAllreduce {
       recv_seg = mod(rank_ - s);
       into = buf_ + begin(recv_seg) * elem_;
     }
-    check(MPI_Irecv(into, len(recv_seg), type_, left, tag_, comm_, &reqs_[0]), "MPI_Irecv");
-    check(MPI_Isend(buf_ + begin(send_seg) * elem_, len(send_seg), type_, right, tag_, comm_, &reqs_[1]),
+    check_ring_call(MPI_Irecv(into, len(recv_seg), type_, left, tag_, comm_, &reqs_[0]), "MPI_Irecv");
+    check_ring_call(MPI_Isend(buf_ + begin(send_seg) * elem_, len(send_seg), type_, right, tag_, comm_, &reqs_[1]),
           "MPI_Isend");
   }
 
@@ -104,10 +110,6 @@ class RingAllreduce {
     const T* w = reinterpret_cast<const T*>(received);
     const T f = T(factor);  // exact: factor came from a T
     for (std::size_t i = 0; i < n; ++i) v[i] = (v[i] + w[i]) * f;
-  }
-
-  static void check(int rc, const char* what) {
-    if (rc != MPI_SUCCESS) throw Error(cat(what, " in the ring allreduce failed (code ", rc, ")"));
   }
 
   bool busy_ = false;
@@ -135,9 +137,25 @@ class RingPool {
   }
   /// Advances every sum in flight: a ring moves on only when tested, so testing one request
   /// advances them all, and later chunks do not idle while the sync waits for an earlier one.
+  /// One MPI_Testsome over all their requests: each MPI test runs the progress engine once, so
+  /// testing ring by ring polled it once per sum in flight (3-9% of a ResNet-50 sync, 2 ranks).
   void progress() {
+    held_.clear();
+    reqs_.clear();
     for (auto& s : states_)
-      if (s.use_count() > 1) s->advance();  // held by a request: not abandoned
+      if (s.use_count() > 1 && s->busy()) {  // held by a request: not abandoned
+        held_.push_back(s.get());
+        reqs_.insert(reqs_.end(), s->requests(), s->requests() + 2);
+      }
+    if (held_.empty()) return;
+    int completed = 0;
+    indices_.resize(reqs_.size());
+    check_ring_call(MPI_Testsome(int(reqs_.size()), reqs_.data(), &completed, indices_.data(), MPI_STATUSES_IGNORE),
+                    "MPI_Testsome");
+    for (std::size_t i = 0; i < held_.size(); ++i) {
+      std::copy_n(&reqs_[2 * i], 2, held_[i]->requests());  // completed ones are MPI_REQUEST_NULL now
+      held_[i]->advance_tested();
+    }
   }
   int next_tag() {
     seq_ = (seq_ + 1) % kTags;
@@ -148,6 +166,10 @@ class RingPool {
   static constexpr std::uint32_t kTags = 16384;  // below MPI's guaranteed MPI_TAG_UB of 32767
   std::uint32_t seq_ = 0;
   std::vector<std::shared_ptr<RingAllreduce>> states_;
+  // One batched test's operands; they grow, then stay: steady-state syncs allocate nothing.
+  std::vector<RingAllreduce*> held_;
+  std::vector<MPI_Request> reqs_;
+  std::vector<int> indices_;
 };
 
 }  // namespace gradsync::impl
