@@ -112,19 +112,16 @@ class DistributedOptimizer {
     }
     e.name = name;
     e.group = group;
+    const int rank = sync().backend().rank();
+    const std::string what = impl::cat("DistributedOptimizer::add: parameter '", name, "' (group ", group, ")");
     if (GT::size(grad) != e.size)
-      throw Error(impl::cat("DistributedOptimizer::add: parameter '", e.name, "' (group ", group, ") has ", e.size,
-                            " values but its gradient has ", GT::size(grad), " on rank ", sync().backend().rank()));
+      throw Error(impl::cat(what, " has ", e.size, " values but its gradient has ", GT::size(grad), " on rank ", rank));
     // Checked here, before the sync and the optimizer register anything, so a failed add leaves both as they were.
     for (const Entry& o : entries_)
       if (impl::overlaps(e.param, e.size, o.param, o.size))
-        throw Error(impl::cat("DistributedOptimizer::add: parameter '", e.name, "' (group ", group,
-                              ") overlaps parameter '", o.name, "' already registered on rank ",
-                              sync().backend().rank(),
+        throw Error(impl::cat(what, " overlaps parameter '", o.name, "' already registered on rank ", rank,
                               e.param == o.param ? " (the same parameter registered twice)" : ""));
-    if (!PT::is_contiguous(param))
-      throw Error(
-          impl::cat("DistributedOptimizer::add: parameter '", e.name, "' (group ", group, ") is not contiguous"));
+    if (!PT::is_contiguous(param)) throw Error(impl::cat(what, " is not contiguous"));
     sync().template add<Group>(grad, name);
     e.slot = opt_.add(param, grad);
     entries_.push_back(std::move(e));
