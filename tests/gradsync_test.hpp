@@ -4,6 +4,8 @@
 #include <doctest/doctest.h>
 #include <mpi.h>
 
+#include <gradsync/error.hpp>
+
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
@@ -54,6 +56,17 @@ double worst_vs_rank_average(const Views& views, int n, Value value) {
       worst = std::max(worst, rel_err(views[k](i), sum / n));
     }
   return worst;
+}
+
+/// The message of the E that f() throws, or "" when it throws none (another exception propagates).
+template <class E = gradsync::Error, class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const E& e) {
+    return e.what();
+  }
+  return "";
 }
 
 /// Tolerance of a value type: a few ulps of the arithmetic the sync does.

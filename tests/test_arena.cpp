@@ -35,12 +35,7 @@ TEST_CASE("carves are neighbours in memory, of any rank, and run out with an Err
   for (std::size_t i = 0; i < 100; ++i) CHECK(arena.storage()(i) == 0.0);  // zero-filled
   w(3, 4) = 7;
   CHECK(arena.storage()(10 + 3 * 5 + 4) == 7.0);
-  std::string what;
-  try {
-    arena.carve(41);
-  } catch (const gradsync::Error& e) {
-    what = e.what();
-  }
+  const std::string what = gradsync_test::error_of([&] { arena.carve(41); });
   CAPTURE(what);
   CHECK(what.find("gradient arena 'grads': 41 values asked for, 40 of 100 left") != std::string::npos);
   CHECK(arena.used() == 60);  // a refused carve takes nothing

@@ -11,6 +11,7 @@
 
 #include "gradsync_test.hpp"
 
+using gradsync_test::error_of;
 using gradsync_test::max_over_ranks;
 using gradsync_test::rel_err;
 using gradsync_test::world_rank;
@@ -265,12 +266,7 @@ TEST_CASE("broadcast_parameters: ranks that disagree on data-parallel parameters
     dopt.add<Dense>(a, ga, "a");
     dopt.add<Dense>(b, gb, "b");
     if (by_count && rank == size - 1) dopt.add<Dense>(extra, gextra, "extra");
-    std::string what;
-    try {
-      dopt.broadcast_parameters(0);
-    } catch (const gradsync::MismatchError& e) {
-      what = e.what();
-    }
+    const std::string what = error_of<gradsync::MismatchError>([&] { dopt.broadcast_parameters(0); });
     CAPTURE(what);
     const std::string who = by_count ? std::to_string(size - 1) : "1";
     GRADSYNC_CHECK_ALL(what.find("rank(s) " + who + " differ") != std::string::npos);
@@ -405,13 +401,7 @@ TEST_CASE("clip_grad_norm: non-finite norms") {
   Kokkos::deep_copy(gt, 1.0);
   if (rank == 0) gt(1) = std::numeric_limits<double>::infinity();  // one rank's local shard
   GRADSYNC_CHECK_ALL(dopt.synchronize());
-  bool threw = false;
-  try {
-    dopt.clip_grad_norm(1.0, true);
-  } catch (const gradsync::Error&) {
-    threw = true;
-  }
-  GRADSYNC_CHECK_ALL(threw);  // every rank sees the infinite norm
+  GRADSYNC_CHECK_ALL(!error_of([&] { dopt.clip_grad_norm(1.0, true); }).empty());  // every rank sees the infinite norm
   CHECK_THROWS_AS(dopt.clip_grad_norm(-1.0), gradsync::ConfigError);
 }
 
@@ -521,4 +511,27 @@ TEST_CASE("broadcast_parameters and global_norm through staging copies") {
   const double norm = dopt.global_norm();
   CAPTURE(norm);
   GRADSYNC_CHECK_ALL(rel_err(norm, std::sqrt(sq)) < 1e-14);
+}
+
+TEST_CASE("DistributedOptimizer::add: a wrong gradient size, an overlap or a strided parameter is refused; nothing registers") {
+  const std::string add = "gradsync: DistributedOptimizer::add: ";
+  const std::string on_rank = " on rank " + std::to_string(world_rank());
+  gradsync::DistributedOptimizer<AddGrad, Sync> dopt(AddGrad{}, Sync(gradsync::MpiBackend(MPI_COMM_WORLD)));
+  View w("w", 10), gw("gw", 10), b("b", 4), gb9("gb9", 9), gb4("gb4", 4);
+  dopt.add<Dense>(w, gw, "w");
+  const std::string sizes = error_of([&] { dopt.add<Dense>(b, gb9, "b"); });
+  CHECK(sizes == add + "parameter 'b' (group Dense) has 4 values but its gradient has 9" + on_rank);
+  const std::string twice = error_of([&] { dopt.add<Dense>(w, gw, "w again"); });
+  CHECK(twice == add + "parameter 'w again' (group Dense) overlaps parameter 'w' already registered" + on_rank +
+                     " (the same parameter registered twice)");
+  const auto tail = Kokkos::subview(w, std::make_pair(6, 10));
+  const std::string overlap = error_of([&] { dopt.add<Tower>(tail, gb4, "tail"); });
+  CHECK(overlap == add + "parameter 'tail' (group Tower) overlaps parameter 'w' already registered" + on_rank);
+  Kokkos::View<double**> m("m", 4, 3);
+  const auto column = Kokkos::subview(m, Kokkos::ALL, 1);  // stride 3
+  const std::string strided = error_of([&] { dopt.add<Dense>(column, gb4, "m.col1"); });
+  CHECK(strided == add + "parameter 'm.col1' (group Dense) is not contiguous");
+  // A refused add leaves the sync and the optimizer as they were.
+  CHECK(dopt.sync().num_tensors() == 1);
+  CHECK(dopt.optimizer().pairs.size() == 1);
 }

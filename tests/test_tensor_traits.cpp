@@ -7,6 +7,7 @@
 
 #include "gradsync_test.hpp"
 
+using gradsync_test::error_of;
 using gradsync_test::world_rank;
 using gradsync_test::world_size;
 
@@ -20,17 +21,6 @@ static_assert(gradsync::is_tensor_v<std::vector<float>>);
 static_assert(gradsync::is_tensor_v<gradsync::Span<float>>);
 static_assert(!gradsync::is_tensor_v<double>);
 static_assert(gradsync::local_scale_v<Emb> == gradsync::LocalScale::world_size);
-
-// Message check that does not depend on exact wording beyond the names it must contain.
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const gradsync::Error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 TEST_CASE("std::vector and Span gradients are averaged like Views") {
   const int n = world_size(), r = world_rank();
