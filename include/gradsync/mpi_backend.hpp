@@ -101,8 +101,7 @@ class MpiBackend {
     Request r;
     const int count = checked_count(n);
     if (folds_factor(n * sizeof(T))) {
-      r.ring = comm_->rings.acquire();
-      r.ring->start(buf, count, factor, impl::mpi_type<T>(), comm(), rank_, size_, comm_->rings.next_tag());
+      r.ring = comm_->rings.start(buf, count, factor, impl::mpi_type<T>(), comm(), rank_, size_);
       return r;
     }
     if (factor != T(1))

@@ -91,8 +91,8 @@ struct Options {
   std::size_t in_place_min_bytes = std::size_t(64) << 10;
   FusionOrder fusion_order = FusionOrder::reverse;
   /// Nonblocking path: most chunks reduced at once. Many small in-place messages in flight hide
-  /// each one's handshake (docs/BENCHMARKS.md); each in-flight chunk reduced by MpiBackend's ring
-  /// holds a host temporary of 1/world_size of its bytes.
+  /// each one's handshake (docs/BENCHMARKS.md). MpiBackend's ring sums share 4 host receive
+  /// buffers of 1/world_size of a chunk, however many are in flight.
   int max_chunks_in_flight = 16;
 };
 

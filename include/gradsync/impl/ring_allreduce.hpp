@@ -30,12 +30,14 @@ inline void check_ring_call(int rc, const char* what) {
 class RingAllreduce {
  public:
   /// Whether a state may be reused: false from start() until done, and forever for an operation
-  /// abandoned unfinished (after a stall its messages may still arrive into tmp_).
+  /// abandoned unfinished (after a stall its messages may still arrive into its buffer).
   bool busy() const { return busy_; }
 
-  /// Starts buf[0, count) = factor * (sum over ranks of buf[0, count)).
+  /// Starts buf[0, count) = factor * (sum over ranks of buf[0, count)). The reduce-scatter receives
+  /// wait for a buffer from RingPool::lend; `order` ranks this sum among those waiting.
   template <class T>
-  void start(T* buf, int count, T factor, MPI_Datatype type, MPI_Comm comm, int rank, int size, int tag) {
+  void start(T* buf, int count, T factor, MPI_Datatype type, MPI_Comm comm, int rank, int size, int tag,
+             std::uint64_t order) {
     busy_ = true;
     buf_ = reinterpret_cast<unsigned char*>(buf);
     n_ = std::size_t(count);
@@ -47,27 +49,52 @@ class RingAllreduce {
     rank_ = rank;
     size_ = size;
     tag_ = tag;
+    order_ = order;
     step_ = 0;
-    const std::size_t widest = (n_ + std::size_t(size_) - 1) / std::size_t(size_);
-    if (tmp_.size() < widest * elem_) tmp_.resize(widest * elem_);  // grows, then stays
+    reduced_ = false;
     post();
+  }
+
+  /// In the reduce-scatter without a receive buffer (its send is posted).
+  bool wants_buffer() const { return busy_ && step_ < size_ - 1 && !has_buffer_ && !reduced_; }
+  bool has_buffer() const { return has_buffer_; }
+  std::uint64_t order() const { return order_; }
+
+  /// Takes a receive buffer (grown to the widest segment) and posts the waiting receive.
+  void lend(std::vector<unsigned char> buffer) {
+    tmp_ = std::move(buffer);
+    const std::size_t widest = (n_ + std::size_t(size_) - 1) / std::size_t(size_);
+    if (tmp_.size() < widest * elem_) tmp_.resize(widest * elem_);
+    has_buffer_ = true;
+    post_receive();
+  }
+  /// The buffer back once the last received segment is reduced, or an empty vector before.
+  std::vector<unsigned char> give_back() {
+    if (!has_buffer_ || step_ < size_ - 2 || (step_ == size_ - 2 && !reduced_)) return {};
+    has_buffer_ = false;
+    return std::move(tmp_);
   }
 
   /// The step's two requests (receive, send), for RingPool's batched test.
   MPI_Request* requests() { return reqs_; }
 
   /// Moves on through the steps whose requests a test has completed (set to MPI_REQUEST_NULL):
-  /// reduces what was received and posts the next step. Calls no MPI progress itself.
+  /// reduces a received segment as soon as it is in (the buffer can go back before the send
+  /// completes) and posts the next step. Calls no MPI progress itself.
   void advance_tested() {
-    while (busy_ && reqs_[0] == MPI_REQUEST_NULL && reqs_[1] == MPI_REQUEST_NULL) {
-      if (step_ < size_ - 1) {  // reduce-scatter: add the received segment into ours
+    while (busy_) {
+      if (step_ < size_ - 1 && !reduced_) {  // reduce-scatter: add the received segment into ours
+        if (!has_buffer_ || reqs_[0] != MPI_REQUEST_NULL) return;
         const int seg = mod(rank_ - step_ - 1);
         unsigned char* at = buf_ + begin(seg) * elem_;
         if (step_ == size_ - 2 && sum_scale_ != nullptr)  // the last addition: the segment is ours
           sum_scale_(at, tmp_.data(), std::size_t(len(seg)), factor_);
         else if (len(seg) > 0)
           check_ring_call(MPI_Reduce_local(tmp_.data(), at, len(seg), type_, MPI_SUM), "MPI_Reduce_local");
+        reduced_ = true;
       }
+      if (reqs_[0] != MPI_REQUEST_NULL || reqs_[1] != MPI_REQUEST_NULL) return;
+      reduced_ = false;
       if (++step_ == 2 * (size_ - 1))
         busy_ = false;
       else
@@ -80,26 +107,23 @@ class RingAllreduce {
   std::size_t begin(int seg) const { return std::size_t(seg) * n_ / std::size_t(size_); }
   int len(int seg) const { return int(begin(seg + 1) - begin(seg)); }
 
-  // Step s < p-1 (reduce-scatter): send segment r-s, receive segment r-s-1 into tmp_. Step
+  // Step s < p-1 (reduce-scatter): send segment r-s, receive segment r-s-1 into the buffer. Step
   // p-1+s (allgather): send segment r-s+1, which this rank completed last step, and receive
   // segment r-s in place. One tag per operation; MPI keeps one sender's messages in order.
   void post() {
-    const int right = mod(rank_ + 1), left = mod(rank_ - 1);
-    int send_seg = 0, recv_seg = 0;
-    unsigned char* into = nullptr;
-    if (step_ < size_ - 1) {
-      send_seg = mod(rank_ - step_);
-      recv_seg = mod(rank_ - step_ - 1);
-      into = tmp_.data();
-    } else {
-      const int s = step_ - (size_ - 1);
-      send_seg = mod(rank_ - s + 1);
-      recv_seg = mod(rank_ - s);
-      into = buf_ + begin(recv_seg) * elem_;
-    }
-    check_ring_call(MPI_Irecv(into, len(recv_seg), type_, left, tag_, comm_, &reqs_[0]), "MPI_Irecv");
-    check_ring_call(MPI_Isend(buf_ + begin(send_seg) * elem_, len(send_seg), type_, right, tag_, comm_, &reqs_[1]),
-          "MPI_Isend");
+    const int s = step_ < size_ - 1 ? step_ : step_ - (size_ - 1) - 1;
+    const int send_seg = mod(rank_ - s);
+    reqs_[0] = MPI_REQUEST_NULL;
+    if (step_ >= size_ - 1 || has_buffer_) post_receive();
+    check_ring_call(MPI_Isend(buf_ + begin(send_seg) * elem_, len(send_seg), type_, mod(rank_ + 1), tag_, comm_,
+                              &reqs_[1]),
+                    "MPI_Isend");
+  }
+  void post_receive() {
+    const bool scatter = step_ < size_ - 1;
+    const int recv_seg = scatter ? mod(rank_ - step_ - 1) : mod(rank_ - (step_ - (size_ - 1)));
+    unsigned char* into = scatter ? tmp_.data() : buf_ + begin(recv_seg) * elem_;
+    check_ring_call(MPI_Irecv(into, len(recv_seg), type_, mod(rank_ - 1), tag_, comm_, &reqs_[0]), "MPI_Irecv");
   }
 
   // The last addition and the factor in one pass: (ours + received) * factor. The same bits as
@@ -112,7 +136,7 @@ class RingAllreduce {
     for (std::size_t i = 0; i < n; ++i) v[i] = (v[i] + w[i]) * f;
   }
 
-  bool busy_ = false;
+  bool busy_ = false, has_buffer_ = false, reduced_ = false;
   unsigned char* buf_ = nullptr;
   std::size_t n_ = 0, elem_ = 0;
   double factor_ = 1;
@@ -120,21 +144,34 @@ class RingAllreduce {
   MPI_Datatype type_ = MPI_DATATYPE_NULL;
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0, size_ = 1, tag_ = 0, step_ = 0;
+  std::uint64_t order_ = 0;
   MPI_Request reqs_[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
   std::vector<unsigned char> tmp_;
 };
 
-/// The ring states of one communicator, reused so that steady-state syncs allocate nothing, and
-/// the tag sequence every rank advances identically (ranks issue the same operations in order).
+/// The ring states of one communicator, reused so that steady-state syncs allocate nothing, the
+/// tag sequence every rank advances identically (ranks issue the same operations in order), and
+/// the reduce-scatter receive buffers.
+///
+/// Buffers: at most kBuffers receives into a temporary are posted at once, however many sums are
+/// in flight, so the few buffers stay in cache between a segment's arrival and its reduction (one
+/// per sum, 16 sums of 4 MiB pieces held 32 MiB of temporaries on 2 ranks, past this machine's L3).
+/// Buffers go to the waiting sums in the order the sums started, the same on every rank, so a
+/// rank's oldest unfinished sums always get theirs: a sum that holds one waits only for its
+/// peer's send, which its peer posted when it started that sum.
 class RingPool {
  public:
-  /// A state no request holds (a finished sum stays with its request until tested) and not busy.
-  std::shared_ptr<RingAllreduce> acquire() {
-    for (auto& s : states_)
-      if (s.use_count() == 1 && !s->busy()) return s;
-    states_.push_back(std::make_shared<RingAllreduce>());
-    return states_.back();
+  /// Starts a sum on a state no request holds (a finished sum stays with its request until
+  /// tested) and not busy.
+  template <class T>
+  std::shared_ptr<RingAllreduce> start(T* buf, int count, T factor, MPI_Datatype type, MPI_Comm comm, int rank,
+                                       int size) {
+    std::shared_ptr<RingAllreduce> s = idle_state();
+    s->start(buf, count, factor, type, comm, rank, size, next_tag(), ++started_);
+    lend();
+    return s;
   }
+
   /// Advances every sum in flight: a ring moves on only when tested, so testing one request
   /// advances them all, and later chunks do not idle while the sync waits for an earlier one.
   /// One MPI_Testsome over all their requests: each MPI test runs the progress engine once, so
@@ -143,7 +180,7 @@ class RingPool {
     held_.clear();
     reqs_.clear();
     for (auto& s : states_)
-      if (s.use_count() > 1 && s->busy()) {  // held by a request: not abandoned
+      if (held(s)) {
         held_.push_back(s.get());
         reqs_.insert(reqs_.end(), s->requests(), s->requests() + 2);
       }
@@ -155,17 +192,54 @@ class RingPool {
     for (std::size_t i = 0; i < held_.size(); ++i) {
       std::copy_n(&reqs_[2 * i], 2, held_[i]->requests());  // completed ones are MPI_REQUEST_NULL now
       held_[i]->advance_tested();
+      std::vector<unsigned char> b = held_[i]->give_back();
+      if (b.capacity() > 0) spare_.push_back(std::move(b));
     }
+    lend();
   }
+
+ private:
+  static constexpr int kBuffers = 4;
+  static constexpr std::uint32_t kTags = 16384;  // below MPI's guaranteed MPI_TAG_UB of 32767
+
+  // In flight and held by a request: an abandoned sum is never tested again, and keeps its buffer
+  // (its messages may still arrive) out of the count.
+  static bool held(const std::shared_ptr<RingAllreduce>& s) { return s.use_count() > 1 && s->busy(); }
+
+  std::shared_ptr<RingAllreduce> idle_state() {
+    for (auto& s : states_)
+      if (s.use_count() == 1 && !s->busy()) return s;
+    states_.push_back(std::make_shared<RingAllreduce>());
+    return states_.back();
+  }
+
   int next_tag() {
     seq_ = (seq_ + 1) % kTags;
     return 1 + int(seq_);
   }
 
- private:
-  static constexpr std::uint32_t kTags = 16384;  // below MPI's guaranteed MPI_TAG_UB of 32767
+  // Gives free buffers to the waiting sums, oldest first.
+  void lend() {
+    int lent = 0;
+    for (auto& s : states_) lent += held(s) && s->has_buffer();
+    for (; lent < kBuffers; ++lent) {
+      RingAllreduce* oldest = nullptr;
+      for (auto& s : states_)
+        if (held(s) && s->wants_buffer() && (!oldest || s->order() < oldest->order())) oldest = s.get();
+      if (!oldest) return;
+      std::vector<unsigned char> b;
+      if (!spare_.empty()) {
+        b = std::move(spare_.back());  // the most recently used: the likeliest in cache
+        spare_.pop_back();
+      }
+      oldest->lend(std::move(b));
+    }
+  }
+
   std::uint32_t seq_ = 0;
+  std::uint64_t started_ = 0;
   std::vector<std::shared_ptr<RingAllreduce>> states_;
+  std::vector<std::vector<unsigned char>> spare_;  // buffers not lent; they grow, then stay
   // One batched test's operands; they grow, then stay: steady-state syncs allocate nothing.
   std::vector<RingAllreduce*> held_;
   std::vector<MPI_Request> reqs_;
