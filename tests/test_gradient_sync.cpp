@@ -333,6 +333,35 @@ TEST_CASE("no allocation after the first synchronize") {
   Kokkos::Tools::Experimental::set_allocate_data_callback(nullptr);
 }
 
+// Ring sums of ten sizes from 66 KiB to 1.2 MiB, all in flight at once: more sums than the ring's 4
+// shared receive buffers, lent to sums of whatever size comes next, so a buffer must be grown
+// to the largest segment in the first step and never again.
+TEST_CASE("no allocation after the first synchronize, ring sums of many sizes in flight") {
+  const int rank = world_rank(), n = world_size();
+  const std::vector<std::size_t> sizes = {20000, 70000, 150000, 40000, 300000, 17000, 90000, 250000, 33000, 120000};
+  std::vector<Kokkos::View<float*>> g;
+  gradsync::GradientSync<gradsync::MpiBackend, Kokkos::View<float*>> sync(gradsync::MpiBackend(MPI_COMM_WORLD));
+  for (std::size_t s : sizes) {
+    g.emplace_back("g", s);
+    sync.add<Dense>(g.back());
+  }
+  long heap = 0;
+  double worst = 0;
+  for (int p = 0; p <= 12; ++p) {
+    for (auto& v : g) Kokkos::deep_copy(v, float(rank + 1 + p));
+    const long before = gradsync_test::heap_allocations();
+    sync.synchronize();
+    if (p > 0) heap += gradsync_test::heap_allocations() - before;
+    for (auto& v : g)
+      for (std::size_t i = 0; i < v.size(); ++i) worst = std::max(worst, rel_err(v(i), (n + 1) / 2.0 + p));
+  }
+  CAPTURE(heap);
+  CAPTURE(worst);
+  GRADSYNC_CHECK_ALL(worst < 1e-6);
+  GRADSYNC_CHECK_ALL(heap == 0);
+  GRADSYNC_CHECK_ALL(sync.stats().bytes_in_place == 13 * 1090000 * sizeof(float));  // every tensor in place
+}
+
 // MpiBackend's nonblocking sum: host buffers of at least ring_min_bytes go through gradsync's own
 // ring (reduce-scatter + allgather), smaller ones to MPI_Iallreduce. Sizes around the threshold,
 // not divisible by the rank count, several operations in flight completed in any order by test()

@@ -58,13 +58,13 @@ class RingAllreduce {
   /// In the reduce-scatter without a receive buffer (its send is posted).
   bool wants_buffer() const { return busy_ && step_ < size_ - 1 && !has_buffer_ && !reduced_; }
   bool has_buffer() const { return has_buffer_; }
+  /// Bytes of this sum's widest segment: what its receive buffer must hold.
+  std::size_t buffer_bytes() const { return (n_ + std::size_t(size_) - 1) / std::size_t(size_) * elem_; }
   std::uint64_t order() const { return order_; }
 
-  /// Takes a receive buffer (grown to the widest segment) and posts the waiting receive.
+  /// Takes a receive buffer of at least buffer_bytes() and posts the waiting receive.
   void lend(std::vector<unsigned char> buffer) {
     tmp_ = std::move(buffer);
-    const std::size_t widest = (n_ + std::size_t(size_) - 1) / std::size_t(size_);
-    if (tmp_.size() < widest * elem_) tmp_.resize(widest * elem_);
     has_buffer_ = true;
     post_receive();
   }
@@ -193,7 +193,7 @@ class RingPool {
       std::copy_n(&reqs_[2 * i], 2, held_[i]->requests());  // completed ones are MPI_REQUEST_NULL now
       held_[i]->advance_tested();
       std::vector<unsigned char> b = held_[i]->give_back();
-      if (b.capacity() > 0) spare_.push_back(std::move(b));
+      if (!b.empty()) spare_.push_back(fit(std::move(b)));
     }
     lend();
   }
@@ -227,19 +227,31 @@ class RingPool {
       for (auto& s : states_)
         if (held(s) && s->wants_buffer() && (!oldest || s->order() < oldest->order())) oldest = s.get();
       if (!oldest) return;
+      if (oldest->buffer_bytes() > buffer_bytes_) {
+        buffer_bytes_ = oldest->buffer_bytes();
+        for (auto& b : spare_) b = fit(std::move(b));
+      }
       std::vector<unsigned char> b;
       if (!spare_.empty()) {
         b = std::move(spare_.back());  // the most recently used: the likeliest in cache
         spare_.pop_back();
       }
-      oldest->lend(std::move(b));
+      oldest->lend(fit(std::move(b)));
     }
+  }
+
+  // Every buffer grows to the largest segment seen, whichever sums it served: once each buffer
+  // has been lent and returned (the first sync), steady-state syncs allocate nothing.
+  std::vector<unsigned char> fit(std::vector<unsigned char> b) const {
+    if (b.size() < buffer_bytes_) b.resize(buffer_bytes_);
+    return b;
   }
 
   std::uint32_t seq_ = 0;
   std::uint64_t started_ = 0;
   std::vector<std::shared_ptr<RingAllreduce>> states_;
-  std::vector<std::vector<unsigned char>> spare_;  // buffers not lent; they grow, then stay
+  std::vector<std::vector<unsigned char>> spare_;  // buffers not lent
+  std::size_t buffer_bytes_ = 0;                   // the size of every buffer once returned
   // One batched test's operands; they grow, then stay: steady-state syncs allocate nothing.
   std::vector<RingAllreduce*> held_;
   std::vector<MPI_Request> reqs_;
