@@ -189,13 +189,14 @@ class RingPool {
     indices_.resize(reqs_.size());
     check_ring_call(MPI_Testsome(int(reqs_.size()), reqs_.data(), &completed, indices_.data(), MPI_STATUSES_IGNORE),
                     "MPI_Testsome");
+    bool returned = false;
     for (std::size_t i = 0; i < held_.size(); ++i) {
       std::copy_n(&reqs_[2 * i], 2, held_[i]->requests());  // completed ones are MPI_REQUEST_NULL now
       held_[i]->advance_tested();
       std::vector<unsigned char> b = held_[i]->give_back();
-      if (!b.empty()) spare_.push_back(fit(std::move(b)));
+      if (!b.empty()) spare_.push_back(fit(std::move(b))), returned = true;
     }
-    lend();
+    if (returned) lend();  // a sum waits for a buffer only from its start (lent then) to a return
   }
 
  private:
