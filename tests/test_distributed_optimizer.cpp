@@ -401,7 +401,8 @@ TEST_CASE("clip_grad_norm: non-finite norms") {
   Kokkos::deep_copy(gt, 1.0);
   if (rank == 0) gt(1) = std::numeric_limits<double>::infinity();  // one rank's local shard
   GRADSYNC_CHECK_ALL(dopt.synchronize());
-  GRADSYNC_CHECK_ALL(!error_of([&] { dopt.clip_grad_norm(1.0, true); }).empty());  // every rank sees the infinite norm
+  // Every rank sees the infinite norm.
+  GRADSYNC_CHECK_ALL(!error_of([&] { dopt.clip_grad_norm(1.0, true); }).empty());
   CHECK_THROWS_AS(dopt.clip_grad_norm(-1.0), gradsync::ConfigError);
 }
 
@@ -513,7 +514,7 @@ TEST_CASE("broadcast_parameters and global_norm through staging copies") {
   GRADSYNC_CHECK_ALL(rel_err(norm, std::sqrt(sq)) < 1e-14);
 }
 
-TEST_CASE("DistributedOptimizer::add: a wrong gradient size, an overlap or a strided parameter is refused; nothing registers") {
+TEST_CASE("DistributedOptimizer::add refuses a wrong gradient size, an overlap, a strided parameter") {
   const std::string add = "gradsync: DistributedOptimizer::add: ";
   const std::string on_rank = " on rank " + std::to_string(world_rank());
   gradsync::DistributedOptimizer<AddGrad, Sync> dopt(AddGrad{}, Sync(gradsync::MpiBackend(MPI_COMM_WORLD)));

@@ -181,8 +181,8 @@ TEST_CASE("tensors side by side in memory are reduced in place when the fused or
     for (int p = 0; p < 2; ++p) {
       for (std::size_t i = 0; i < arena.size(); ++i) arena(i) = grad_value(0, i, rank, p);
       CHECK(s.synchronize());
-      const double worst = worst_vs_rank_average(std::vector<View>{arena}, n,
-                                                 [&](std::size_t, std::size_t i, int r) { return grad_value(0, i, r, p); });
+      const auto value = [&](std::size_t, std::size_t i, int r) { return grad_value(0, i, r, p); };
+      const double worst = worst_vs_rank_average(std::vector<View>{arena}, n, value);
       GRADSYNC_CHECK_ALL(worst <= 1e-13);
     }
     // Registration order is memory order here: one contiguous chunk, no copy. Reversed, it is not.

@@ -155,7 +155,8 @@ def main():
     ov = [r for r in rows if r["section"] == "overlap" and r["ranks"] == 2]
     if ov:
         ov_runs = max(r["runs"] for r in ov)
-        md += ["## Overlap with a simulated backward, 2 ranks" + (f" (median of {ov_runs} runs)" if ov_runs > 1 else ""), "",
+        runs_note = f" (median of {ov_runs} runs)" if ov_runs > 1 else ""
+        md += ["## Overlap with a simulated backward, 2 ranks" + runs_note, "",
                "| model | sync ms (default) | sync ms (blocking) | simulated backward ms | "
                "exposed ms, sync after backward | exposed ms, mark_ready | exposed / sync |",
                "| --- | --- | --- | --- | --- | --- | --- |"]

@@ -166,9 +166,9 @@ struct FusionPlan {
     return r;
   }
 
-  // Equal pieces of at most `limit` elements (a large tensor's too), taken in fused order (from the top of memory down
-  // for a descending region, so the tensors backward produces first are in the first piece); each
-  // piece's segments in address order, cut at tensor boundaries.
+  // Equal pieces of at most `limit` elements (a large tensor's too), taken in fused order (from the
+  // top of memory down for a descending region, so the tensors backward produces first are in the
+  // first piece); each piece's segments in address order, cut at tensor boundaries.
   template <class Emit>
   static void emit_region(const Region& r, const std::vector<Tensor>& ts, std::int64_t limit,
                           std::vector<Segment<T>>& segs, Emit& emit) {
