@@ -106,6 +106,7 @@ inline bool env_parse_choice(const char* var, int& out, const char* const* names
 ///   GRADSYNC_CONSISTENCY_CHECK         consistency_check: off | on_change | every_step
 ///   GRADSYNC_CHECK_FINITE              check_finite: 1/0, true/false, on/off, yes/no
 ///   GRADSYNC_HOST_STAGING              host_staging: auto | always | never
+///   GRADSYNC_HUGE_PAGES                huge_pages: 1/0, true/false, on/off, yes/no
 /// Throws ConfigError naming the variable when a value is malformed.
 inline Options apply_env(Options o) {
   impl::env_parse_size("GRADSYNC_FUSION_THRESHOLD", o.fusion_threshold_bytes);
@@ -120,6 +121,7 @@ inline Options apply_env(Options o) {
   if (impl::env_parse_choice("GRADSYNC_CONSISTENCY_CHECK", i, modes, "one of: off, on_change, every_step"))
     o.consistency_check = CheckMode(i);
   impl::env_parse_bool("GRADSYNC_CHECK_FINITE", o.check_finite);
+  impl::env_parse_bool("GRADSYNC_HUGE_PAGES", o.huge_pages);
   static const char* const staging[] = {"auto", "always", "never", nullptr};
   if (impl::env_parse_choice("GRADSYNC_HOST_STAGING", i, staging, "one of: auto, always, never"))
     o.host_staging = HostStaging(i);

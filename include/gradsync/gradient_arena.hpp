@@ -35,14 +35,9 @@ class GradientArena {
   /// In host memory, an arena of 2 MiB or more starts on a 2 MiB boundary and asks for transparent
   /// huge pages (`huge_pages`), which make MPI's shared-memory copies cheaper.
   GradientArena(const std::string& label, std::size_t capacity, bool huge_pages = true) {
-    constexpr std::size_t huge = impl::huge_page_bytes;
     if constexpr (std::is_same_v<memory_space, Kokkos::HostSpace>) {
-      if (huge_pages && capacity * sizeof(T) >= huge) {
-        // Over-allocate by one huge page, start at the boundary, advise before the first touch.
-        const storage_type whole(Kokkos::view_alloc(Kokkos::WithoutInitializing, label), capacity + huge / sizeof(T));
-        const std::size_t at = impl::to_huge_page_boundary(whole.data()) / sizeof(T);
-        storage_ = Kokkos::subview(whole, std::make_pair(at, at + capacity));
-        impl::advise_huge_pages(storage_.data(), (capacity * sizeof(T)) / huge * huge);
+      if (huge_pages && capacity * sizeof(T) >= impl::huge_page_bytes) {
+        storage_ = impl::allocate_on_huge_pages<storage_type>(label, capacity);
         Kokkos::deep_copy(storage_, T(0));
         return;
       }

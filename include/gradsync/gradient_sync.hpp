@@ -29,6 +29,7 @@
 #include "impl/finite.hpp"
 #include "impl/fusion_kernels.hpp"
 #include "impl/fusion_plan.hpp"
+#include "impl/huge_pages.hpp"
 #include "impl/ready_tracker.hpp"
 #include "impl/stall.hpp"
 #include "local_var_policy.hpp"
@@ -450,7 +451,8 @@ class GradientSync {
     slot_size_ = windowed_ ? plan.widest : 0;
     const std::int64_t capacity =
         windowed_ ? plan.widest * std::min<std::int64_t>(slots_, std::int64_t(chunks_.size())) : plan.total;
-    ensure(buffer_, std::size_t(capacity), "gradsync::fusion_buffer");
+    ensure_fusion_buffer(std::size_t(capacity));
+    move_to_huge_pages(dp);
     if (staged_) ensure(staging_, std::size_t(capacity), "gradsync::host_staging");
     upload(segs, dp_segs_, "gradsync::segments");
     plan_first_ptr_.assign(chunks_.size(), nullptr);
@@ -492,6 +494,31 @@ class GradientSync {
     ctl_.keep_on_failure(std::move(keep));
     ++stats_.plan_builds;
     dirty_ = false;
+  }
+
+  // Host memory MPI copies from (impl/huge_pages.hpp): the fusion buffer starts on huge pages,
+  // and gradients reduced where they are move onto them.
+  void ensure_fusion_buffer(std::size_t n) {
+    if constexpr (std::is_same_v<memory_space, Kokkos::HostSpace>) {
+      if (opt_.huge_pages && buffer_.extent(0) < n && n * sizeof(value_type) >= impl::huge_page_bytes) {
+        buffer_ = impl::allocate_on_huge_pages<Buffer>("gradsync::fusion_buffer", n);
+        ++stats_.allocations;
+        return;
+      }
+    }
+    ensure(buffer_, n, "gradsync::fusion_buffer");
+  }
+  template <class Tensors>
+  void move_to_huge_pages(const Tensors& dp) {
+    stats_.bytes_on_huge_pages = 0;
+    if constexpr (std::is_same_v<memory_space, Kokkos::HostSpace>) {
+      const bool any = std::any_of(chunks_.begin(), chunks_.end(), [&](const impl::Chunk& c) { return c.contiguous; });
+      if (!opt_.huge_pages || !in_place_ || !any) return;
+      std::vector<std::pair<std::uintptr_t, std::uintptr_t>> ranges;
+      for (const auto& t : dp)
+        ranges.emplace_back(reinterpret_cast<std::uintptr_t>(t.data), reinterpret_cast<std::uintptr_t>(t.data + t.size));
+      stats_.bytes_on_huge_pages = impl::collapse_to_huge_pages(std::move(ranges));
+    }
   }
 
   void upload(const std::vector<Seg>& host, SegView& dev, const char* label) {

@@ -14,6 +14,7 @@ struct Stats {
   std::uint64_t plan_builds = 0;        ///< times the fusion plan was (re)built
   std::uint64_t allocations = 0;        ///< buffer allocations (fusion, accumulators, tables)
   std::uint64_t buffer_bytes = 0;       ///< bytes held in fusion buffer and accumulators now
+  std::uint64_t bytes_on_huge_pages = 0; ///< registered gradient bytes moved onto huge pages at the last plan build
   std::uint64_t consistency_checks = 0; ///< cross-rank checks of the registrations (Options::consistency_check)
 };
 
