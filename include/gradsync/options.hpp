@@ -96,12 +96,12 @@ struct Options {
   int max_chunks_in_flight = 16;
   /// Host gradients reduced in place are moved onto 2 MiB transparent huge pages when the plan is
   /// built (Linux 6.1+ MADV_COLLAPSE, contents unchanged; only pages that hold gradients), and the
-  /// fusion buffer is allocated on them. MPI's shared-memory copies then walk and pin 512 times
-  /// fewer pages: ResNet-50's gradients, one allocation each, synchronized about a third faster on
-  /// 2 ranks (docs/BENCHMARKS.md). The move is a one-time copy at the first plan build (in this
-  /// project's virtual machines 0.5 to 3 s for 100 to 330 MiB, most of it the host backing fresh
-  /// memory); later builds find the pages moved. A no-op without THP ("never"), off Linux, on
-  /// kernels before 6.1 and for device memory.
+  /// fusion buffer is allocated on them. MPI's shared-memory copies then walk and pin 512 times fewer
+  /// pages: ResNet-50's gradients, one allocation each, synchronized 22 to 32% faster on 2 ranks
+  /// (docs/BENCHMARKS.md). The move is a one-time copy at the first plan build (in this project's
+  /// virtual machines up to 1 s for 100 MiB and 3 s for 330 MiB, most of it the host backing fresh
+  /// memory); later builds find the pages moved. A no-op without THP ("never"), off Linux, on kernels
+  /// before 6.1 and for device memory.
   /// Environment: GRADSYNC_HUGE_PAGES.
   bool huge_pages = true;
 };
