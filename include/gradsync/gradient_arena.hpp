@@ -6,8 +6,8 @@
 // (on 4 KiB pages ResNet-50 and ViT-B/16 took 1.5x and 1.4x the time of the same gradients in an
 // arena; moved onto huge pages by Options::huge_pages, which needs Linux 6.1, about the arena's
 // time; docs/BENCHMARKS.md). The arena's pages are huge from the start on any kernel with THP.
-// PyTorch DDP's gradient_as_bucket_view makes the same trade. Carve the gradients in the order they are registered (or its reverse): consecutive carves
-// are neighbours.
+// PyTorch DDP's gradient_as_bucket_view makes the same trade. Carve the gradients in the order
+// they are registered (or its reverse): consecutive carves are neighbours.
 #pragma once
 
 #include <cstddef>

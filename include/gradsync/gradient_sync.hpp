@@ -512,7 +512,7 @@ class GradientSync {
   void move_to_huge_pages(const Tensors& dp) {
     stats_.bytes_on_huge_pages = 0;
     if constexpr (std::is_same_v<memory_space, Kokkos::HostSpace>) {
-      const bool any = std::any_of(chunks_.begin(), chunks_.end(), [&](const impl::Chunk& c) { return c.contiguous; });
+      const bool any = std::any_of(chunks_.begin(), chunks_.end(), [](const impl::Chunk& c) { return c.contiguous; });
       if (!opt_.huge_pages || !in_place_ || !any) return;
       std::vector<std::pair<std::uintptr_t, std::uintptr_t>> ranges;
       for (const auto& t : dp)
