@@ -324,7 +324,7 @@ class GradientSync {
                                   " (no NaN/Inf scan kernel on this path); turn it off"));
     } else {
       const std::int64_t s =
-          impl::first_non_finite_segment<value_type, memory_space>(exec_, dp_segs_, n_dp_segs_);
+          impl::first_non_finite_segment<value_type, memory_space>(exec_, dp_segs_, n_dp_segs_, finite_);
       if (s == impl::FirstNonFiniteKernel<value_type, execution_space, memory_space>::none) return;
       auto seg = Kokkos::create_mirror_view_and_copy(
           Kokkos::HostSpace(), Kokkos::subview(dp_segs_, std::make_pair(std::size_t(s), std::size_t(s + 1))));
@@ -739,6 +739,10 @@ class GradientSync {
   std::vector<std::int64_t> slot_of_, prev_in_slot_;  // per chunk: its slot (-1: in place), the slot's previous chunk
   impl::BufferView<value_type, impl::staging_space_t<memory_space>> staging_;
   SegView dp_segs_, local_segs_;
+  // Options::check_finite's per-segment flags (Kokkos execution spaces only).
+  std::conditional_t<Kokkos::is_execution_space<execution_space>::value, impl::FiniteScratch<memory_space>,
+                     impl::NoFiniteScratch>
+      finite_;
   std::int64_t n_dp_segs_ = 0, n_local_segs_ = 0;
   Buffer buffer_, local_acc_;
   value_type pre_factor_ = 1, post_factor_ = 1;

@@ -124,10 +124,11 @@ int main(int argc, char** argv) {
     gradsync::impl::SegmentView<float, Kokkos::HostSpace> segs("segs", plan.segments.size());
     std::copy(plan.segments.begin(), plan.segments.end(), segs.data());
     std::vector<double> tf;
+    gradsync::impl::FiniteScratch<Kokkos::HostSpace> scratch;
     for (int i = 0; i < 20; ++i) {
       const double t0 = MPI_Wtime();
-      const auto first = gradsync::impl::first_non_finite_segment<float, Kokkos::HostSpace>(Kokkos::DefaultHostExecutionSpace(), segs,
-                                                                  std::int64_t(plan.segments.size()));
+      const auto first = gradsync::impl::first_non_finite_segment<float, Kokkos::HostSpace>(
+          Kokkos::DefaultHostExecutionSpace(), segs, std::int64_t(plan.segments.size()), scratch);
       tf.push_back(MPI_Wtime() - t0);
       if (first != std::numeric_limits<std::int64_t>::max()) std::printf("unexpected non-finite value\n");
     }
