@@ -193,10 +193,10 @@ class Control {
     const double warn = o.stall_timeout > 0 && o.stall_warning > 0 && o.stall_warning < o.stall_timeout
                             ? o.stall_warning
                             : 0.0;
-    const double first = warn > 0 ? warn : o.stall_timeout;
-    // Without a deadline of its own a rank still announces its arrival (after a second), so peers
-    // that have one do not report it missing.
-    const double notify_at = first > 0 ? 0.5 * first : 1.0;
+    // Without a deadline of its own a rank still announces its arrival, on the clock of its
+    // (silent) warning interval, so that peers with a deadline do not report it missing.
+    const double first = warn > 0 ? warn : o.stall_timeout > 0 ? o.stall_timeout : o.stall_warning;
+    const double notify_at = first > 0 ? 0.5 * first : -1.0;
     bool notified = false, warned = false;
     double polled = 0;
     if constexpr (mpi) reset_arrivals(site.step);
