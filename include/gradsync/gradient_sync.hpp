@@ -743,9 +743,10 @@ class GradientSync {
                 "some ranks called prepare() while others called synchronize() or mark_ready(): prepare() is "
                 "collective, call it on every rank",
                 opt_);
-    if (v[1] != -v[2])
+    if (v[1] != -v[2])  // (all in prepare(): the calls are the negated values)
       ctl_.fail(impl::ErrorKind::mismatch,
-                impl::cat("the ranks reached the exchange in different synchronize() calls (", v[1], " to ", -v[2],
+                impl::cat("the ranks reached the exchange in different synchronize() calls (", v[1] < 0 ? v[2] : v[1],
+                          " to ", v[1] < 0 ? -v[1] : -v[2],
                           "): a rank called synchronize() more often than the others"),
                 opt_);
     check_consistency(v[0] < 0);
