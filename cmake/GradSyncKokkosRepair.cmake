@@ -42,3 +42,22 @@ function(gradsync_repair_kokkos)
   set_target_properties(Kokkos::kokkos PROPERTIES INTERFACE_INCLUDE_DIRECTORIES "${_kept}")
   message(STATUS "gradsync: repaired Kokkos::kokkos include path: ${_missing} -> ${_kept}")
 endfunction()
+
+# Kokkos gives its OpenMP flag to C++ sources only (OpenMP::OpenMP_CXX), but a .cu file that includes
+# gradsync.hpp, hence Kokkos_Core.hpp, needs it too: Kokkos' OpenMP headers refuse to compile
+# without it. Gives nvcc's host pass the same flag through `target`'s interface (in the build tree
+# only with BUILD_INTERFACE: the installed package decides from the consumer's Kokkos).
+function(gradsync_kokkos_cuda_flags target)
+  if(NOT TARGET ${target} OR NOT Kokkos_ENABLE_OPENMP)
+    return()
+  endif()
+  get_target_property(_aliased ${target} ALIASED_TARGET)
+  if(_aliased)
+    set(target ${_aliased})
+  endif()
+  set(_flag "$<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-fopenmp>")
+  if(ARGV1 STREQUAL "BUILD_INTERFACE")
+    set(_flag "$<BUILD_INTERFACE:${_flag}>")
+  endif()
+  set_property(TARGET ${target} APPEND PROPERTY INTERFACE_COMPILE_OPTIONS "${_flag}")
+endfunction()

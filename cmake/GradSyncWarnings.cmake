@@ -7,10 +7,14 @@ endif()
 
 # Launching MPI programs from ctest: root needs the allow-run-as-root pair, a 2-core machine
 # needs --oversubscribe for 3 and 4 ranks, and idle ranks should yield so oversubscription works.
+# With a Kokkos OpenMP backend, idle OpenMP threads spin by default; with more ranks x threads than
+# cores they starve the ranks' MPI progress (gradient_sync.np3, 2 threads each, on 2 cores: over
+# 200 s spinning, 2.6 s passive), so the tests' threads sleep when idle and are not pinned.
 set(GRADSYNC_MPIEXEC "${MPIEXEC_EXECUTABLE}" CACHE STRING "MPI launcher for tests")
 set(GRADSYNC_MPIEXEC_FLAGS "--oversubscribe" CACHE STRING "Launcher flags for tests")
 set(GRADSYNC_MPI_ENV
-  "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMPI_MCA_mpi_yield_when_idle=1;OMPI_MCA_rmaps_base_oversubscribe=1")
+  "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMPI_MCA_mpi_yield_when_idle=1;OMPI_MCA_rmaps_base_oversubscribe=1"
+  "OMP_WAIT_POLICY=passive;OMP_PROC_BIND=false")
 
 # gradsync_add_mpi_test(NAME <name> COMMAND <exe> [args...] RANKS <n...> [TIMEOUT <s>])
 # adds one ctest per rank count, named <name>.np<n>.

@@ -321,7 +321,7 @@ TEST_CASE("prepare(): the plan, the check and the buffers before the first synch
     Model m;
     gradsync::Options o;
     o.read_environment = false;
-    if (!watched) o.stall_timeout = 0;  // the consistency check without the arrival round
+    if (!watched) o.stall_timeout = 0;  // no deadline: the same agreement, waited without one
     Sync sync{gradsync::MpiBackend(MPI_COMM_WORLD), o};
     m.add_to(sync);
     m.fill();

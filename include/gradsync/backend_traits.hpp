@@ -27,6 +27,13 @@ template <class B>
 struct has_folds_factor<B, std::void_t<decltype(std::declval<const B&>().folds_factor(std::size_t()))>>
     : std::true_type {};
 
+// A backend whose use of device memory is a run-time decision (MpiBackend: CUDA-aware MPI or not);
+// the ranks must agree on it, since it changes the collectives.
+template <class B, class = void>
+struct has_cuda_aware : std::false_type {};
+template <class B>
+struct has_cuda_aware<B, std::void_t<decltype(bool(std::declval<const B&>().cuda_aware()))>> : std::true_type {};
+
 template <class B, class = void>
 struct has_blocking_preference : std::false_type {};
 template <class B>

@@ -37,8 +37,28 @@ void fence(const ExecutionSpace& exec, [[maybe_unused]] const std::string& label
 GRADSYNC_LABEL(pack, "gradsync::pack")
 GRADSYNC_LABEL(unpack, "gradsync::unpack")
 GRADSYNC_LABEL(local, "gradsync::local")
-GRADSYNC_LABEL(fence_pack, "gradsync::fence_before_backend")
-GRADSYNC_LABEL(fence_sync, "gradsync::synchronize")
 #undef GRADSYNC_LABEL
+
+// Fence labels fit std::string's small buffer (15 characters with libstdc++ and libc++): Kokkos 4
+// copies the label at every fence (Tools::beginFence takes it by value), so a longer one would
+// allocate on the heap at every step.
+#define GRADSYNC_FENCE_LABEL(name, text)                                                              \
+  static_assert(sizeof(text) <= 16, "gradsync: fence label " text " longer than 15 characters");    \
+  inline const std::string& label_##name() {                                                         \
+    static const std::string s(text);                                                                \
+    return s;                                                                                        \
+  }
+GRADSYNC_FENCE_LABEL(fence_pack, "gradsync:packed")
+GRADSYNC_FENCE_LABEL(fence_sync, "gradsync:synced")
+GRADSYNC_FENCE_LABEL(fence_optimizer, "gradsync:update")
+GRADSYNC_FENCE_LABEL(fence_clip, "gradsync:clip")
+GRADSYNC_FENCE_LABEL(fence_reduce, "gradsync:reduce")
+#undef GRADSYNC_FENCE_LABEL
+
+// A host value as the result of a parallel_reduce. Reducing into a plain scalar makes Kokkos fence
+// with a long label of its own (a heap allocation per call on Kokkos 4); with this View the caller
+// fences, with a short label, before reading the value.
+template <class T>
+using HostScalar = Kokkos::View<T, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
 
 }  // namespace gradsync::impl

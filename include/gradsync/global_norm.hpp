@@ -31,13 +31,16 @@ struct NormSegment {
 template <class T, class MemorySpace>
 using NormSegmentView = Kokkos::View<NormSegment<T>*, MemorySpace>;
 
-// sum += weight · Σ ptr[i]², accumulated in double whatever T is.
+// partial(seg) = weight · Σ ptr[i]² of one segment, accumulated in double whatever T is. Partial sums
+// per segment, added up on the host in a fixed order, rather than a parallel_reduce: Kokkos 4's
+// parallel_reduce builds a std::string fence label at every call (a heap allocation per step).
 template <class T, class ExecutionSpace, class MemorySpace>
 struct SquaredNormKernel {
   using member_type = typename Kokkos::TeamPolicy<ExecutionSpace>::member_type;
   NormSegmentView<T, MemorySpace> segs;
+  Kokkos::View<double*, MemorySpace> partial;
 
-  KOKKOS_INLINE_FUNCTION void operator()(const member_type& team, double& sum) const {
+  KOKKOS_INLINE_FUNCTION void operator()(const member_type& team) const {
     const NormSegment<T> s = segs(team.league_rank());
     double part = 0;
     Kokkos::parallel_reduce(
@@ -47,7 +50,7 @@ struct SquaredNormKernel {
           acc += x * x;
         },
         part);
-    Kokkos::single(Kokkos::PerTeam(team), [&]() { sum += s.weight * part; });
+    Kokkos::single(Kokkos::PerTeam(team), [&]() { partial(team.league_rank()) = s.weight * part; });
   }
 };
 
@@ -92,18 +95,24 @@ class GlobalNorm {
   double norm(const Sync& sync) {
     refresh(sync);
     double local_part = 0;
-    if (segs_.extent(0) > 0)
-      Kokkos::parallel_reduce(impl::label_norm(),
-                              Kokkos::TeamPolicy<execution_space>(exec_, int(segs_.extent(0)), Kokkos::AUTO),
-                              impl::SquaredNormKernel<value_type, execution_space, memory_space>{segs_}, local_part);
+    const std::int64_t nsegs = std::int64_t(segs_.extent(0));
+    if (nsegs > 0) {
+      impl::launch_per_segment(impl::label_norm(), exec_, nsegs,
+                               impl::SquaredNormKernel<value_type, execution_space, memory_space>{segs_, partial_});
+      Kokkos::deep_copy(exec_, partial_host_, partial_);  // the same View when memory_space is the host's
+      impl::fence(exec_, impl::label_fence_reduce());
+      for (std::int64_t k = 0; k < nsegs; ++k) local_part += partial_host_(k);
+    }
     const auto& b = sync.backend();
     if (b.template can_access<Kokkos::HostSpace>()) {
       b.allreduce_sum(&local_part, 1);
     } else {  // a device-only backend: reduce through a one-value View in the gradients' memory space
       if (!device_value_.data()) device_value_ = Kokkos::View<double, memory_space>("gradsync::global_norm");
-      Kokkos::deep_copy(device_value_, local_part);
+      Kokkos::deep_copy(exec_, device_value_, impl::HostScalar<double>(&local_part));
+      impl::fence(exec_, impl::label_fence_reduce());
       b.allreduce_sum(device_value_.data(), 1);
-      Kokkos::deep_copy(local_part, device_value_);
+      Kokkos::deep_copy(exec_, impl::HostScalar<double>(&local_part), device_value_);
+      impl::fence(exec_, impl::label_fence_reduce());
     }
     return std::sqrt(local_part);
   }
@@ -121,7 +130,7 @@ class GlobalNorm {
     if (!(coef >= 1)) {  // also NaN, as torch.clamp(NaN, max=1) is NaN
       impl::launch_per_segment(impl::label_clip(), exec_, std::int64_t(segs_.extent(0)),
                                impl::ScaleKernel<value_type, execution_space, memory_space>{segs_, value_type(coef)});
-      impl::fence(exec_, impl::label_clip());
+      impl::fence(exec_, impl::label_fence_clip());
     }
     return total;
   }
@@ -150,6 +159,9 @@ class GlobalNorm {
       });
     }
     impl::upload_segments(host, segs_, "gradsync::norm_segments");
+    partial_ = Kokkos::View<double*, memory_space>(Kokkos::view_alloc("gradsync::norm_partials", Kokkos::WithoutInitializing),
+                                                   host.size());
+    partial_host_ = Kokkos::create_mirror_view(partial_);
     keys_.assign(scratch_.begin(), scratch_.end());  // scratch_ keeps its capacity: no allocation next time
     world_ = n;
   }
@@ -158,6 +170,8 @@ class GlobalNorm {
   int world_ = 0;  // the world size the table was built for; 0 before the first build
   std::vector<Key> keys_, scratch_;
   impl::NormSegmentView<value_type, memory_space> segs_;
+  Kokkos::View<double*, memory_space> partial_;  // one partial sum per segment
+  typename Kokkos::View<double*, memory_space>::HostMirror partial_host_;
   Kokkos::View<double, memory_space> device_value_;  // allocated on first use, by device-only backends only
 };
 

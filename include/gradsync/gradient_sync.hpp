@@ -82,8 +82,12 @@ class GradientSync {
         tuner_(opt_.fusion_threshold_bytes == fusion_threshold_auto),
         blocking_(opt_.collectives == Collectives::blocking ||
                   (opt_.collectives == Collectives::automatic && impl::prefers_blocking(backend_))),
-        agreed_(opt_.stall_timeout > 0 && impl::has_mpi_comm<Backend>::value),
-        ctl_(backend_, opt_) {}
+        agreed_(impl::has_mpi_comm<Backend>::value),
+        ctl_(backend_, opt_) {
+    facts_.blocking = blocking_;
+    facts_.staged = staging_wanted();
+    if constexpr (impl::has_cuda_aware<Backend>::value) facts_.cuda_aware = backend_.cuda_aware();
+  }
 
   /// Registers a gradient in `Group`. Any contiguous tensor with this sync's value type and memory
   /// space is accepted (a View of any rank, a vector, a Span). `name` appears in error messages.
@@ -102,6 +106,7 @@ class GradientSync {
     e.group = impl::type_name<Group>();
     e.index_in_group = std::size_t(std::count_if(entries_.begin(), entries_.end(),
                                                  [&](const Entry& o) { return o.group == e.group; }));
+    e.named = !name.empty();
     e.name = name.empty() ? impl::cat(e.group, "[", e.index_in_group, "]") : std::move(name);
     e.policy_local = is_local_v<Group>;
     e.policy_scale = local_scale_v<Group>;
@@ -168,7 +173,7 @@ class GradientSync {
   /// Pays the first call's one-time costs before training starts: the ranks compare their
   /// registrations (the consistency check), the plan is built, host gradients reduced in place move
   /// onto huge pages and the buffers are allocated. Collective: every rank calls it, at the same
-  /// point (with the stall watchdog, a rank that calls synchronize() instead is a MismatchError).
+  /// point (over MpiBackend, a rank that calls synchronize() instead is a MismatchError everywhere).
   /// Gradient values are not touched; the next synchronize() builds nothing unless registrations
   /// change in between. fusion_threshold_auto still times its candidates on the first steps.
   void prepare() {
@@ -302,6 +307,7 @@ class GradientSync {
     bool policy_local = false;
     LocalScale policy_scale = LocalScale::none;
     bool runtime_local = false;
+    bool named = false;  // the name was given to add()
     std::shared_ptr<void> keepalive;  // a copy of a registered View keeps its memory alive
     std::function<std::pair<value_type*, std::size_t>()> requery;  // vectors: current data and size
     bool local() const { return policy_local || runtime_local; }
@@ -338,9 +344,9 @@ class GradientSync {
                                   o.stall_warning));
   }
 
-  // Local checks, then the cross-rank consistency check (on the blocking path the agreement before
-  // the exchange runs it instead). A rank that fails a local check tells its peers before
-  // throwing, so none of them waits for it.
+  // Local checks, then the agreement before the exchange (agree_before_exchange; on the blocking
+  // path synchronize() runs it after check_finite instead, prepare() here). A rank that fails a
+  // local check tells its peers before throwing, so none of them waits for it.
   void checks_before_pass(bool preparing = false) {
     for (Entry& e : entries_) {
       if (!e.requery) continue;
@@ -351,22 +357,25 @@ class GradientSync {
                             "registered (", e.size, " -> ", now.second, " elements) on rank ", backend_.rank(),
                             "; build a new GradientSync and register it again after resizing"));
     }
-    if (!agreed_)
-      check_consistency(need_check_);
-    else if (!blocking_ || preparing)
+    if (agreed_ && blocking_ && !preparing) return;
+    if (agreed_ || !agreed_once_)
       agree_before_exchange(false, preparing);  // before the step's first collective, which is watched itself
+    else
+      check_consistency(need_check_, false);  // no side channel: the first call agreed on the options
   }
 
-  // The cross-rank comparison of registrations (impl/consistency.hpp), when a rank needs it.
-  void check_consistency(bool needed) {
+  // The cross-rank comparison of registrations (impl/consistency.hpp), when a rank needs it, or
+  // when the options differ (`force`: every rank knows it, whatever its check mode says).
+  void check_consistency(bool needed, bool force) {
     const std::int64_t call = std::int64_t(stats_.passes) + 1;
-    if ((needed && opt_.consistency_check != CheckMode::off) || opt_.consistency_check == CheckMode::every_step) {
+    if (force || (needed && opt_.consistency_check != CheckMode::off) ||
+        opt_.consistency_check == CheckMode::every_step) {
       std::vector<impl::RegDesc> regs;
       regs.reserve(entries_.size());
       for (const Entry& e : entries_)
-        regs.push_back({e.group, e.name, e.size, e.index_in_group, e.policy_local, e.runtime_local});
+        regs.push_back({e.group, e.name, e.size, e.index_in_group, e.policy_local, e.runtime_local, e.named});
       impl::check_consistency(backend_, ctl_, opt_, regs, int(sizeof(value_type)), call,
-                              impl::max_chunk_elements());
+                              impl::max_chunk_elements(), facts_);
       agree_on_neighbours(call);
       ++stats_.consistency_checks;
       need_check_ = false;
@@ -381,7 +390,7 @@ class GradientSync {
                                   " (no NaN/Inf scan kernel on this path); turn it off"));
     } else {
       const std::int64_t s =
-          impl::first_non_finite_segment<value_type, memory_space>(exec_, dp_segs_, n_dp_segs_);
+          impl::first_non_finite_segment<value_type, memory_space>(exec_, dp_segs_, n_dp_segs_, finite_);
       if (s == impl::FirstNonFiniteKernel<value_type, execution_space, memory_space>::none) return;
       auto seg = Kokkos::create_mirror_view_and_copy(
           Kokkos::HostSpace(), Kokkos::subview(dp_segs_, std::make_pair(std::size_t(s), std::size_t(s + 1))));
@@ -716,28 +725,36 @@ class GradientSync {
     }
   }
 
-  // With the stall watchdog on, the ranks first agree, on the side channel and under the stall
-  // deadline, that all of them have arrived at this synchronize() call (on every call, so that
-  // check modes count calls alike on both paths). The round also tells every rank whether any
-  // rank's registrations changed, so all of them run the consistency check, and a change on one
-  // rank only is a MismatchError, not a stall; a rank that called synchronize() more often is one
-  // too. Blocking collectives cannot be given a deadline, so on the blocking path a second round
-  // commits (`commit`): a rank that gives up in round 1 never posts round 2, so a rank that
-  // arrives late and completes round 1 waits in round 2 and stops too, instead of blocking in a
-  // collective its peers have left. Once round 2 completes every rank is committed: the chunks
-  // follow with no user code in between. Nonblocking chunks are watched themselves and need no
-  // commit. One or two small allreduces of latency per call.
+  // Before each exchange the ranks agree, on the side channel and under the stall deadline, that
+  // all of them have arrived at this synchronize() call (on every call, whatever the local
+  // settings say, so that this round is the one collective every rank always runs: it cannot
+  // itself mismatch). It carries a hash of everything that shapes the plan or the protocol
+  // (the options, the resolved collectives, staging and CUDA-awareness: impl::OptionWords), so
+  // ranks whose settings differ all throw a MismatchError naming the setting before any other
+  // collective, whatever their check modes, deadlines or check_finite say. The round also tells
+  // every rank whether any rank's registrations changed, so all of them run the consistency
+  // check, and a change on one rank only is a MismatchError, not a stall; a rank that called
+  // synchronize() more often is one too. Blocking collectives cannot be given a deadline, so on
+  // the blocking path a second round commits (`commit`): a rank that gives up in round 1 never
+  // posts round 2, so a rank that arrives late and completes round 1 waits in round 2 and stops
+  // too, instead of blocking in a collective its peers have left. Once round 2 completes every rank
+  // is committed: the chunks follow with no user code in between. Nonblocking chunks are watched
+  // themselves and need no commit. One or two small allreduces of latency per call. Backends
+  // without a side channel run round 1 on the first call only (their collectives block).
   // prepare() sends its call number negated, so a rank in prepare() never matches one in synchronize().
   void agree_before_exchange(bool commit, bool preparing = false) {
     const std::int64_t call = std::int64_t(stats_.passes) + 1;
     const std::int64_t sent = preparing ? -call : call;
-    std::int64_t v[3] = {-std::int64_t(need_check_), sent, -sent};
+    const std::uint64_t h = option_hash();
+    const std::int64_t hi = std::int64_t(h >> 32), lo = std::int64_t(h & 0xffffffffu);
+    std::int64_t v[7] = {-std::int64_t(need_check_), sent, -sent, hi, -hi, lo, -lo};
     try {
-      ctl_.allreduce_min(backend_, v, 3, opt_, impl::WaitSite{"arrival check", call, -1, 0});
+      ctl_.allreduce_min(backend_, v, 7, opt_, impl::WaitSite{"arrival check", call, -1, 0});
     } catch (const StallError& e) {
       ctl_.tell_peers(impl::ErrorKind::stall, e.what());  // late ranks stop at their next wait (round 2, a chunk)
       throw;
     }
+    agreed_once_ = true;
     if (v[1] < 0 && -v[2] > 0)
       ctl_.fail(impl::ErrorKind::mismatch,
                 "some ranks called prepare() while others called synchronize() or mark_ready(): prepare() is "
@@ -749,10 +766,22 @@ class GradientSync {
                           " to ", v[1] < 0 ? -v[1] : -v[2],
                           "): a rank called synchronize() more often than the others"),
                 opt_);
-    check_consistency(v[0] < 0);
-    if (!commit) return;
+    const bool options_differ = v[3] != -v[4] || v[5] != -v[6];
+    check_consistency(v[0] < 0, options_differ);  // names the option when they differ
+    if (!commit || !agreed_) return;
     std::int64_t go = 0;
     ctl_.allreduce_min(backend_, &go, 1, opt_, impl::WaitSite{"arrival confirmation", call, -1, 0});
+  }
+
+  // The hash of this rank's option words, kept while max_chunk_elements() (a test override) holds.
+  std::uint64_t option_hash() {
+    const std::size_t max_chunk = impl::max_chunk_elements();
+    if (!option_hash_valid_ || hashed_max_chunk_ != max_chunk) {
+      option_hash_ = impl::OptionWords(opt_, int(sizeof(value_type)), 0, max_chunk, facts_).hash_without_calls();
+      hashed_max_chunk_ = max_chunk;
+      option_hash_valid_ = true;
+    }
+    return option_hash_;
   }
 
   void reduce_data_parallel(bool aggregated) {
@@ -768,18 +797,15 @@ class GradientSync {
   }
 
   // Host staging: when the backend cannot read the buffer's memory space, or when asked to.
-  bool use_host_staging() const {
-    const bool reachable = backend_.template can_access<memory_space>();
-    switch (opt_.host_staging) {
-      case HostStaging::always: return true;
-      case HostStaging::never:
-        if (!reachable)
-          throw ConfigError(impl::cat("host_staging = never, but backend '", Backend::name(),
-                                      "' cannot access the gradients' memory space ", memory_space::name()));
-        return false;
-      case HostStaging::automatic: break;
-    }
-    return !reachable;
+  bool staging_wanted() const {
+    return opt_.host_staging == HostStaging::always || !backend_.template can_access<memory_space>();
+  }
+  bool use_host_staging() {
+    if (opt_.host_staging == HostStaging::never && !backend_.template can_access<memory_space>())
+      fail_here(impl::ErrorKind::config,  // its peers may wait in the agreement already (blocking path)
+                impl::cat("host_staging = never, but backend '", Backend::name(),
+                          "' cannot access the gradients' memory space ", memory_space::name()));
+    return staging_wanted();
   }
 
   void finish_local(bool aggregated) {
@@ -813,11 +839,20 @@ class GradientSync {
   impl::ReadyTracker ready_;
   impl::ChunkTuner tuner_;
   bool blocking_ = false;  // one blocking allreduce per chunk (Options::collectives)
-  bool agreed_ = false;    // watched: the ranks agree before each exchange (agree_before_exchange)
+  bool agreed_ = false;    // side channel: the ranks agree before each exchange (agree_before_exchange)
+  bool agreed_once_ = false;  // the first agreement ran (all a backend without a side channel runs)
+  impl::ProtocolFacts facts_;  // what this rank resolved beyond Options; agreed with the options
+  std::uint64_t option_hash_ = 0;
+  std::size_t hashed_max_chunk_ = 0;
+  bool option_hash_valid_ = false;
   std::vector<typename Backend::Request> requests_;   // per chunk
   std::vector<std::int64_t> slot_of_, prev_in_slot_;  // per chunk: its slot (-1: in place), the slot's previous chunk
   impl::BufferView<value_type, impl::staging_space_t<memory_space>> staging_;
   SegView dp_segs_, local_segs_;
+  // Options::check_finite's per-segment flags (Kokkos execution spaces only).
+  std::conditional_t<Kokkos::is_execution_space<execution_space>::value, impl::FiniteScratch<memory_space>,
+                     impl::NoFiniteScratch>
+      finite_;
   std::int64_t n_dp_segs_ = 0, n_local_segs_ = 0;
   Buffer buffer_, local_acc_;
   value_type pre_factor_ = 1, post_factor_ = 1;

@@ -99,10 +99,6 @@ inline const std::string& label_adam() {
   static const std::string s("gradsync::adam_step");
   return s;
 }
-inline const std::string& label_fence_optimizer() {
-  static const std::string s("gradsync::optimizer_step");
-  return s;
-}
 
 // torch.optim.SGD, one element, in PyTorch's order of operations:
 //   d = ±g (+ wd·p);  buf = first ? d : momentum·buf + (1 − dampening)·d;
@@ -267,7 +263,7 @@ class OptimizerSlots {
       a = b;
     }
     for (Slot& s : slots_) ++s.step;
-    impl::fence(exec_, label_fence_optimizer());
+    impl::fence(exec_, impl::label_fence_optimizer());
   }
 
   std::vector<Slot> slots_;

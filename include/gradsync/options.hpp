@@ -20,7 +20,8 @@ enum class HostStaging {
 
 /// When ranks compare their data-parallel registrations (see docs/ERRORS.md).
 enum class CheckMode {
-  off,         ///< never (a mismatch then hangs until stall_timeout or gives wrong numbers)
+  off,         ///< registrations never compared (a mismatch then hangs until stall_timeout or gives
+               ///< wrong numbers); the options still are, in the arrival check
   on_change,   ///< before the first exchange and after every change of the registrations
   every_step,  ///< on every synchronize() call (debugging: one small allreduce and a few heap
                ///< allocations per call; turns a registration changed on some ranks only into a
@@ -67,7 +68,8 @@ struct Options {
   // ---- never hang, never silently wrong (docs/ERRORS.md) ----
   CheckMode consistency_check = CheckMode::on_change;  ///< cross-rank check of the registrations
   /// Seconds a collective may wait for the other ranks before the stall is reported and acted on
-  /// (stall_action). 0 waits forever in the backend's blocking wait (no warning either).
+  /// (stall_action). 0: no deadline and no warning; a rank then waits forever for a missing peer,
+  /// but still stops when a peer reports a failure. May differ between ranks.
   /// Environment: GRADSYNC_STALL_TIMEOUT_S.
   double stall_timeout = 300.0;
   /// Seconds after which a waiting rank prints a warning naming the missing ranks (once per wait).

@@ -3,7 +3,8 @@
 # a component this installation lacks (torch always; cuda, nccl when not built) fails find_package
 # with a message naming it.
 #   cmake -DBUILD=<gradsync build dir> -DSRC=<consumer source> -DWORK=<scratch> -DMPIEXEC=...
-#         -DVERSION=<project version> -DHAVE_CUDA=ON|OFF -DHAVE_NCCL=ON|OFF -P run_consumer.cmake
+#         -DVERSION=<project version> -DHAVE_CUDA=ON|OFF -DHAVE_NCCL=ON|OFF
+#         -DKOKKOS_DIR=<Kokkos_DIR> -DCXX=<compiler> -DCXX_FLAGS=<flags> -P run_consumer.cmake
 file(REMOVE_RECURSE "${WORK}")
 function(step)
   execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc)
@@ -24,6 +25,9 @@ foreach(c cuda nccl)
   endif()
 endforeach()
 
+# The consumer builds with this build's Kokkos and compiler (nvcc_wrapper for Kokkos-CUDA).
+set(same_toolchain "-DKokkos_DIR=${KOKKOS_DIR}" "-DCMAKE_CXX_COMPILER=${CXX}" "-DCMAKE_CXX_FLAGS=${CXX_FLAGS}")
+
 # Lists travel comma-separated: step() would split a semicolon list into separate arguments.
 string(REPLACE ";" "," have_csv "${have}")
 string(REPLACE ";" "," lacking_csv "${lacking}")
@@ -34,7 +38,7 @@ set(why_cuda "GradSync component 'cuda' was not built: gradsync ${VERSION} was c
 set(why_nccl "GradSync component 'nccl' was not built: gradsync ${VERSION} was configured without NCCL")
 foreach(c IN LISTS lacking)
   execute_process(COMMAND ${CMAKE_COMMAND} -S "${SRC}" -B "${WORK}/build-${c}" "-DCMAKE_PREFIX_PATH=${WORK}/prefix"
-                          "-DREQUIRE=${have_csv},${c}"
+                          ${same_toolchain} "-DREQUIRE=${have_csv},${c}"
                   RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
   string(REGEX REPLACE "[ \n]+" " " all "${out} ${err}")  # CMake wraps long messages
   string(FIND "${all}" "${why_${c}}" at)
@@ -46,7 +50,7 @@ endforeach()
 
 # The components it has, required; the lacking ones optional; the version checked. Built and run.
 step(${CMAKE_COMMAND} -S "${SRC}" -B "${WORK}/build" "-DCMAKE_PREFIX_PATH=${WORK}/prefix" -DCMAKE_BUILD_TYPE=Release
-     "-DREQUIRE=${have_csv}" "-DOPTIONAL=${lacking_csv}" "-DEXPECTED_VERSION=${VERSION}")
+     ${same_toolchain} "-DREQUIRE=${have_csv}" "-DOPTIONAL=${lacking_csv}" "-DEXPECTED_VERSION=${VERSION}")
 step(${CMAKE_COMMAND} --build "${WORK}/build")
 step(${MPIEXEC} -np 2 --oversubscribe "${WORK}/build/consumer")
 message(STATUS "consumer: every check passed (required [${have}], refused [${lacking}], version ${VERSION})")

@@ -3,6 +3,7 @@
 # doctest, and their libraries) into a folder, for a GPU machine that has CUDA and a C++ compiler
 # but no package mirror. tests/gpu/run.sh unpacks them there into its build folder, without root.
 #   bash tests/gpu/bundle_deps.sh [folder]      # default: .gpu-deps/ in the repository (git-ignored)
+#   KOKKOS_ROOT=<your Kokkos-CUDA install> bash tests/gpu/bundle_deps.sh    # copies it along as kokkos/
 # The toolchain and base system (gcc, glibc, libstdc++, perl, ...) are left out: every CUDA machine
 # has them, and at unpack time run.sh also drops any library the machine already has.
 set -euo pipefail
@@ -23,4 +24,10 @@ mkdir -p "$out"
 cd "$out"
 # shellcheck disable=SC2086
 apt-get download $pkgs >/dev/null
-echo "gradsync: $(ls ./*.deb | wc -l) packages, $(du -sh . | cut -f1) in $out"
+# A Kokkos install with its CUDA backend, built by the user (KOKKOS_ROOT), goes along as kokkos/:
+# tests/gpu/run.sh then builds the whole suite on it, so every default View is a device View.
+if [ -n "${KOKKOS_ROOT:-}" ]; then
+  compgen -G "$KOKKOS_ROOT/lib*/cmake/Kokkos" >/dev/null || { echo "no Kokkos install in KOKKOS_ROOT=$KOKKOS_ROOT" >&2; exit 1; }
+  rm -rf "$out/kokkos" && cp -a "$KOKKOS_ROOT" "$out/kokkos"
+fi
+echo "gradsync: $(ls ./*.deb | wc -l) packages${KOKKOS_ROOT:+ and Kokkos from $KOKKOS_ROOT}, $(du -sh . | cut -f1) in $out"

@@ -12,8 +12,9 @@
 # Environment: CUDA_HOME (default /usr/local/cuda), NCCL_HOME (if NCCL is elsewhere), GRADSYNC_GPU_DEPS
 # (the bundle folder, default .gpu-deps; GRADSYNC_USE_BUNDLED_DEPS=1 prefers it), OUT (logs are copied
 # there when it is a folder), BUILD_DIR
-# (default build-gpu), JOBS, REPS (benchmark repetitions, default 20), KOKKOS_ROOT (optional: a
-# Kokkos 4.x install with its CUDA backend, to test Kokkos::CudaSpace views as well; untested so far).
+# (default build-gpu), JOBS, REPS (benchmark repetitions, default 20), KOKKOS_ROOT (a Kokkos 4.x
+# install with its CUDA backend: every test then runs on device Views; default: the bundle's kokkos/
+# when there is one, else Debian's Kokkos 3.4, Serial, with only the raw-CUDA and NCCL tests on the GPU).
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 build="${BUILD_DIR:-$root/build-gpu}"
@@ -81,15 +82,24 @@ command -v make >/dev/null || { command -v ninja >/dev/null && generator=(-G Nin
 echo "== GPUs: $(echo "$gpus" | tr '\n' ';') nvcc $(nvcc --version | sed -n 's/.*release \([0-9.]*\).*/\1/p'), arch sm_$cap"
 
 # ---- 2. build ----
+# A Kokkos with its CUDA backend makes every default View a device View: the whole suite, the
+# semantics table, DistributedOptimizer and hybrid_dlrm --check included, then runs on the GPU.
+# KOKKOS_ROOT names the install; bundle_deps.sh copies one into the bundle as kokkos/.
+[ -z "${KOKKOS_ROOT:-}" ] && compgen -G "$bundle/kokkos/lib*/cmake/Kokkos" >/dev/null && KOKKOS_ROOT="$bundle/kokkos"
 extra=()
 if [ -n "${KOKKOS_ROOT:-}" ]; then
   extra+=(-DKokkos_ROOT="$KOKKOS_ROOT")
-  [ -x "$KOKKOS_ROOT/bin/nvcc_wrapper" ] && extra+=(-DCMAKE_CXX_COMPILER="$KOKKOS_ROOT/bin/nvcc_wrapper")
+  # nvcc_wrapper's default architecture (sm_70) is one CUDA 13 rejects: name this GPU's.
+  [ -x "$KOKKOS_ROOT/bin/nvcc_wrapper" ] &&
+    extra+=(-DCMAKE_CXX_COMPILER="$KOKKOS_ROOT/bin/nvcc_wrapper" -DCMAKE_CXX_FLAGS="-arch=sm_$cap")
 fi
 t0=$(date +%s)
 cmake -S "$root" -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DGRADSYNC_WERROR=ON -DGRADSYNC_ENABLE_CUDA=ON \
-  -DGRADSYNC_ENABLE_NCCL=ON -DCMAKE_CUDA_ARCHITECTURES="$cap" "${extra[@]}" >"$log" 2>&1 ||
+  -DGRADSYNC_ENABLE_NCCL=ON -DGRADSYNC_BUILD_BENCHMARKS=OFF -DCMAKE_CUDA_ARCHITECTURES="$cap" "${extra[@]}" >"$log" 2>&1 ||
   { tail -30 "$log"; die "configure failed (log: $log)"; }
+kokkos_line="$(sed -n 's/.*Enabled Kokkos devices: //p' "$log" | head -1)"
+kokkos_line="${KOKKOS_ROOT:-Debian Kokkos 3.4} (${kokkos_line:-Serial})"
+echo "== Kokkos: $kokkos_line"
 cmake --build "$build" -j "$jobs" >>"$log" 2>&1 || { grep -E "error" "$log" | head -30; die "build failed (log: $log)"; }
 t_build=$(( $(date +%s) - t0 ))
 
@@ -128,6 +138,7 @@ echo
 echo "$bench_out" | sed -n '/^gradsync GPU benchmark/,/^values checked/p'
 echo "================ gradsync GPU run ================"
 printf "%-28s %s\n" "GPU(s)" "$ngpu x $(echo "$gpus" | head -1)"
+printf "%-28s %s\n" "Kokkos" "$kokkos_line"
 printf "%-28s %s\n" "build (s)" "$t_build"
 printf "%-28s %s\n" "test suite (s)" "$t_test: ${tests_line:-no summary}"
 printf "%-28s %s\n" "CUDA tests" "${cuda_lines:-none ran}"

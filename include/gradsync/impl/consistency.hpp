@@ -3,8 +3,8 @@
 // Only fixed-size collectives, so the check cannot itself hang on the mismatch it looks for:
 //   1. one MIN allreduce of a small signature holding each value and its negation (so MIN also
 //      gives MAX): the options that shape the exchange, the number of data-parallel tensors, and a
-//      hash of their (group, size, value type) list. Equal everywhere: done. This is all the
-//      check costs when ranks agree.
+//      hash of their (group, size, value type, name when given) list. Equal everywhere: done. This
+//      is all the check costs when ranks agree.
 //   2. on a mismatch of the options: an allgather of the option words; the message names the
 //      first differing option and what each rank has.
 //   3. on a mismatch of the list: a MIN allreduce over per-position hashes padded to the agreed
@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -34,6 +35,7 @@ struct RegDesc {
   std::size_t index_in_group = 0;
   bool policy_local = false;   // local by its group's LocalVarPolicy: never compared
   bool runtime_local = false;  // made local by register_local_var: not exchanged
+  bool named = false;          // the name was given to add(): compared (a default name never is)
 };
 
 inline std::uint64_t fnv1a(const void* p, std::size_t n, std::uint64_t h = 1469598103934665603ull) {
@@ -42,9 +44,23 @@ inline std::uint64_t fnv1a(const void* p, std::size_t n, std::uint64_t h = 14695
   return h;
 }
 
+// What a rank decided beyond Options that shapes the plan or the collectives, so must agree too.
+struct ProtocolFacts {
+  std::int64_t cuda_aware = -1;  // the backend hands device memory to MPI (MpiBackend); -1: no such setting
+  std::int64_t blocking = 0;     // collectives as resolved (Collectives::automatic asks the backend)
+  std::int64_t staged = 0;       // fused chunks staged through host memory, as resolved
+};
+
+inline std::int64_t double_bits(double d) {
+  std::int64_t v;
+  std::memcpy(&v, &d, sizeof v);
+  return v;
+}
+
 // The options that must agree, as words, with their names for the message.
 struct OptionWords {
-  static constexpr int count = 16;
+  static constexpr int count = 20;
+  static constexpr int calls = 10;  // the word that counts synchronize() calls
   std::int64_t w[count] = {};
   static const char* name(int i) {
     static const char* const names[count] = {
@@ -52,10 +68,16 @@ struct OptionWords {
         "backward_passes_per_step", "average_aggregated_gradients", "consistency_check", "check_finite",
         "gradsync::impl::max_chunk_elements()", "synchronize() calls so far",
         "scale_local_gradients", "fusion_order", "collectives", "in_place_min_fraction",
-        "in_place_min_bytes"};
+        "in_place_min_bytes", "host_staging",
+        "CUDA-aware MPI (GRADSYNC_CUDA_AWARE_MPI, or MpiBackend's CudaAwareMpi argument)",
+        "collectives as resolved (Collectives::automatic follows the backend)",
+        "host staging as resolved (host_staging, and whether the backend reaches the gradients' memory)"};
     return names[i];
   }
   static std::string show(int i, std::int64_t v) {
+    auto pick = [v](std::initializer_list<const char*> names) {
+      return v >= 0 && v < std::int64_t(names.size()) ? std::string(names.begin()[v]) : cat(v);
+    };
     switch (i) {
       case 0: return v == 4 ? "float" : v == 8 ? "double" : cat(v, "-byte values");
       case 1: return to_string(ReduceOp(v));
@@ -69,19 +91,80 @@ struct OptionWords {
       case 6:
       case 8:
       case 11: return v ? "true" : "false";
-      case 7: {
-        static const char* const m[] = {"off", "on_change", "every_step"};
-        return v >= 0 && v < 3 ? m[v] : cat(v);
-      }
+      case 7: return pick({"off", "on_change", "every_step"});
+      case 12: return pick({"reverse", "registration"});
+      case 13: return pick({"automatic", "blocking", "nonblocking"});
+      case 16: return pick({"auto", "always", "never"});
+      case 17: return v < 0 ? "not a setting of this backend" : v ? "yes" : "no";
+      case 18: return v ? "blocking" : "nonblocking";
+      case 19: return v ? "staged through host" : "not staged";
       default: return cat(v);
     }
   }
+  static const char* hint(int i) {
+    switch (i) {
+      case 0: return ". Use the same GradientSync<Backend, Tensor> value type on every rank";
+      case 9: return ". Set the same override of max_chunk_elements() on every rank";
+      case 10: return ". A rank skipped or added a synchronize() call";
+      case 17: return ". Set GRADSYNC_CUDA_AWARE_MPI alike on every rank (or give every MpiBackend the same CudaAwareMpi)";
+      default:
+        return ". Set the same options on every rank (a GRADSYNC_* environment variable set on some ranks only "
+               "overrides them there)";
+    }
+  }
+
+  OptionWords(const Options& o, int value_size, std::int64_t passes, std::size_t max_chunk,
+              const ProtocolFacts& f = {}) {
+    w[0] = value_size;
+    w[1] = std::int64_t(o.op);
+    w[2] = double_bits(o.prescale_factor);
+    w[3] = double_bits(o.postscale_factor);
+    w[4] = std::int64_t(o.fusion_threshold_bytes);
+    w[5] = o.backward_passes_per_step;
+    w[6] = o.average_aggregated_gradients;
+    w[7] = std::int64_t(o.consistency_check);
+    w[8] = o.check_finite;
+    w[9] = std::int64_t(max_chunk);
+    w[calls] = passes;
+    w[11] = o.scale_local_gradients;  // not exchanged, but local gradients would follow another loss
+    w[12] = std::int64_t(o.fusion_order);  // these four shape the chunks and the calls
+    w[13] = std::int64_t(o.collectives);
+    w[14] = double_bits(o.in_place_min_fraction);
+    w[15] = std::int64_t(o.in_place_min_bytes);
+    w[16] = std::int64_t(o.host_staging);  // staging: no in-place chunks, no factor folded into the sum
+    w[17] = f.cuda_aware;                  // MpiBackend: blocking or not, ring or MPI, staging
+    w[18] = f.blocking;
+    w[19] = f.staged;
+  }
+  // Every word but the call count, which the arrival check compares by itself.
+  std::uint64_t hash_without_calls() const {
+    OptionWords c = *this;
+    c.w[calls] = 0;
+    return fnv1a(c.w, sizeof c.w);
+  }
 };
 
-inline std::int64_t double_bits(double d) {
-  std::int64_t v;
-  std::memcpy(&v, &d, sizeof v);
-  return v;
+/// Every rank calls this once the ranks know that their option words differ: one fixed-size
+/// allgather of the words, then every rank throws the same MismatchError naming the first differing
+/// option and what each rank has.
+template <class Backend>
+[[noreturn]] void name_option_mismatch(const Backend& backend, Control<Backend>& ctl, const Options& o,
+                                       const OptionWords& ow, const WaitSite& site) {
+  const int n = ctl.size();
+  std::vector<std::int64_t> all(std::size_t(n) * OptionWords::count);
+  ctl.allgather(backend, reinterpret_cast<const unsigned char*>(ow.w), reinterpret_cast<unsigned char*>(all.data()),
+                int(sizeof ow.w), o, site);
+  for (int i = 0; i < OptionWords::count; ++i) {
+    std::vector<std::string> what(static_cast<std::size_t>(n));
+    bool differ = false;
+    for (int r = 0; r < n; ++r) {
+      const std::int64_t v = all[std::size_t(r) * OptionWords::count + std::size_t(i)];
+      what[std::size_t(r)] = OptionWords::show(i, v);
+      differ |= v != all[std::size_t(i)];
+    }
+    if (differ) throw MismatchError(cat("ranks disagree on ", OptionWords::name(i), ": ", by_rank(what), OptionWords::hint(i)));
+  }
+  throw MismatchError("ranks disagree on the options (hash mismatch)");
 }
 
 template <std::size_t N>
@@ -95,30 +178,15 @@ void copy_str(char (&dst)[N], const std::string& s) {
 template <class Backend>
 void check_consistency(const Backend& backend, Control<Backend>& ctl, const Options& o,
                        const std::vector<RegDesc>& regs, int value_size, std::int64_t passes,
-                       std::size_t max_chunk) {
+                       std::size_t max_chunk, const ProtocolFacts& facts = {}) {
   if (ctl.size() == 1) return;
   const WaitSite site{"consistency check (allreduce)", passes, -1, 0};
   const WaitSite gather_site{"consistency check (allgather)", passes, -1, 0};
 
-  OptionWords ow;
-  ow.w[0] = value_size;
-  ow.w[1] = std::int64_t(o.op);
-  ow.w[2] = double_bits(o.prescale_factor);
-  ow.w[3] = double_bits(o.postscale_factor);
-  ow.w[4] = std::int64_t(o.fusion_threshold_bytes);
-  ow.w[5] = o.backward_passes_per_step;
-  ow.w[6] = o.average_aggregated_gradients;
-  ow.w[7] = std::int64_t(o.consistency_check);
-  ow.w[8] = o.check_finite;
-  ow.w[9] = std::int64_t(max_chunk);
-  ow.w[10] = passes;
-  ow.w[11] = o.scale_local_gradients;  // not exchanged, but local gradients would follow another loss
-  ow.w[12] = std::int64_t(o.fusion_order);  // these four shape the chunks and the calls
-  ow.w[13] = std::int64_t(o.collectives);
-  ow.w[14] = double_bits(o.in_place_min_fraction);
-  ow.w[15] = std::int64_t(o.in_place_min_bytes);
+  const OptionWords ow(o, value_size, passes, max_chunk, facts);
 
-  // Per data-parallel tensor: a non-negative hash of (group, size, value type).
+  // Per data-parallel tensor: a non-negative hash of (group, size, value type, name when given).
+  // A default name ("Group[i]") follows from the rest, so only given names add anything.
   std::vector<std::int64_t> h;
   std::vector<const RegDesc*> dp;
   for (const RegDesc& r : regs) {
@@ -127,6 +195,9 @@ void check_consistency(const Backend& backend, Control<Backend>& ctl, const Opti
     const std::uint64_t sz = r.size;
     x = fnv1a(&sz, sizeof sz, x);
     x = fnv1a(&value_size, sizeof value_size, x);
+    const unsigned char named = r.named;
+    x = fnv1a(&named, 1, x);
+    if (r.named) x = fnv1a(r.name.data(), r.name.size(), x);
     h.push_back(std::int64_t(x & 0x7fffffffffffffffull));
     dp.push_back(&r);
   }
@@ -141,32 +212,9 @@ void check_consistency(const Backend& backend, Control<Backend>& ctl, const Opti
   auto agree = [&](int i) { return sig[i] == -sig[S + i]; };
   if (agree(0) && agree(1) && agree(2) && agree(3) && agree(4)) return;  // the common case
 
+  if (!agree(0) || !agree(1)) name_option_mismatch(backend, ctl, o, ow, gather_site);
   const int n = ctl.size();
   const std::size_t nr = std::size_t(n);
-  std::string msg;
-  if (!agree(0) || !agree(1)) {
-    std::vector<std::int64_t> all(std::size_t(n) * OptionWords::count);
-    ctl.allgather(backend, reinterpret_cast<const unsigned char*>(ow.w), reinterpret_cast<unsigned char*>(all.data()),
-                  int(sizeof ow.w), o, gather_site);
-    for (int i = 0; i < OptionWords::count && msg.empty(); ++i) {
-      std::vector<std::string> what(nr);
-      bool differ = false;
-      for (int r = 0; r < n; ++r) {
-        const std::int64_t v = all[std::size_t(r) * OptionWords::count + std::size_t(i)];
-        what[std::size_t(r)] = OptionWords::show(i, v);
-        differ |= v != all[std::size_t(i)];
-      }
-      if (differ)
-        msg = cat("ranks disagree on ", OptionWords::name(i), ": ", by_rank(what),
-                  i == 0    ? ". Use the same GradientSync<Backend, Tensor> value type on every rank"
-                  : i == 9  ? ". Set the same override of max_chunk_elements() on every rank"
-                  : i == 10 ? ". A rank skipped or added a synchronize() call"
-                            : ". Set the same options on every rank (a GRADSYNC_* environment variable set on some "
-                              "ranks only overrides them there)");
-    }
-    if (msg.empty()) msg = "ranks disagree on the options (hash mismatch)";
-    throw MismatchError(msg);
-  }
 
   // The lists differ: find the first position whose hash differs, over the largest count.
   const std::int64_t max_count = -sig[S + 2];
@@ -205,8 +253,8 @@ void check_consistency(const Backend& backend, Control<Backend>& ctl, const Opti
                                            w.size, " x ", vt, ")")
                                      : std::string("no tensor");
   }
-  msg = cat("ranks disagree on the data-parallel registrations at data-parallel tensor #", pos, ": ", by_rank(what),
-            ". Data-parallel tensor counts: ", by_rank(counts));
+  std::string msg = cat("ranks disagree on the data-parallel registrations at data-parallel tensor #", pos, ": ",
+                        by_rank(what), ". Data-parallel tensor counts: ", by_rank(counts));
 
   // Which tensor is it? The one with the smallest index in its group among those reported: ask
   // every rank how it holds that one (absent, data-parallel, or local by register_local_var).

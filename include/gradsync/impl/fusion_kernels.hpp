@@ -211,8 +211,12 @@ void launch_per_segment(const std::string& label, const ExecutionSpace& exec, st
 template <class ExecutionSpace, class Kernel>
 void launch_segments(const std::string& label, const ExecutionSpace& exec, std::int64_t nsegs, const Kernel& k) {
   if (nsegs <= 0) return;
+  // An explicit chunk size: Kokkos 4's automatic one asks a default-constructed execution space for
+  // its concurrency, a heap allocation at every launch (OpenMP with deprecated code on).
   if constexpr (is_host_execution_space_v<ExecutionSpace>)
-    Kokkos::parallel_for(label, Kokkos::RangePolicy<ExecutionSpace, Kokkos::IndexType<std::int64_t>>(exec, 0, nsegs),
+    Kokkos::parallel_for(label,
+                         Kokkos::RangePolicy<ExecutionSpace, Kokkos::IndexType<std::int64_t>>(
+                             exec, std::int64_t(0), nsegs, Kokkos::ChunkSize(1)),
                          k);
   else
     launch_per_segment(label, exec, nsegs, k);

@@ -11,7 +11,10 @@
 //     gradient, a resized tensor) tells its peers first, so they throw the same error at once
 //     instead of waiting for the deadline.
 // The consistency check's small fixed-size collectives run on the side channel too, nonblocking,
-// under the same deadline.
+// under the same deadline. Options::stall_timeout = 0 removes the deadline (and the warning), not
+// the listening: a rank waits forever for a missing peer, yet stops when a peer reports a failure,
+// so a local failure on one rank ends every rank whatever its deadline (the ranks' deadlines need
+// not agree).
 #pragma once
 
 #include <mpi.h>
@@ -187,10 +190,12 @@ class Control {
     if (test()) return;  // the fast path
     using clock = std::chrono::steady_clock;
     const auto t0 = clock::now();
-    const double warn = o.stall_warning > 0 && (o.stall_timeout <= 0 || o.stall_warning < o.stall_timeout)
+    const double warn = o.stall_timeout > 0 && o.stall_warning > 0 && o.stall_warning < o.stall_timeout
                             ? o.stall_warning
                             : 0.0;
-    const double first = warn > 0 ? warn : o.stall_timeout;
+    // Without a deadline of its own a rank still announces its arrival, on the clock of its
+    // (silent) warning interval, so that peers with a deadline do not report it missing.
+    const double first = warn > 0 ? warn : o.stall_timeout > 0 ? o.stall_timeout : o.stall_warning;
     const double notify_at = first > 0 ? 0.5 * first : -1.0;
     bool notified = false, warned = false;
     double polled = 0;
@@ -318,11 +323,8 @@ class Control {
     state_->dup_done = true;
   }
 
+  // Polled even without a deadline (stall_timeout = 0): a peer's failure notice must get through.
   void wait_request(MPI_Request& r, const Options& o, const WaitSite& site) {
-    if (o.stall_timeout <= 0) {
-      check(MPI_Wait(&r, MPI_STATUS_IGNORE), "MPI_Wait");
-      return;
-    }
     wait_until_done(
         [&] {
           int flag = 0;
@@ -431,8 +433,8 @@ class Control {
           std::vector<std::string> full(static_cast<std::size_t>(size_));
           for (int r = 0; r < size_; ++r) full[std::size_t(r)] = r == rank_ ? where : where_[std::size_t(r)];
           s += cat("; the ranks wait in different collectives: ", by_rank(full),
-                   " (registrations changed on some ranks only? Check mode every_step turns this into a "
-                   "MismatchError)");
+                   " (the ranks run different protocols: something that docs/ERRORS.md lists as undetectable "
+                   "differs between them)");
         }
       } else {
         s += "missing ranks unknown (the side channel is not established yet)";
@@ -455,11 +457,13 @@ class Control {
   std::shared_ptr<std::vector<unsigned char>> scratch_;
 };
 
-/// Waits for a backend request with the deadline of Options::stall_timeout (0: backend.wait()).
+/// Waits for a backend request with the deadline of Options::stall_timeout (0: none). Over an MPI
+/// communicator it polls even without a deadline, listening for the peers' failure notices;
+/// without a side channel there is nothing to listen for (backend.wait()).
 template <class Backend>
 void wait_for(const Backend& backend, typename Backend::Request& request, Control<Backend>& ctl,
               const Options& o, const WaitSite& site) {
-  if (o.stall_timeout <= 0) {
+  if (o.stall_timeout <= 0 && !has_mpi_comm<Backend>::value) {
     backend.wait(request);
     return;
   }
