@@ -1,7 +1,7 @@
 // hybrid_dlrm: the model configuration and the command line.
 //
 // The defaults are the published DLRM configuration for the Criteo Kaggle data set
-// (dlrm_criteo_kaggle.json beside this file): 26 tables of dimension 16, bottom MLP
+// (data/models/dlrm_criteo_kaggle.json in the repository): 26 tables of dimension 16, bottom MLP
 // 13-512-256-64-16, dot interaction, top MLP 367-512-256-1. `--config FILE` reads such a JSON file.
 #pragma once
 

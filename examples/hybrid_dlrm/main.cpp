@@ -241,6 +241,8 @@ int run_train(const Config& c) {
   dlrm::Trainer<gradsync::MpiBackend, Group> tr(c, gradsync::MpiBackend(MPI_COMM_WORLD));
   const int me = tr.rank();
   print_model(c, tr);
+  tr.prepare_sync();  // the first step then builds nothing
+  if (me == 0) std::printf("%s\n", gradsync::describe(tr.sync()).c_str());
   if (me == 0)
     std::printf(
         "training %d steps, SGD lr %g, seed %llu, tables %s\n"

@@ -164,6 +164,9 @@ class Trainer {
   const std::vector<int>& owned_tables() const { return my_; }
   const std::vector<int>& owners() const { return owner_; }
   const gradsync::Stats& sync_stats() const { return sync_.stats(); }
+  const Sync& sync() const { return sync_; }
+  /// The sync's one-time costs (consistency check, plan, buffers) before the first step; collective.
+  void prepare_sync() { sync_.prepare(); }
   const AllToAllStats& alltoall_stats() const { return stats_; }
   /// The teacher's own expected loss on the last batch: what a perfect model would score.
   Real teacher_loss() const { return teacher_loss_; }

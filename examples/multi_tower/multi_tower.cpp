@@ -93,6 +93,8 @@ int main(int argc, char** argv) {
     dopt.add<TowerGroup>(model.u, grad.u, "tower_u");
     dopt.add<TowerGroup>(model.v, grad.v, "tower_v");
     dopt.broadcast_parameters(0);
+    dopt.sync().prepare();  // optional: the consistency check, plan and buffers before the first step
+    if (rank == 0) std::printf("%s\n", gradsync::describe(dopt.sync()).c_str());
 
     std::vector<double> x(samples * in_dim), y(samples);
     std::uniform_real_distribution<double> ux(-1, 1);

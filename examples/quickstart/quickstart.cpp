@@ -34,6 +34,8 @@ int main(int argc, char** argv) {
     View w("w", dim), c("c", 1), gw("grad_w", dim), gc("grad_c", 1);
     sync.add<Shared>(gw, "grad_w");
     sync.add<Correction>(gc, "grad_c");
+    sync.prepare();  // optional: the consistency check, plan and buffers now, not in the first step
+    if (rank == 0) std::printf("%s\n", gradsync::describe(sync).c_str());
 
     // This rank's shard: y = w* . x + c*_rank with w*_j = 0.5 (j+1) and c*_rank = rank.
     Kokkos::View<double**, Kokkos::HostSpace> x("x", samples, dim);

@@ -3,19 +3,59 @@
 // Precedence: a variable that is set overrides the value given in code (Options), so a job script
 // can tune a binary without rebuilding it. A malformed value is a ConfigError naming the variable,
 // never silently ignored. GradientSync applies them in its constructor unless
-// Options::read_environment is false. The full list is in docs/ERRORS.md and README.md.
+// Options::read_environment is false. known_env_vars() is the one list of the variables; the table
+// in docs/ERRORS.md follows it (tests/test_config.cpp checks both ways). A GRADSYNC_* variable
+// not on it is most likely a typo: the first plan build of the process warns about it once.
 #pragma once
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <limits>
 #include <string>
+#include <vector>
 
 #include "error.hpp"
 #include "options.hpp"
 
+#if defined(__unix__) || defined(__APPLE__)
+extern "C" char** environ;  // POSIX: the process environment
+#endif
+
 namespace gradsync {
+
+/// One environment variable gradsync reads.
+struct EnvVar {
+  const char* name;    ///< GRADSYNC_...
+  const char* option;  ///< the Options member it overrides, or what else it controls
+  const char* values;  ///< what it accepts
+};
+
+/// Every GRADSYNC_* variable gradsync or its scripts read: the library's (options, logging, CUDA-
+/// aware MPI) first, then those of tests/gpu/run.sh, so that they are not reported as unknown.
+inline const std::vector<EnvVar>& known_env_vars() {
+  static const std::vector<EnvVar> v = {
+      {"GRADSYNC_FUSION_THRESHOLD", "fusion_threshold_bytes",
+       "bytes, optional suffix K, M, G (1024-based); 0 = one call per tensor"},
+      {"GRADSYNC_BACKWARD_PASSES_PER_STEP", "backward_passes_per_step", "integer >= 1"},
+      {"GRADSYNC_STALL_TIMEOUT_S", "stall_timeout", "seconds >= 0; 0 waits forever"},
+      {"GRADSYNC_STALL_WARNING_S", "stall_warning", "seconds >= 0; 0 no warning"},
+      {"GRADSYNC_STALL_ACTION", "stall_action", "throw, abort"},
+      {"GRADSYNC_CONSISTENCY_CHECK", "consistency_check", "off, on_change, every_step"},
+      {"GRADSYNC_CHECK_FINITE", "check_finite", "1/0, true/false, on/off, yes/no"},
+      {"GRADSYNC_HOST_STAGING", "host_staging", "auto, always, never"},
+      {"GRADSYNC_HUGE_PAGES", "huge_pages", "1/0, true/false, on/off, yes/no"},
+      {"GRADSYNC_LOG", "logging: describe(sync) on stderr at the first plan build",
+       "off; info (rank 0 prints); info_all (every rank prints)"},
+      {"GRADSYNC_CUDA_AWARE_MPI", "MpiBackend: hand device memory to MPI (overrides detection)", "0, 1"},
+      {"GRADSYNC_GPU_DEPS", "tests/gpu/run.sh: folder of bundled Debian packages", "a path"},
+      {"GRADSYNC_USE_BUNDLED_DEPS", "tests/gpu/run.sh: prefer the bundled packages", "0, 1"},
+  };
+  return v;
+}
+
 namespace impl {
 
 // The value of `var`, or nullptr when unset. An empty value is an error: "set but empty" is
@@ -93,6 +133,77 @@ inline bool env_parse_choice(const char* var, int& out, const char* const* names
       return true;
     }
   env_bad(var, v, expect);
+}
+
+// Edit distance (insertions, deletions, substitutions, and swaps of neighbours, each 1): how far a
+// misspelled name is from a known one.
+inline std::size_t edit_distance(const std::string& a, const std::string& b) {
+  const std::size_t n = a.size(), m = b.size();
+  std::vector<std::vector<std::size_t>> d(n + 1, std::vector<std::size_t>(m + 1));
+  for (std::size_t i = 0; i <= n; ++i) d[i][0] = i;
+  for (std::size_t j = 0; j <= m; ++j) d[0][j] = j;
+  for (std::size_t i = 1; i <= n; ++i)
+    for (std::size_t j = 1; j <= m; ++j) {
+      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (a[i - 1] != b[j - 1])});
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1]) d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+    }
+  return d[n][m];
+}
+
+// The known variable closest to `name`, or nullptr when none is close enough to be a likely typo
+// (at most a third of the name's own letters after GRADSYNC_, and at least 2, apart).
+inline const char* closest_env_var(const std::string& name) {
+  const char* best = nullptr;
+  std::size_t best_d = std::numeric_limits<std::size_t>::max();
+  for (const EnvVar& v : known_env_vars()) {
+    const std::size_t d = edit_distance(name, v.name);
+    if (d < best_d) best = v.name, best_d = d;
+  }
+  const std::size_t prefix = 9;  // "GRADSYNC_"
+  const std::size_t tail = name.size() > prefix ? name.size() - prefix : 0;
+  return best_d <= std::max<std::size_t>(2, tail / 3) ? best : nullptr;
+}
+
+// One warning per GRADSYNC_* variable in `env` (a null-terminated "NAME=value" array, as environ)
+// that gradsync does not know.
+inline std::vector<std::string> unknown_env_warnings(char** env) {
+  std::vector<std::string> out;
+  for (char** e = env; e && *e; ++e) {
+    const std::string entry(*e);
+    if (entry.rfind("GRADSYNC_", 0) != 0) continue;
+    const std::string name = entry.substr(0, entry.find('='));
+    const auto& known = known_env_vars();
+    if (std::any_of(known.begin(), known.end(), [&](const EnvVar& v) { return name == v.name; })) continue;
+    const char* near = closest_env_var(name);
+    out.push_back(cat("gradsync: warning: unknown environment variable ", name, " is ignored",
+                      near ? cat("; did you mean ", near, "?") : std::string("; the known ones are in docs/ERRORS.md")));
+  }
+  return out;
+}
+
+// Once per process (the first plan build of any GradientSync): tests reset it.
+inline bool& unknown_env_warned() {
+  static bool warned = false;
+  return warned;
+}
+
+inline void warn_unknown_env_once() {
+  if (unknown_env_warned()) return;
+  unknown_env_warned() = true;
+#if defined(__unix__) || defined(__APPLE__)
+  for (const std::string& w : unknown_env_warnings(environ)) std::fprintf(stderr, "%s\n", w.c_str());
+  std::fflush(stderr);
+#endif
+}
+
+/// GRADSYNC_LOG: what a GradientSync prints about itself (describe.hpp) at its first plan build.
+enum class LogLevel { off, info, info_all };
+
+inline LogLevel env_log_level() {
+  int i = 0;
+  static const char* const levels[] = {"off", "info", "info_all", nullptr};
+  if (env_parse_choice("GRADSYNC_LOG", i, levels, "one of: off, info, info_all")) return LogLevel(i);
+  return LogLevel::off;
 }
 
 }  // namespace impl

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <functional>
 #include <limits>
 #include <memory>
@@ -20,6 +21,7 @@
 
 #include "backend_traits.hpp"
 #include "config.hpp"
+#include "describe.hpp"
 #include "env.hpp"
 #include "error.hpp"
 #include "impl/backend_order.hpp"
@@ -75,6 +77,7 @@ class GradientSync {
   explicit GradientSync(Backend backend, Options options = {}, execution_space exec = {})
       : backend_(std::move(backend)),
         opt_(prepare_options(options)),
+        log_(opt_.read_environment ? impl::env_log_level() : impl::LogLevel::off),
         exec_(exec),
         tuner_(opt_.fusion_threshold_bytes == fusion_threshold_auto),
         blocking_(opt_.collectives == Collectives::blocking ||
@@ -167,6 +170,20 @@ class GradientSync {
     return true;
   }
 
+  /// Pays the first call's one-time costs before training starts: the ranks compare their
+  /// registrations (the consistency check), the plan is built, host gradients reduced in place move
+  /// onto huge pages and the buffers are allocated. Collective: every rank calls it, at the same
+  /// point (over MpiBackend, a rank that calls synchronize() instead is a MismatchError everywhere).
+  /// Gradient values are not touched; the next synchronize() builds nothing unless registrations
+  /// change in between. fusion_threshold_auto still times its candidates on the first steps.
+  void prepare() {
+    if (pass_ != 0 || step_open_)
+      throw Error(impl::cat("prepare() called inside a step (after pass ", pass_, " of ",
+                            opt_.backward_passes_per_step, ", or after mark_ready); call it between steps"));
+    checks_before_pass(true);
+    if (dirty_) build_plan();
+  }
+
   /// Overlap with backward: tells the sync that this gradient is final for the current pass. A
   /// chunk is reduced as soon as it and every chunk before it in fused order hold only ready
   /// gradients (so all ranks issue the same collectives whatever order they mark tensors in);
@@ -216,6 +233,46 @@ class GradientSync {
   const Options& options() const { return opt_; }
   const Backend& backend() const { return backend_; }
   std::size_t num_tensors() const { return entries_.size(); }
+
+  /// This rank's registrations, plan and options, for describe(sync) (describe.hpp).
+  SyncSummary summary() const {
+    SyncSummary s;
+    s.backend = Backend::name();
+    s.rank = backend_.rank();
+    s.ranks = backend_.size();
+    s.value_type = impl::type_name<value_type>();
+    s.memory_space = memory_space::name();
+    s.options = opt_;
+    for (const Entry& e : entries_) {
+      auto g = std::find_if(s.groups.begin(), s.groups.end(), [&](const SyncSummary::Group& x) { return x.name == e.group; });
+      if (g == s.groups.end()) {
+        s.groups.push_back({e.group, e.policy_local, e.policy_scale});
+        g = s.groups.end() - 1;
+      }
+      const std::size_t bytes = e.size * sizeof(value_type);
+      ++g->tensors;
+      g->bytes += bytes;
+      if (e.runtime_local && !e.policy_local) ++g->runtime_local_tensors, g->runtime_local_bytes += bytes;
+      (e.local() ? s.local_tensors : s.data_parallel_tensors) += 1;
+      (e.local() ? s.local_bytes : s.data_parallel_bytes) += bytes;
+    }
+    s.planned = !dirty_;
+    s.fusion_threshold_bytes = fusion_threshold_bytes();
+    s.tuning = tuner_.active();
+    s.blocking = blocking_;
+    if (!s.planned) return s;
+    s.staged = staged_;
+    s.chunks = chunks_.size();
+    for (std::size_t c = 0; c < chunks_.size(); ++c) {
+      const std::size_t bytes = std::size_t(chunks_[c].size()) * sizeof(value_type);
+      s.largest_chunk_bytes = std::max(s.largest_chunk_bytes, bytes);
+      s.chunks_in_place += reduced_in_place(c);
+      s.chunks_folded += reduced_in_place(c) && !blocking_ && impl::folds_factor(backend_, bytes);
+    }
+    s.buffer_bytes = stats_.buffer_bytes;
+    s.bytes_on_huge_pages = stats_.bytes_on_huge_pages;
+    return s;
+  }
 
   /// Whether the tensor registered at `data` is local (by its group's policy or at run time).
   template <class U>
@@ -288,9 +345,9 @@ class GradientSync {
   }
 
   // Local checks, then the agreement before the exchange (agree_before_exchange; on the blocking
-  // path synchronize() runs it after check_finite instead). A rank that fails a local check tells
-  // its peers before throwing, so none of them waits for it.
-  void checks_before_pass() {
+  // path synchronize() runs it after check_finite instead, prepare() here). A rank that fails a
+  // local check tells its peers before throwing, so none of them waits for it.
+  void checks_before_pass(bool preparing = false) {
     for (Entry& e : entries_) {
       if (!e.requery) continue;
       const auto now = e.requery();
@@ -300,9 +357,9 @@ class GradientSync {
                             "registered (", e.size, " -> ", now.second, " elements) on rank ", backend_.rank(),
                             "; build a new GradientSync and register it again after resizing"));
     }
-    if (agreed_ && blocking_) return;
+    if (agreed_ && blocking_ && !preparing) return;
     if (agreed_ || !agreed_once_)
-      agree_before_exchange(false);  // before the step's first collective, which is watched itself
+      agree_before_exchange(false, preparing);  // before the step's first collective, which is watched itself
     else
       check_consistency(need_check_, false);  // no side channel: the first call agreed on the options
   }
@@ -503,6 +560,18 @@ class GradientSync {
     ctl_.keep_on_failure(std::move(keep));
     ++stats_.plan_builds;
     dirty_ = false;
+    if (!announced_) announce();
+  }
+
+  // Once per sync, at its first plan build: the environment's typos (once per process) and, with
+  // GRADSYNC_LOG, the summary.
+  void announce() {
+    announced_ = true;
+    if (opt_.read_environment) impl::warn_unknown_env_once();
+    if (log_ == impl::LogLevel::info_all || (log_ == impl::LogLevel::info && backend_.rank() == 0)) {
+      std::fprintf(stderr, "%s\n", describe(summary()).c_str());
+      std::fflush(stderr);
+    }
   }
 
   // Host memory MPI copies from (impl/huge_pages.hpp): the fusion buffer starts on huge pages,
@@ -672,11 +741,13 @@ class GradientSync {
   // is committed: the chunks follow with no user code in between. Nonblocking chunks are watched
   // themselves and need no commit. One or two small allreduces of latency per call. Backends
   // without a side channel run round 1 on the first call only (their collectives block).
-  void agree_before_exchange(bool commit) {
+  // prepare() sends its call number negated, so a rank in prepare() never matches one in synchronize().
+  void agree_before_exchange(bool commit, bool preparing = false) {
     const std::int64_t call = std::int64_t(stats_.passes) + 1;
+    const std::int64_t sent = preparing ? -call : call;
     const std::uint64_t h = option_hash();
     const std::int64_t hi = std::int64_t(h >> 32), lo = std::int64_t(h & 0xffffffffu);
-    std::int64_t v[7] = {-std::int64_t(need_check_), call, -call, hi, -hi, lo, -lo};
+    std::int64_t v[7] = {-std::int64_t(need_check_), sent, -sent, hi, -hi, lo, -lo};
     try {
       ctl_.allreduce_min(backend_, v, 7, opt_, impl::WaitSite{"arrival check", call, -1, 0});
     } catch (const StallError& e) {
@@ -684,9 +755,15 @@ class GradientSync {
       throw;
     }
     agreed_once_ = true;
-    if (v[1] != -v[2])
+    if (v[1] < 0 && -v[2] > 0)
       ctl_.fail(impl::ErrorKind::mismatch,
-                impl::cat("the ranks reached the exchange in different synchronize() calls (", v[1], " to ", -v[2],
+                "some ranks called prepare() while others called synchronize() or mark_ready(): prepare() is "
+                "collective, call it on every rank",
+                opt_);
+    if (v[1] != -v[2])  // (all in prepare(): the calls are the negated values)
+      ctl_.fail(impl::ErrorKind::mismatch,
+                impl::cat("the ranks reached the exchange in different synchronize() calls (", v[1] < 0 ? v[2] : v[1],
+                          " to ", v[1] < 0 ? -v[1] : -v[2],
                           "): a rank called synchronize() more often than the others"),
                 opt_);
     const bool options_differ = v[3] != -v[4] || v[5] != -v[6];
@@ -739,6 +816,8 @@ class GradientSync {
 
   Backend backend_;
   Options opt_;
+  impl::LogLevel log_ = impl::LogLevel::off;  // GRADSYNC_LOG
+  bool announced_ = false;                    // announce() ran (first plan build)
   execution_space exec_;
   std::vector<Entry> entries_;
   Stats stats_;

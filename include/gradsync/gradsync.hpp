@@ -3,6 +3,7 @@
 
 #include "backend_traits.hpp"
 #include "config.hpp"
+#include "describe.hpp"
 #include "distributed_optimizer.hpp"
 #include "env.hpp"
 #include "error.hpp"

@@ -302,6 +302,10 @@ unset multiplot
            + "DDP (Debian python3-torch, gloo on 127.0.0.1) on a dummy module with the same parameter shapes: "
            "median backward time minus median backward time under `no_sync()`.", ""]
     doc += md
+    # Written by tests/bench/first_call.sh (its own command and date), kept across reruns of this page.
+    first = os.path.join(os.path.dirname(os.path.abspath(__file__)), "first_call.md")
+    if os.path.exists(first):
+        doc += [open(first).read().strip(), ""]
     notes = os.path.join(os.path.dirname(os.path.abspath(__file__)), "benchmarks_notes.md")
     if os.path.exists(notes):
         doc += [open(notes).read().strip(), ""]

@@ -2,14 +2,13 @@
 # Runs every gradsync benchmark and writes docs/BENCHMARKS.md and docs/benchmarks.png:
 #   bash tests/bench/run.sh            # about 10 minutes on 2 cores
 #   QUICK=1 bash tests/bench/run.sh    # shorter budgets, for a look (noisier)
-# Env: BUILD_DIR (default build/), MODELS_DIR (default ../shared/data/models), BUDGET (seconds per
+# Env: BUILD_DIR (default build/), MODELS_DIR (default data/models), BUDGET (seconds per
 # measurement block), MAX_MIB (largest size of the byte sweep, default 512), RUNS (runs of the
 # models and overlap tables at 2 ranks, default 3; the report keeps the median).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 build="${BUILD_DIR:-$root/build}"
-models="${MODELS_DIR:-$root/../shared/data/models}"
-[[ -d "$models" ]] || models=/work/shared/data/models
+models="${MODELS_DIR:-$root/data/models}"
 [[ -f "$models/resnet50.csv" ]] || { echo "model lists not found: set MODELS_DIR" >&2; exit 1; }
 models="$(cd "$models" && pwd)"
 if [[ -n "${QUICK:-}" ]]; then budget="${BUDGET:-2}"; max_mib="${MAX_MIB:-64}"; else budget="${BUDGET:-6}"; max_mib="${MAX_MIB:-512}"; fi

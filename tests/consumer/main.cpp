@@ -24,7 +24,13 @@ int main(int argc, char** argv) {
     sync.synchronize();
     bad = w(99) != (n + 1) / 2.0 || t(9) != 1.0 || sync.stats().bytes_allreduced != 100 * sizeof(double);
     MPI_Allreduce(MPI_IN_PLACE, &bad, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-    if (r == 0) std::printf("consumer: %s on %d ranks\n", bad ? "FAILED" : "ok", n);
+    const char* parts = "";
+#if defined(GRADSYNC_HAVE_NCCL)
+    parts = " (with GradSync::cuda and GradSync::nccl)";
+#elif defined(GRADSYNC_HAVE_CUDA)
+    parts = " (with GradSync::cuda)";
+#endif
+    if (r == 0) std::printf("consumer: %s on %d ranks%s\n", bad ? "FAILED" : "ok", n, parts);
   }
   Kokkos::finalize();
   MPI_Finalize();

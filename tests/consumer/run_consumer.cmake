@@ -1,6 +1,10 @@
 # ctest driver: install gradsync into a scratch prefix, build tests/consumer against it with
-# find_package(GradSync CONFIG REQUIRED), and run it on 2 ranks.
-#   cmake -DBUILD=<gradsync build dir> -DSRC=<consumer source> -DWORK=<scratch> -DMPIEXEC=... -P run_consumer.cmake
+# find_package(GradSync CONFIG REQUIRED COMPONENTS <those built>), run it on 2 ranks, and check that
+# a component this installation lacks (torch always; cuda, nccl when not built) fails find_package
+# with a message naming it.
+#   cmake -DBUILD=<gradsync build dir> -DSRC=<consumer source> -DWORK=<scratch> -DMPIEXEC=...
+#         -DVERSION=<project version> -DHAVE_CUDA=ON|OFF -DHAVE_NCCL=ON|OFF
+#         -DKOKKOS_DIR=<Kokkos_DIR> -DCXX=<compiler> -DCXX_FLAGS=<flags> -P run_consumer.cmake
 file(REMOVE_RECURSE "${WORK}")
 function(step)
   execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc)
@@ -9,7 +13,44 @@ function(step)
   endif()
 endfunction()
 step(${CMAKE_COMMAND} --install "${BUILD}" --prefix "${WORK}/prefix")
+
+set(have "")
+set(lacking torch)
+foreach(c cuda nccl)
+  string(TOUPPER "${c}" C)
+  if(HAVE_${C})
+    list(APPEND have ${c})
+  else()
+    list(APPEND lacking ${c})
+  endif()
+endforeach()
+
+# The consumer builds with this build's Kokkos and compiler (nvcc_wrapper for Kokkos-CUDA).
+set(same_toolchain "-DKokkos_DIR=${KOKKOS_DIR}" "-DCMAKE_CXX_COMPILER=${CXX}" "-DCMAKE_CXX_FLAGS=${CXX_FLAGS}")
+
+# Lists travel comma-separated: step() would split a semicolon list into separate arguments.
+string(REPLACE ";" "," have_csv "${have}")
+string(REPLACE ";" "," lacking_csv "${lacking}")
+
+# Components the installation lacks: find_package fails, and says which and why.
+set(why_torch "GradSync component 'torch' is not available: gradsync ${VERSION} has no PyTorch integration yet")
+set(why_cuda "GradSync component 'cuda' was not built: gradsync ${VERSION} was configured without CUDA")
+set(why_nccl "GradSync component 'nccl' was not built: gradsync ${VERSION} was configured without NCCL")
+foreach(c IN LISTS lacking)
+  execute_process(COMMAND ${CMAKE_COMMAND} -S "${SRC}" -B "${WORK}/build-${c}" "-DCMAKE_PREFIX_PATH=${WORK}/prefix"
+                          ${same_toolchain} "-DREQUIRE=${have_csv},${c}"
+                  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  string(REGEX REPLACE "[ \n]+" " " all "${out} ${err}")  # CMake wraps long messages
+  string(FIND "${all}" "${why_${c}}" at)
+  if(rc EQUAL 0 OR at LESS 0)
+    message(FATAL_ERROR "consumer: requiring the missing component '${c}' should fail naming it (rc ${rc}):\n${out}\n${err}")
+  endif()
+  message(STATUS "consumer: REQUIRED component '${c}' refused: ${why_${c}}")
+endforeach()
+
+# The components it has, required; the lacking ones optional; the version checked. Built and run.
 step(${CMAKE_COMMAND} -S "${SRC}" -B "${WORK}/build" "-DCMAKE_PREFIX_PATH=${WORK}/prefix" -DCMAKE_BUILD_TYPE=Release
-     "-DKokkos_DIR=${KOKKOS_DIR}" "-DCMAKE_CXX_COMPILER=${CXX}" "-DCMAKE_CXX_FLAGS=${CXX_FLAGS}")
+     ${same_toolchain} "-DREQUIRE=${have_csv}" "-DOPTIONAL=${lacking_csv}" "-DEXPECTED_VERSION=${VERSION}")
 step(${CMAKE_COMMAND} --build "${WORK}/build")
 step(${MPIEXEC} -np 2 --oversubscribe "${WORK}/build/consumer")
+message(STATUS "consumer: every check passed (required [${have}], refused [${lacking}], version ${VERSION})")

@@ -119,11 +119,11 @@ t0=$(date +%s)
 bench_out=""
 bench_rc=0
 for model in resnet50 vit_b_16; do
-  out=$(cd "$build" && mpirun -np 1 ./tests/cuda/bench_gpu "$root/tests/gpu/data/$model.csv" "$reps" 2>&1) || bench_rc=1
+  out=$(cd "$build" && mpirun -np 1 ./tests/cuda/bench_gpu "$root/data/models/$model.csv" "$reps" 2>&1) || bench_rc=1
   bench_out+="$out"$'\n'
 done
 if [ "$ngpu" -ge 2 ]; then
-  out=$(cd "$build" && mpirun -np 2 ./tests/cuda/bench_gpu "$root/tests/gpu/data/resnet50.csv" "$reps" 2>&1) || bench_rc=1
+  out=$(cd "$build" && mpirun -np 2 ./tests/cuda/bench_gpu "$root/data/models/resnet50.csv" "$reps" 2>&1) || bench_rc=1
   bench_out+="$out"$'\n'
 fi
 t_bench=$(( $(date +%s) - t0 ))

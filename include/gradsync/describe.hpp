@@ -1,0 +1,158 @@
+// gradsync: describe(sync), one readable summary of a GradientSync's registrations, plan and options.
+//
+// GradientSync::summary() fills a SyncSummary (plain values, this rank's view: local groups may
+// differ per rank); describe() and operator<< print it. GRADSYNC_LOG=info prints it on stderr from
+// rank 0 at the first plan build (prepare() or the first synchronize()), info_all from every rank.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <ostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "local_var_policy.hpp"
+#include "options.hpp"
+
+namespace gradsync {
+
+template <class Backend, class Tensor>
+class GradientSync;
+
+/// What a GradientSync holds and how it exchanges it, on this rank. Bytes are bytes of gradient.
+struct SyncSummary {
+  struct Group {
+    std::string name;                      ///< the group type's name
+    bool policy_local = false;             ///< LocalVarPolicy<Group> keeps it local
+    LocalScale scale = LocalScale::none;   ///< its policy's scale (when policy_local)
+    std::size_t tensors = 0, bytes = 0;    ///< every tensor registered in it
+    std::size_t runtime_local_tensors = 0, runtime_local_bytes = 0;  ///< made local by register_local_var
+  };
+  std::string backend;  ///< Backend::name()
+  int rank = 0, ranks = 1;
+  std::string value_type, memory_space;
+  Options options;                       ///< as applied (environment included)
+  std::vector<Group> groups;             ///< in the order of their first registration
+  std::size_t data_parallel_tensors = 0, data_parallel_bytes = 0;  ///< handed to the backend per step
+  std::size_t local_tensors = 0, local_bytes = 0;                  ///< never sent
+
+  // The plan: built by prepare() or the first synchronize() (and rebuilt after registrations change).
+  bool planned = false;
+  std::size_t fusion_threshold_bytes = 0;  ///< in use (fusion_threshold_auto: the candidate timed now)
+  bool tuning = false;                     ///< fusion_threshold_auto is still timing candidates
+  bool blocking = false;                   ///< one blocking allreduce per chunk (else nonblocking, pipelined)
+  bool staged = false;                     ///< chunks pass through host memory around the backend
+  std::size_t chunks = 0;                  ///< backend calls per step
+  std::size_t chunks_in_place = 0;         ///< of which reduced in the gradients' own memory
+  std::size_t chunks_folded = 0;           ///< of which the backend's sum applies the scale (MpiBackend: its ring)
+  std::size_t largest_chunk_bytes = 0;
+  std::size_t buffer_bytes = 0;            ///< fusion buffer, accumulators and staging held now
+  std::size_t bytes_on_huge_pages = 0;     ///< gradient bytes moved onto 2 MiB pages at the last build
+};
+
+namespace impl {
+
+// 1234567 -> "1,234,567": exact, and readable at a glance.
+inline std::string grouped(std::size_t n) {
+  std::string s = std::to_string(n);
+  for (std::ptrdiff_t i = std::ptrdiff_t(s.size()) - 3; i > 0; i -= 3) s.insert(std::size_t(i), ",");
+  return s;
+}
+
+inline std::string bytes_text(std::size_t b) {
+  std::ostringstream os;
+  os << grouped(b) << " bytes";
+  if (b >= (std::size_t(1) << 20)) {
+    os.precision(1);
+    os << std::fixed << " (" << double(b) / double(std::size_t(1) << 20) << " MiB)";
+  }
+  return os.str();
+}
+
+inline std::string plural(std::size_t n, const char* one, const char* many) {
+  return grouped(n) + " " + (n == 1 ? one : many);
+}
+
+inline const char* to_text(CheckMode m) {
+  return m == CheckMode::off ? "off" : m == CheckMode::on_change ? "on_change" : "every_step";
+}
+inline const char* to_text(HostStaging h) {
+  return h == HostStaging::automatic ? "auto" : h == HostStaging::always ? "always" : "never";
+}
+inline const char* to_text(bool b) { return b ? "true" : "false"; }
+
+}  // namespace impl
+
+/// The summary as text, one fact per line (no trailing newline).
+inline std::string describe(const SyncSummary& s) {
+  using impl::bytes_text;
+  using impl::plural;
+  const Options& o = s.options;
+  std::ostringstream os;
+  os << "gradsync: GradientSync on rank " << s.rank << " of " << s.ranks << ", backend " << s.backend << ", "
+     << s.value_type << " gradients in memory space " << s.memory_space << "\n";
+  os << "  groups (this rank):";
+  if (s.groups.empty()) os << " none registered";
+  for (const SyncSummary::Group& g : s.groups) {
+    os << "\n    " << g.name << ": " << plural(g.tensors, "tensor", "tensors") << ", " << bytes_text(g.bytes) << ", ";
+    if (g.policy_local) {
+      os << "local, " << (g.scale == LocalScale::world_size ? "scaled by 1/" + std::to_string(s.ranks) : "not scaled");
+    } else {
+      os << "data-parallel";
+      if (g.runtime_local_tensors > 0)
+        os << " (" << plural(g.runtime_local_tensors, "tensor", "tensors") << ", "
+           << bytes_text(g.runtime_local_bytes) << " local by register_local_var, "
+           << (o.scale_local_gradients ? "scaled by 1/" + std::to_string(s.ranks) : std::string("not scaled")) << ")";
+    }
+  }
+  os << "\n  data-parallel: " << plural(s.data_parallel_tensors, "tensor", "tensors") << ", "
+     << bytes_text(s.data_parallel_bytes) << " handed to the backend per step; local: "
+     << plural(s.local_tensors, "tensor", "tensors") << ", " << bytes_text(s.local_bytes) << " never sent\n";
+  const std::string threshold =
+      "fusion_threshold_bytes " +
+      (o.fusion_threshold_bytes == fusion_threshold_auto
+           ? std::string(s.tuning ? "auto, timing " : "auto, chose ") + bytes_text(s.fusion_threshold_bytes)
+       : s.fusion_threshold_bytes == 0 ? std::string("0 (one call per tensor)")
+                                       : bytes_text(s.fusion_threshold_bytes));
+  if (!s.planned) {
+    os << "  plan: not built yet (prepare() or the first synchronize() builds it); " << threshold;
+  } else {
+    os << "  plan: " << plural(s.chunks, "chunk", "chunks") << " per step (" << s.chunks_in_place
+       << " reduced in place, " << s.chunks - s.chunks_in_place << " packed through the fusion buffer); "
+       << threshold << ", largest chunk " << bytes_text(s.largest_chunk_bytes) << "\n";
+    os << "  algorithm: ";
+    if (s.blocking)
+      os << "one blocking allreduce per chunk";
+    else
+      os << "nonblocking, up to " << o.max_chunks_in_flight << " chunks in flight, " << s.chunks_folded
+         << " with the scale folded into the backend's sum";
+    os << "; " << (s.staged ? "staged through host memory" : "no host staging") << "; buffers "
+       << bytes_text(s.buffer_bytes) << "; " << bytes_text(s.bytes_on_huge_pages) << " of gradients on huge pages";
+  }
+  os << "\n  options: op " << to_string(o.op) << ", prescale " << o.prescale_factor << ", postscale "
+     << o.postscale_factor << ", backward_passes_per_step " << o.backward_passes_per_step
+     << ", average_aggregated_gradients " << impl::to_text(o.average_aggregated_gradients)
+     << ", scale_local_gradients " << impl::to_text(o.scale_local_gradients) << ", in_place_min_bytes "
+     << impl::grouped(o.in_place_min_bytes) << ", host_staging " << impl::to_text(o.host_staging)
+     << ", huge_pages " << impl::to_text(o.huge_pages) << ", consistency_check " << impl::to_text(o.consistency_check)
+     << ", check_finite " << impl::to_text(o.check_finite) << ", stall_timeout " << o.stall_timeout
+     << " s, stall_warning " << o.stall_warning << " s, stall_action "
+     << (o.stall_action == StallAction::abort ? "abort" : "throw");
+  return os.str();
+}
+
+/// describe(sync.summary()).
+template <class Backend, class Tensor>
+std::string describe(const GradientSync<Backend, Tensor>& sync) {
+  return describe(sync.summary());
+}
+
+inline std::ostream& operator<<(std::ostream& os, const SyncSummary& s) { return os << describe(s); }
+
+template <class Backend, class Tensor>
+std::ostream& operator<<(std::ostream& os, const GradientSync<Backend, Tensor>& sync) {
+  return os << describe(sync.summary());
+}
+
+}  // namespace gradsync
