@@ -6,6 +6,9 @@
 //   mh_probe bw PER_HOST [REPS]           ping-pong between rank 0 and rank PER_HOST (the first
 //                                         rank of the other host) and MPI_Allreduce over all
 //                                         ranks, 4 to 64 MiB, median GB/s of REPS (default 5)
+//   mh_probe tensors CSV [REPS]           one MPI_Allreduce of float per tensor of a model list
+//                                         (../shared/data/models/*.csv: name,shape,numel), median
+//                                         seconds of REPS (default 5)
 #include <mpi.h>
 
 #include <algorithm>
@@ -142,6 +145,42 @@ int bw(int per_host, int reps) {
   return 0;
 }
 
+int tensors(const char* csv, int reps) {
+  std::vector<std::size_t> numel;
+  std::ifstream f(csv);
+  std::string line;
+  std::getline(f, line);  // header
+  while (std::getline(f, line)) {
+    const auto comma = line.rfind(',');
+    if (comma != std::string::npos) numel.push_back(std::stoul(line.substr(comma + 1)));
+  }
+  std::size_t total = 0;
+  for (auto n : numel) total += n;
+  if (!all(!numel.empty())) {
+    if (rank_ == 0) std::fprintf(stderr, "mh_probe: no tensors in %s\n", csv);
+    return 1;
+  }
+  std::vector<float> x(total, 1.0f);
+  std::vector<double> ts;
+  for (int i = 0; i <= reps; ++i) {  // the first round warms up
+    MPI_Barrier(MPI_COMM_WORLD);
+    double t0 = MPI_Wtime();
+    std::size_t off = 0;
+    for (auto n : numel) {
+      MPI_Allreduce(MPI_IN_PLACE, x.data() + off, int(n), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+      off += n;
+    }
+    double t = MPI_Wtime() - t0;
+    MPI_Allreduce(MPI_IN_PLACE, &t, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    if (i > 0) ts.push_back(t);
+  }
+  if (rank_ == 0)
+    std::printf("mh_probe tensors: %zu tensors, %.1f MiB, one MPI_Allreduce each: %.3f s (%.3f GB/s) [median of %d]\n",
+                numel.size(), double(total * sizeof(float)) / (1 << 20), median(ts),
+                double(total * sizeof(float)) / median(ts) / 1e9, reps);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -157,8 +196,10 @@ int main(int argc, char** argv) {
     rc = where(hosts, per_host, argv[4]);
   else if (mode == "bw" && argc >= 3 && per_host >= 1 && per_host < size_)
     rc = bw(per_host, argc > 3 ? std::max(1, std::atoi(argv[3])) : 5);
+  else if (mode == "tensors" && argc >= 3)
+    rc = tensors(argv[2], argc > 3 ? std::max(1, std::atoi(argv[3])) : 5);
   else if (rank_ == 0)
-    std::fprintf(stderr, "usage: mh_probe where HOSTS PER_HOST IFACE (HOSTS x PER_HOST ranks) | bw PER_HOST [REPS]\n");
+    std::fprintf(stderr, "usage: mh_probe where HOSTS PER_HOST IFACE (HOSTS x PER_HOST ranks) | bw PER_HOST [REPS] | tensors CSV [REPS]\n");
   MPI_Finalize();
   return rc;
 }

@@ -24,8 +24,12 @@ for ((i = 0; i < hosts; i++)); do
 done > "$hostfile"
 export GSMH_BED="$bed"
 # Traffic on host 0's veth, before and after: what crossed between the hosts.
-bytes() { ip netns exec "$GSMH_NS_0" cat "/sys/class/net/$GSMH_IFACE/statistics/rx_bytes" \
-            "/sys/class/net/$GSMH_IFACE/statistics/tx_bytes" | awk '{s += $1} END {print s}'; }
+bytes() {
+  local rx tx
+  { read -r rx; read -r tx; } < <(ip netns exec "$GSMH_NS_0" cat "/sys/class/net/$GSMH_IFACE/statistics/rx_bytes" \
+                                    "/sys/class/net/$GSMH_IFACE/statistics/tx_bytes")
+  echo $((rx + tx))
+}
 before=$(bytes)
 rc=0
 # --bind-to none: every "host" sees the same cores, so per-host binding would stack ranks on them.
