@@ -16,6 +16,7 @@ trap 'bash "$here/netns.sh" down "$bed" >/dev/null; rm -rf "$bed"' EXIT
 bash "$here/netns.sh" up "$bed" 2
 . "$bed/bed.env"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+echo "load at start: $(cut -d' ' -f1-3 /proc/loadavg) on $(nproc) cores"
 
 # link MTU OFFLOADS(on|off) QDISC(noqueue|fq|...): both ends of the veth alike
 link() {
@@ -37,7 +38,7 @@ configs=(
   "veth MTU 65535, offloads off|65535 off noqueue|1|1|"
   "veth MTU 1500, qdisc pfifo_fast|1500 on pfifo_fast|1|1|"
   "veth MTU 1500, btl_tcp_snd/rcvbuf 128K|1500 on noqueue|1|1|--mca btl_tcp_sndbuf 131072 --mca btl_tcp_rcvbuf 131072"
-  "veth MTU 65535, btl_tcp_links 2|65535 on noqueue|1|1|--mca btl_tcp_links 2"
+  "veth MTU 65535, btl_tcp_snd/rcvbuf 128K|65535 on noqueue|1|1|--mca btl_tcp_sndbuf 131072 --mca btl_tcp_rcvbuf 131072"
   "veth MTU 65535, 2x2 ranks, yield|65535 on noqueue|2|1|"
   "veth MTU 65535, 2x2 ranks, no yield|65535 on noqueue|2|0|"
   "veth MTU 1500, offloads off, 2x2 ranks, yield|1500 off noqueue|2|1|"
@@ -63,12 +64,14 @@ for ((r = 1; r <= rounds; r++)); do
              "shared memory (vader), one host|--mca btl vader,self"; do
     IFS='|' read -r name extra <<< "$ref"
     # shellcheck disable=SC2086
-    { ip netns exec "$GSMH_NS_0" timeout 300 mpirun -np 2 --bind-to none $extra "$probe" bw 1 3 2>&1
+    { export OMPI_MCA_mpi_yield_when_idle=1
+      ip netns exec "$GSMH_NS_0" timeout 300 mpirun -np 2 --bind-to none $extra "$probe" bw 1 3 2>&1
       ip netns exec "$GSMH_NS_0" timeout 300 mpirun -np 2 --bind-to none $extra "$probe" tensors "$csv" 3 2>&1; } |
       sed "s|^|$name #$r: |" | grep -E "mh_probe|rror" | tee -a "$out" || true
   done
 done
 
+echo "load at end: $(cut -d' ' -f1-3 /proc/loadavg) on $(nproc) cores"
 echo
 echo "== medians over $rounds rounds (GB/s; tensors: seconds) =="
 python3 - "$out" <<'PY'

@@ -23,6 +23,9 @@ for ((i = 0; i < hosts; i++)); do
   echo "${!name} slots=$per_host"
 done > "$hostfile"
 export GSMH_BED="$bed"
+# More ranks than cores: busy-polling ranks starve each other's TCP progress (README.md: 40x
+# slower per-tensor allreduces at 2x2 on 2 cores); ctest sets this already.
+if [ $((hosts * per_host)) -gt "$(nproc)" ]; then export OMPI_MCA_mpi_yield_when_idle="${OMPI_MCA_mpi_yield_when_idle:-1}"; fi
 # Traffic on host 0's veth, before and after: what crossed between the hosts.
 bytes() {
   local rx tx
