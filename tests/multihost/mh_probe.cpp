@@ -101,7 +101,8 @@ int where(int hosts, int per_host, const std::string& iface) {
   }
   if (per_host >= 2) {
     pingpong(0, 1, buf, bytes, 1);
-    const long long moved = iface_bytes(iface) - b0;
+    long long moved = iface_bytes(iface) - b0;
+    MPI_Bcast(&moved, 1, MPI_LONG_LONG, 0, MPI_COMM_WORLD);  // counted on host 0, where both ran
     const bool shm = moved < (1 << 20);  // a few heartbeats at most, not 32 MiB
     if (rank_ == 0)
       std::printf("mh_probe: 32 MiB between ranks 0 and 1 (same host): %lld bytes on %s: %s\n", moved, iface.c_str(),
@@ -110,7 +111,8 @@ int where(int hosts, int per_host, const std::string& iface) {
   }
   const long long b1 = iface_bytes(iface);
   pingpong(0, per_host, buf, bytes, 1);
-  const long long moved = iface_bytes(iface) - b1;
+  long long moved = iface_bytes(iface) - b1;
+  MPI_Bcast(&moved, 1, MPI_LONG_LONG, 0, MPI_COMM_WORLD);  // host 0's veth (other hosts' may not carry it)
   const bool tcp = moved >= 2 * (long long)bytes;  // both directions, plus TCP/IP headers
   if (rank_ == 0)
     std::printf("mh_probe: 32 MiB between ranks 0 and %d (other host): %lld bytes on %s: %s\n", per_host, moved,
