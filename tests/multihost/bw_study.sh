@@ -8,7 +8,10 @@
 # Needs root and ethtool (for the offload rows; installed with apt-get when missing).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-probe="$1" rounds="${2:-3}" csv="${3:-$here/../../../shared/data/models/resnet50.csv}"
+# The model list: the repository's data/models/ where it has one, else ../shared's.
+csv_default="$here/../../data/models/resnet50.csv"
+[ -f "$csv_default" ] || csv_default="$here/../../../shared/data/models/resnet50.csv"
+probe="$1" rounds="${2:-3}" csv="${3:-$csv_default}"
 bed="$(mktemp -d /tmp/gsmh-study.XXXXXX)"
 out="$bed/runs.txt"
 command -v ethtool >/dev/null || apt-get install -y -qq --no-install-recommends ethtool >/dev/null
