@@ -37,6 +37,7 @@ down() {
     ip netns del "$ns" 2>/dev/null || true
     rm -rf "/etc/netns/$ns"
   done
+  rmdir /etc/netns 2>/dev/null || true  # only when empty: no other bed, nothing of anyone else's
   rm -f "$bed/bed.env" "$bed/skip" "$bed"/hostfile.*
 }
 
