@@ -8,9 +8,7 @@
 # Needs root and ethtool (for the offload rows; installed with apt-get when missing).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-# The model list: the repository's data/models/ where it has one, else ../shared's.
-csv_default="$here/../../data/models/resnet50.csv"
-[ -f "$csv_default" ] || csv_default="$here/../../../shared/data/models/resnet50.csv"
+csv_default="$here/../../data/models/resnet50.csv"  # the repository's model lists
 probe="$1" rounds="${2:-3}" csv="${3:-$csv_default}"
 bed="$(mktemp -d /tmp/gsmh-study.XXXXXX)"
 out="$bed/runs.txt"

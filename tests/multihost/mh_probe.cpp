@@ -7,7 +7,7 @@
 //                                         rank of the other host) and MPI_Allreduce over all
 //                                         ranks, 4 to 64 MiB, median GB/s of REPS (default 5)
 //   mh_probe tensors CSV [REPS]           one MPI_Allreduce of float per tensor of a model list
-//                                         (../shared/data/models/*.csv: name,shape,numel), median
+//                                         (data/models/*.csv: name,shape,numel), median
 //                                         seconds of REPS (default 5)
 #include <mpi.h>
 
