@@ -1,6 +1,10 @@
-// Helpers shared by gradsync's tests: rank queries and assertions agreed across ranks.
+// Helpers shared by gradsync's tests: rank queries, assertions agreed across ranks, and host access
+// to Views, which on a Kokkos build with CUDA live in device memory (Kokkos::View<T*> is in
+// CudaSpace there): tests read and write values through host mirrors, which are the Views
+// themselves when the memory is the host's (no copy, no allocation: host builds run as before).
 #pragma once
 
+#include <Kokkos_Core.hpp>
 #include <doctest/doctest.h>
 #include <mpi.h>
 
@@ -10,6 +14,8 @@
 #include <cmath>
 #include <cstddef>
 #include <string>
+#include <type_traits>
+#include <vector>
 
 namespace gradsync_test {
 
@@ -44,17 +50,85 @@ inline double max_over_ranks(double x, MPI_Comm comm = MPI_COMM_WORLD) {
 /// |a - b| relative to max(|b|, 1): the error measure of every value comparison.
 inline double rel_err(double a, double b) { return std::abs(a - b) / std::max(std::abs(b), 1.0); }
 
+/// A host View with v's values: v itself when v is in host memory, else a new copy (after a fence).
+template <class V>
+auto host_copy(const V& v) {
+  return Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), v);
+}
+
+/// A host View to write v's values into before upload(v, it): v itself when v is in host memory.
+template <class V>
+auto host_mirror(const V& v) {
+  return Kokkos::create_mirror_view(Kokkos::HostSpace(), v);
+}
+
+/// Copies h, a host_mirror(v), into v; nothing when h is v (no fence: on the host there is nothing
+/// to wait for, and Kokkos 4's fence labels would be heap allocations inside allocation tests).
+template <class V, class M>
+void upload(const V& v, const M& h) {
+  if (h.data() != v.data()) Kokkos::deep_copy(v, h);
+}
+
+/// Copies v into h, its host_mirror(v); nothing when h is v.
+template <class M, class V>
+void download(const M& h, const V& v) {
+  if (h.data() != v.data()) Kokkos::deep_copy(h, v);
+}
+
+/// Sets the i-th value in memory order of the contiguous View v to f(i), on the host.
+template <class V, class F>
+void fill_host(const V& v, F&& f) {
+  using T = typename V::non_const_value_type;
+  const auto h = host_mirror(v);
+  T* d = h.data();
+  for (std::size_t i = 0; i < h.size(); ++i) d[i] = T(f(i));
+  upload(v, h);
+}
+
+/// Sets element i of the 1-D View v to x (one value copied, wherever v lives).
+template <class V, class X>
+void set_value(const V& v, std::size_t i, X x) {
+  Kokkos::deep_copy(Kokkos::subview(v, i), typename V::non_const_value_type(x));
+}
+
+/// Element i of the 1-D View v, read on the host (one value copied).
+template <class V>
+typename V::non_const_value_type value_at(const V& v, std::size_t i) {
+  typename V::non_const_value_type x{};
+  Kokkos::deep_copy(x, Kokkos::subview(v, i));
+  return x;
+}
+
+/// The values of a contiguous View, in memory order, on the host.
+template <class V>
+std::vector<typename V::non_const_value_type> host_values(const V& v) {
+  const auto h = host_copy(v);
+  return std::vector<typename V::non_const_value_type>(h.data(), h.data() + h.size());
+}
+
+/// n values at p in MemorySpace, copied to the host (an optimizer's state buffer, for example).
+template <class MemorySpace, class T>
+std::vector<T> host_values_at(const T* p, std::size_t n) {
+  std::vector<T> out(n);
+  using Unmanaged = Kokkos::MemoryTraits<Kokkos::Unmanaged>;
+  Kokkos::deep_copy(Kokkos::View<T*, Kokkos::HostSpace, Unmanaged>(out.data(), n),
+                    Kokkos::View<const T*, MemorySpace, Unmanaged>(p, n));
+  return out;
+}
+
 /// Largest rel_err of views[k](i) against the average over n ranks of value(k, i, r): the analytic
 /// result of averaging gradients whose rank-r values are value(k, i, r).
 template <class Views, class Value>
 double worst_vs_rank_average(const Views& views, int n, Value value) {
   double worst = 0;
-  for (std::size_t k = 0; k < views.size(); ++k)
-    for (std::size_t i = 0; i < views[k].size(); ++i) {
+  for (std::size_t k = 0; k < views.size(); ++k) {
+    const auto h = host_copy(views[k]);
+    for (std::size_t i = 0; i < h.size(); ++i) {
       double sum = 0;
       for (int r = 0; r < n; ++r) sum += value(k, i, r);
-      worst = std::max(worst, rel_err(views[k](i), sum / n));
+      worst = std::max(worst, rel_err(h(i), sum / n));
     }
+  }
   return worst;
 }
 

@@ -6,6 +6,7 @@
 
 #include "gradsync_test.hpp"
 
+using gradsync_test::host_copy;
 using gradsync_test::world_rank;
 using gradsync_test::world_size;
 using gradsync_test::worst_vs_rank_average;
@@ -15,6 +16,11 @@ struct Dense {};
 using View = Kokkos::View<double*>;
 using Arena = gradsync::GradientArena<double>;
 using Sync = gradsync::GradientSync<gradsync::MpiBackend, View>;
+// Huge pages and in-place reduction by MpiBackend are properties of memory the host (and MPI)
+// reaches: those tests use host memory explicitly (device memory would be staged and copied).
+using HostView = Kokkos::View<double*, Kokkos::HostSpace>;
+using HostArena = gradsync::GradientArena<double, Kokkos::HostSpace>;
+using HostSync = gradsync::GradientSync<gradsync::MpiBackend, HostView>;
 
 double grad_value(std::size_t i, int r, int p) { return (r + 1) * (i % 89 + 1) * 0.5 + 0.125 * p; }
 }  // namespace
@@ -32,9 +38,10 @@ TEST_CASE("carves are neighbours in memory, of any rank, and run out with an Err
   CHECK(b.size() == 0);
   CHECK(arena.used() == 60);
   CHECK(arena.capacity() == 100);
-  for (std::size_t i = 0; i < 100; ++i) CHECK(arena.storage()(i) == 0.0);  // zero-filled
-  w(3, 4) = 7;
-  CHECK(arena.storage()(10 + 3 * 5 + 4) == 7.0);
+  const auto zero = host_copy(arena.storage());
+  for (std::size_t i = 0; i < 100; ++i) CHECK(zero(i) == 0.0);  // zero-filled
+  Kokkos::deep_copy(Kokkos::subview(w, 3, 4), 7.0);
+  CHECK(gradsync_test::value_at(arena.storage(), 10 + 3 * 5 + 4) == 7.0);
   const std::string what = gradsync_test::error_of([&] { arena.carve(41); });
   CAPTURE(what);
   CHECK(what.find("gradient arena 'grads': 41 values asked for, 40 of 100 left") != std::string::npos);
@@ -44,16 +51,16 @@ TEST_CASE("carves are neighbours in memory, of any rank, and run out with an Err
 
 TEST_CASE("a host arena of 2 MiB or more starts on a huge-page boundary, zero-filled") {
   const std::size_t n = (std::size_t(5) << 20) / sizeof(double) + 3;  // 5 MiB and a bit
-  Arena arena("big", n);
+  HostArena arena("big", n);
   CHECK(reinterpret_cast<std::uintptr_t>(arena.storage().data()) % (std::size_t(2) << 20) == 0);
   CHECK(arena.capacity() == n);
   std::size_t nonzero = 0;
   for (std::size_t i = 0; i < n; ++i) nonzero += arena.storage()(i) != 0.0;
   CHECK(nonzero == 0);
-  const View a = arena.carve(n);
+  const HostView a = arena.carve(n);
   a(n - 1) = 1;  // the last value is inside the allocation
   CHECK(arena.storage()(n - 1) == 1.0);
-  Arena plain("big, 4 KiB pages", n, /*huge_pages=*/false);
+  HostArena plain("big, 4 KiB pages", n, /*huge_pages=*/false);
   CHECK(plain.capacity() == n);
   CHECK(plain.storage()(n - 1) == 0.0);
 }
@@ -66,8 +73,8 @@ TEST_CASE("a one-dimensional carve keeps the allocation alive after the arena is
     v = arena.carve(5);
   }
   CHECK(v.use_count() == 1);
-  for (std::size_t i = 0; i < v.size(); ++i) v(i) = double(i);
-  CHECK(v(4) == 4.0);
+  gradsync_test::fill_host(v, [](std::size_t i) { return double(i); });
+  CHECK(gradsync_test::value_at(v, 4) == 4.0);
 }
 
 TEST_CASE("a model carved from one arena is reduced in place as one region, with the analytic values") {
@@ -78,13 +85,13 @@ TEST_CASE("a model carved from one arena is reduced in place as one region, with
   for (std::size_t s : sizes) total += s;
   for (bool from_arena : {true, false}) {
     CAPTURE(from_arena);
-    Arena arena("model", total);
-    std::vector<View> g;
-    for (std::size_t s : sizes) g.push_back(from_arena ? arena.carve(s) : View("g", s));
+    HostArena arena("model", total);
+    std::vector<HostView> g;
+    for (std::size_t s : sizes) g.push_back(from_arena ? arena.carve(s) : HostView("g", s));
     gradsync::Options opt;
     opt.fusion_threshold_bytes = 1000 * sizeof(double);
     opt.in_place_min_bytes = 0;
-    Sync sync(gradsync::MpiBackend(MPI_COMM_WORLD), opt);
+    HostSync sync(gradsync::MpiBackend(MPI_COMM_WORLD), opt);
     for (auto& v : g) sync.add<Dense>(v);
     for (int p = 0; p < 3; ++p) {
       for (auto& v : g)

@@ -14,6 +14,7 @@
 
 #include "gradsync_test.hpp"
 
+using gradsync_test::value_at;
 using gradsync_test::world_rank;
 using gradsync_test::world_size;
 
@@ -74,7 +75,7 @@ std::string rank_word(int r) { return "rank " + std::to_string(r); }
 
 // Fills every tensor with rank-dependent integers and checks the summed result exactly.
 void fill(const View& v, int rank, int tag) {
-  for (std::size_t i = 0; i < v.size(); ++i) v(i) = double((rank + 1) * 1000 + tag * 10 + int(i % 7));
+  gradsync_test::fill_host(v, [&](std::size_t i) { return double((rank + 1) * 1000 + tag * 10 + int(i % 7)); });
 }
 double summed(std::size_t i, int tag) {
   double s = 0;
@@ -116,7 +117,7 @@ TEST_CASE("ranks that agree pass the check; local groups may differ per rank") {
       fill(a, rank, 1 + step);
       fill(b, rank, 2 + step);
       CHECK_NOTHROW(sync.synchronize());
-      GRADSYNC_CHECK_ALL(a(3) == summed(3, 1 + step) && b(299) == summed(299, 2 + step));
+      GRADSYNC_CHECK_ALL(value_at(a, 3) == summed(3, 1 + step) && value_at(b, 299) == summed(299, 2 + step));
     }
     GRADSYNC_CHECK_ALL(sync.stats().consistency_checks == 1);  // on_change: before the first exchange only
   }
@@ -256,7 +257,7 @@ TEST_CASE("shape, count, order, value type, option and policy mismatches: every 
       fill(a, rank, p);
       sync.synchronize();
     }
-    GRADSYNC_CHECK_ALL(a(2) == summed(2, 2) / world_size());
+    GRADSYNC_CHECK_ALL(value_at(a, 2) == summed(2, 2) / world_size());
     sync.add<Dense>(b, "b");
     expect_mismatch([&] { sync.synchronize(); }, {"data-parallel tensor #1", rank_word(last) + ": 'b'", "8 x double"});
   }
@@ -267,9 +268,12 @@ TEST_CASE("shape, count, order, value type, option and policy mismatches: every 
 TEST_CASE("registrations changed on one rank only are a MismatchError, not a stall") {
   if (world_size() < 2) return;
   const int rank = world_rank(), last = world_size() - 1;
-  for (auto [mode, coll] : {std::pair{gradsync::CheckMode::every_step, gradsync::Collectives::nonblocking},
-                            std::pair{gradsync::CheckMode::on_change, gradsync::Collectives::nonblocking},
-                            std::pair{gradsync::CheckMode::on_change, gradsync::Collectives::blocking}}) {
+  // (No structured binding: CAPTURE's lambda captures coll, which C++17 allows for variables only.)
+  for (const auto& mode_coll : {std::pair{gradsync::CheckMode::every_step, gradsync::Collectives::nonblocking},
+                                std::pair{gradsync::CheckMode::on_change, gradsync::Collectives::nonblocking},
+                                std::pair{gradsync::CheckMode::on_change, gradsync::Collectives::blocking}}) {
+    const gradsync::CheckMode mode = mode_coll.first;
+    const gradsync::Collectives coll = mode_coll.second;
     gradsync::Options o = opts();
     o.consistency_check = mode;
     o.collectives = coll;
@@ -317,10 +321,10 @@ TEST_CASE("a NaN or Inf in a gradient: every rank throws, naming the tensor and 
     fill(a, rank, 0);
     fill(w, rank, 1);
     CHECK_NOTHROW(sync.synchronize());  // finite: no false alarm
-    GRADSYNC_CHECK_ALL(w(2999) == summed(2999, 1) / world_size());
+    GRADSYNC_CHECK_ALL(value_at(w, 2999) == summed(2999, 1) / world_size());
     fill(a, rank, 0);
     fill(w, rank, 1);
-    if (rank == last) w(2345) = bad;
+    if (rank == last) gradsync_test::set_value(w, 2345, bad);
     const Outcome out = outcome_of([&] { sync.synchronize(); });
     CAPTURE(out.what);
     GRADSYNC_CHECK_ALL(out.kind == "error");
@@ -367,7 +371,7 @@ TEST_CASE("a memory space the backend cannot reach: staged through host, or a Co
     sync.add<Dense>(a, "a");
     fill(a, rank, 3);
     sync.synchronize();
-    GRADSYNC_CHECK_ALL(a(999) == summed(999, 3) / world_size());
+    GRADSYNC_CHECK_ALL(value_at(a, 999) == summed(999, 3) / world_size());
   }
   gradsync::Options o = opts();
   o.host_staging = gradsync::HostStaging::never;
@@ -412,7 +416,7 @@ TEST_CASE("zero fusion threshold means one call per tensor") {
   fill(c, rank, 2);
   sync.synchronize();
   GRADSYNC_CHECK_ALL(sync.stats().allreduce_calls == 2);  // the empty tensor costs no call
-  GRADSYNC_CHECK_ALL(a(9) == summed(9, 1) / world_size() && c(4999) == summed(4999, 2) / world_size());
+  GRADSYNC_CHECK_ALL(value_at(a, 9) == summed(9, 1) / world_size() && value_at(c, 4999) == summed(4999, 2) / world_size());
 }
 
 TEST_CASE("counts above the per-call maximum are split (small override of INT_MAX)") {
@@ -432,8 +436,9 @@ TEST_CASE("counts above the per-call maximum are split (small override of INT_MA
       fill(b, rank, 2);
       sync.synchronize();
       bool ok = true;
-      for (std::size_t i = 0; i < 30; ++i) ok &= a(i) == summed(i, 1);
-      for (std::size_t i = 0; i < 3; ++i) ok &= b(i) == summed(i, 2);
+      const auto ah = gradsync_test::host_copy(a), bh = gradsync_test::host_copy(b);
+      for (std::size_t i = 0; i < 30; ++i) ok &= ah(i) == summed(i, 1);
+      for (std::size_t i = 0; i < 3; ++i) ok &= bh(i) == summed(i, 2);
       CAPTURE(threshold);
       GRADSYNC_CHECK_ALL(ok);
       // per tensor: ceil(30/7) + 1 calls; fused: ceil(33/7)
@@ -500,7 +505,9 @@ TEST_CASE("GRADSYNC_* environment variables override the code; malformed values 
         {"GRADSYNC_STALL_WARNING_S", "soon"},         {"GRADSYNC_STALL_ACTION", "explode"},
         {"GRADSYNC_CONSISTENCY_CHECK", "always"},     {"GRADSYNC_CHECK_FINITE", "maybe"},
         {"GRADSYNC_HOST_STAGING", "sometimes"},       {"GRADSYNC_STALL_TIMEOUT_S", ""}};
-    for (const auto& [var, value] : cases) {
+    for (const auto& var_value : cases) {
+      const char* const var = var_value.first;
+      const char* const value = var_value.second;
       EnvVar e(var, value);
       const Outcome out = outcome_of([&] { Sync s(gradsync::MpiBackend(MPI_COMM_WORLD), base); });
       CAPTURE(var);

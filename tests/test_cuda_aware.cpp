@@ -168,22 +168,26 @@ TEST_CASE("a backend that cannot reach the gradients stages through host memory,
     for (auto& v : g) sync.add<Dense>(v);
     for (int p = 0; p < 3; ++p) {
       for (std::size_t t = 0; t < g.size(); ++t)
-        for (std::size_t i = 0; i < g[t].size(); ++i) g[t](i) = value(t, i, rank, p);
+        gradsync_test::fill_host(g[t], [&](std::size_t i) { return value(t, i, rank, p); });
       GRADSYNC_CHECK_ALL(sync.synchronize());
       double worst = 0;
-      for (std::size_t t = 0; t < g.size(); ++t)
-        for (std::size_t i = 0; i < g[t].size(); ++i) {
+      for (std::size_t t = 0; t < g.size(); ++t) {
+        const auto h = gradsync_test::host_copy(g[t]);
+        for (std::size_t i = 0; i < h.size(); ++i) {
           double expect = 0;
           for (int r = 0; r < n; ++r) expect += value(t, i, r, p);
-          worst = std::max(worst, rel_err(g[t](i), expect / n));
+          worst = std::max(worst, rel_err(h(i), expect / n));
         }
+      }
       CAPTURE(worst);
       GRADSYNC_CHECK_ALL(worst <= gradsync_test::tol<T>());
     }
-    // The staging mirror exists: the same sync over a reachable backend holds fewer bytes.
+    // The staging mirror exists: the same sync over a reachable backend holds fewer bytes. Host
+    // memory, which MpiBackend always reaches (the gradients themselves unless they are on a device).
     opt.host_staging = gradsync::HostStaging::automatic;
-    gradsync::GradientSync<gradsync::MpiBackend, Kokkos::View<T*>> reachable(gradsync::MpiBackend(MPI_COMM_WORLD), opt);
-    for (auto& v : g) reachable.add<Dense>(v);
+    using HostView = Kokkos::View<T*, Kokkos::HostSpace>;
+    gradsync::GradientSync<gradsync::MpiBackend, HostView> reachable(gradsync::MpiBackend(MPI_COMM_WORLD), opt);
+    for (auto& v : g) reachable.add<Dense>(gradsync_test::host_copy(v));
     reachable.synchronize();
     CAPTURE(sync.stats().buffer_bytes);
     CAPTURE(reachable.stats().buffer_bytes);
@@ -202,18 +206,20 @@ TEST_CASE("a backend that cannot reach the gradients stages through host memory,
   GRADSYNC_CHECK_ALL(threw);
 }
 
+// Host memory: the backend says it is ordered on the host execution space, which MPI calls are.
 TEST_CASE("a backend ordered on the execution space is handed chunks without a fence, unless staged") {
   static_assert(!gradsync::impl::has_ordered_on<gradsync::MpiBackend, Kokkos::DefaultHostExecutionSpace>::value);
   static_assert(gradsync::impl::has_ordered_on<OrderedMpiBackend, Kokkos::DefaultHostExecutionSpace>::value);
   const int rank = world_rank(), n = world_size();
-  Kokkos::View<double*> g("g", 1000);
+  using HostView = Kokkos::View<double*, Kokkos::HostSpace>;
+  HostView g("g", 1000);
   for (auto staging : {gradsync::HostStaging::automatic, gradsync::HostStaging::always}) {
     gradsync::Options opt;
     opt.fusion_threshold_bytes = 1024;  // 128 values a chunk: 8 chunks
     opt.host_staging = staging;
     OrderedMpiBackend backend(MPI_COMM_WORLD);
     auto asked = backend.asked;
-    gradsync::GradientSync<OrderedMpiBackend, Kokkos::View<double*>> sync(backend, opt);
+    gradsync::GradientSync<OrderedMpiBackend, HostView> sync(backend, opt);
     sync.add<Dense>(g);
     for (std::size_t i = 0; i < g.size(); ++i) g(i) = double(rank + 1) * double(i);
     GRADSYNC_CHECK_ALL(sync.synchronize());

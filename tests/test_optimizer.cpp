@@ -12,6 +12,8 @@
 #include "gradsync_test.hpp"
 #include "reference/optimizer_refs.hpp"
 
+using gradsync_test::fill_host;
+using gradsync_test::host_copy;
 using gradsync_test::rel_err;
 
 namespace {
@@ -57,19 +59,20 @@ double run_case(const gradsync_ref::OptimizerCase& c) {
   for (int n : gradsync_ref::optimizer_sizes) {
     params.emplace_back("p", n);
     grads.emplace_back("g", n);
-    for (int i = 0; i < n; ++i) params.back()(i) = T(c.init[total + std::size_t(i)]);
+    fill_host(params.back(), [&](std::size_t i) { return c.init[total + i]; });
     total += std::size_t(n);
   }
   for (std::size_t k = 0; k < params.size(); ++k) CHECK(opt.add(params[k], grads[k]) == k);
   double worst = 0;
   for (int step = 0; step < gradsync_ref::optimizer_steps; ++step) {
     std::size_t off = std::size_t(step) * total;
-    for (auto& g : grads)
-      for (std::size_t i = 0; i < g.size(); ++i) g(i) = T(c.grads[off++]);
+    for (auto& g : grads) fill_host(g, [&](std::size_t) { return c.grads[off++]; });
     opt.step();
     off = std::size_t(step) * total;
-    for (auto& p : params)
-      for (std::size_t i = 0; i < p.size(); ++i) worst = std::max(worst, rel_err(double(p(i)), c.expected[off++]));
+    for (auto& p : params) {
+      const auto h = host_copy(p);
+      for (std::size_t i = 0; i < h.size(); ++i) worst = std::max(worst, rel_err(double(h(i)), c.expected[off++]));
+    }
     for (std::size_t k = 0; k < params.size(); ++k) CHECK(opt.step_count(k) == step + 1);
   }
   return worst;
@@ -118,7 +121,7 @@ TEST_CASE("optimizer state: allocated once, in the parameters' memory space, vis
     if constexpr (std::is_same_v<std::remove_pointer_t<decltype(data)>, double>)
       buffers += n == 3;
     else
-      counters += n == 1 && *data == 0;
+      counters += n == 1 && *data == 0;  // the step count: a host-side counter
   });
   CHECK(buffers == 1);
   CHECK(counters == 1);
@@ -175,14 +178,17 @@ TEST_CASE("a learning-rate schedule takes effect at the next step; std::vector p
 TEST_CASE("parameters with different step counts (after a broadcast) each get their own bias correction") {
   using View = Kokkos::View<double*>;
   View p("p", 4), q("q", 3), q2("q2", 3), gp("gp", 4), gq("gq", 3);
-  for (int i = 0; i < 4; ++i) p(i) = 0.1 * i, gp(i) = 0.3 - 0.2 * i;
-  for (int i = 0; i < 3; ++i) q(i) = q2(i) = 1 - 0.2 * i, gq(i) = 0.05 * i - 0.1;
+  fill_host(p, [](std::size_t i) { return 0.1 * double(i); });
+  fill_host(gp, [](std::size_t i) { return 0.3 - 0.2 * double(i); });
+  fill_host(q, [](std::size_t i) { return 1 - 0.2 * double(i); });
+  fill_host(q2, [](std::size_t i) { return 1 - 0.2 * double(i); });
+  fill_host(gq, [](std::size_t i) { return 0.05 * double(i) - 0.1; });
   gradsync::AdamW<View> both, alone;
   both.add(p, gp);
   both.add(q, gq);
   alone.add(q2, gq);
   auto set_count = [](auto& opt, std::size_t slot, std::int64_t n) {
-    opt.for_each_state(slot, [&](auto* data, std::size_t) {
+    opt.for_each_state(slot, [&](auto* data, std::size_t) {  // the step count is a host-side counter
       if constexpr (std::is_same_v<std::remove_pointer_t<decltype(data)>, std::int64_t>) *data = n;
     });
   };
@@ -191,7 +197,8 @@ TEST_CASE("parameters with different step counts (after a broadcast) each get th
   both.step();
   alone.step();
   bool same = true;
-  for (int i = 0; i < 3; ++i) same = same && q(i) == q2(i);
+  const auto qh = host_copy(q), q2h = host_copy(q2);
+  for (int i = 0; i < 3; ++i) same = same && qh(i) == q2h(i);
   CHECK(same);
   CHECK(both.step_count(0) == 1);
   CHECK(both.step_count(1) == 6);
@@ -211,6 +218,7 @@ TEST_CASE("a parameter longer than one kernel segment (2^20 values) is updated e
   sgd.step();  // buf = g, p = 1 - 0.25 * 2
   sgd.step();  // buf = 0.5 * 2 + 2, p = 0.5 - 0.25 * 3
   std::size_t wrong = 0;
-  for (std::size_t i = 0; i < n; ++i) wrong += p(i) != -0.25;
+  const auto ph = host_copy(p);
+  for (std::size_t i = 0; i < n; ++i) wrong += ph(i) != -0.25;
   CHECK(wrong == 0);
 }

@@ -10,6 +10,9 @@
 
 #include "gradsync_test.hpp"
 
+using gradsync_test::fill_host;
+using gradsync_test::host_copy;
+using gradsync_test::host_values;
 using gradsync_test::rel_err;
 using gradsync_test::world_rank;
 using gradsync_test::world_size;
@@ -27,56 +30,72 @@ namespace {
 
 using View = Kokkos::View<double*>;
 using Sync = gradsync::GradientSync<gradsync::MpiBackend, View>;
+// The in-place tests: MpiBackend reduces in place only memory it reaches (device memory with an MPI
+// that is not CUDA-aware is staged through host memory, every chunk copied).
+using HostView = Kokkos::View<double*, Kokkos::HostSpace>;
+using HostSync = gradsync::GradientSync<gradsync::MpiBackend, HostView>;
 
 double grad_value(int tag, std::size_t i, int r, int p) { return (r + 1) * (i % 97 + 1) * 0.5 + 0.25 * p + tag; }
 
 // Dense tensors of mixed sizes (empty, one value, small, larger than every in-place threshold
-// used here) around a local table whose size differs per rank.
-struct Model {
-  std::vector<View> dense;
-  View table;
-  explicit Model(int rank) {
+// used here) around a local table whose size differs per rank, in V's memory space.
+template <class V = View>
+struct ModelOf {
+  std::vector<V> dense;
+  V table;
+  explicit ModelOf(int rank) {
     for (std::size_t n : {std::size_t(5), std::size_t(300), std::size_t(0), std::size_t(1), std::size_t(2000),
                           std::size_t(17), std::size_t(64), std::size_t(700)})
       dense.emplace_back("g", n);
-    table = View("t", std::size_t(9 + rank));
+    table = V("t", std::size_t(9 + rank));
   }
   void fill(int rank, int pass) {
     for (std::size_t k = 0; k < dense.size(); ++k)
-      for (std::size_t i = 0; i < dense[k].size(); ++i) dense[k](i) = grad_value(int(k), i, rank, pass);
-    for (std::size_t i = 0; i < table.size(); ++i) table(i) = grad_value(100, i, rank, pass);
+      fill_host(dense[k], [&](std::size_t i) { return grad_value(int(k), i, rank, pass); });
+    fill_host(table, [&](std::size_t i) { return grad_value(100, i, rank, pass); });
   }
-  void add_to(Sync& s) {
-    s.add<Dense>(dense[0]);
-    s.add<Dense>(dense[1]);
-    s.add<Tables>(table);
-    for (std::size_t k = 2; k < dense.size(); ++k) s.add<Dense>(dense[k]);
+  template <class S>
+  void add_to(S& s) {
+    s.template add<Dense>(dense[0]);
+    s.template add<Dense>(dense[1]);
+    s.template add<Tables>(table);
+    for (std::size_t k = 2; k < dense.size(); ++k) s.template add<Dense>(dense[k]);
   }
 };
+using Model = ModelOf<>;
 
 // Largest relative error against the analytic values after the cycle of N passes ending at `last`.
-double analytic_error(const Model& m, int rank, int n, int N, int last) {
+template <class M>
+double analytic_error(const M& m, int rank, int n, int N, int last) {
   double worst = 0;
-  for (std::size_t k = 0; k < m.dense.size(); ++k)
-    for (std::size_t i = 0; i < m.dense[k].size(); ++i) {
+  for (std::size_t k = 0; k < m.dense.size(); ++k) {
+    const auto h = host_copy(m.dense[k]);
+    for (std::size_t i = 0; i < h.size(); ++i) {
       double s = 0;
       for (int r = 0; r < n; ++r)
         for (int p = last - N + 1; p <= last; ++p) s += grad_value(int(k), i, r, p);
-      worst = std::max(worst, rel_err(m.dense[k](i), s / n));
+      worst = std::max(worst, rel_err(h(i), s / n));
     }
-  for (std::size_t i = 0; i < m.table.size(); ++i) {
+  }
+  const auto table = host_copy(m.table);
+  for (std::size_t i = 0; i < table.size(); ++i) {
     double s = 0;
     for (int p = last - N + 1; p <= last; ++p) s += grad_value(100, i, rank, p);
-    worst = std::max(worst, rel_err(m.table(i), s / n));
+    worst = std::max(worst, rel_err(table(i), s / n));
   }
   return worst;
 }
 
+// Whether two Views hold the same bits (on the host).
+bool bitwise_equal(const View& a, const View& b) {
+  const std::vector<double> x = host_values(a), y = host_values(b);
+  return x.size() == y.size() && (x.empty() || std::memcmp(x.data(), y.data(), x.size() * sizeof(double)) == 0);
+}
+
 bool bitwise_equal(const Model& a, const Model& b) {
   for (std::size_t k = 0; k < a.dense.size(); ++k)
-    if (a.dense[k].size() && std::memcmp(a.dense[k].data(), b.dense[k].data(), a.dense[k].size() * sizeof(double)))
-      return false;
-  return std::memcmp(a.table.data(), b.table.data(), a.table.size() * sizeof(double)) == 0;
+    if (!bitwise_equal(a.dense[k], b.dense[k])) return false;
+  return bitwise_equal(a.table, b.table);
 }
 
 }  // namespace
@@ -149,12 +168,12 @@ TEST_CASE("mark_ready of a tensor that is not registered throws, and the sync go
 
 TEST_CASE("large tensors are reduced in place: no bytes through the fusion buffer") {
   const int rank = world_rank();
-  Model m(rank);
+  ModelOf<HostView> m(rank);
   gradsync::Options opt;
   opt.in_place_min_fraction = 0;  // every tensor reduced where it is
   opt.in_place_min_bytes = 0;
   opt.fusion_threshold_bytes = 1024;  // the 2000-value tensor in pieces of 128 values
-  Sync s(gradsync::MpiBackend(MPI_COMM_WORLD), opt);
+  HostSync s(gradsync::MpiBackend(MPI_COMM_WORLD), opt);
   m.add_to(s);
   for (int p = 0; p < 3; ++p) {
     m.fill(rank, p);
@@ -170,19 +189,19 @@ TEST_CASE("large tensors are reduced in place: no bytes through the fusion buffe
 
 TEST_CASE("tensors side by side in memory are reduced in place when the fused order follows memory") {
   const int rank = world_rank(), n = world_size();
-  View arena("arena", 1000);
+  HostView arena("arena", 1000);
   const std::pair<std::size_t, std::size_t> cuts[] = {{0, 100}, {100, 300}, {300, 1000}};
   for (auto order : {gradsync::FusionOrder::registration, gradsync::FusionOrder::reverse}) {
     gradsync::Options opt;
     opt.fusion_order = order;
     opt.in_place_min_fraction = HUGE_VAL;  // no tensor is large: only adjacency can avoid the copy
-    Sync s(gradsync::MpiBackend(MPI_COMM_WORLD), opt);
+    HostSync s(gradsync::MpiBackend(MPI_COMM_WORLD), opt);
     for (auto c : cuts) s.add<Dense>(Kokkos::subview(arena, c));
     for (int p = 0; p < 2; ++p) {
       for (std::size_t i = 0; i < arena.size(); ++i) arena(i) = grad_value(0, i, rank, p);
       CHECK(s.synchronize());
       const auto value = [&](std::size_t, std::size_t i, int r) { return grad_value(0, i, r, p); };
-      const double worst = worst_vs_rank_average(std::vector<View>{arena}, n, value);
+      const double worst = worst_vs_rank_average(std::vector<HostView>{arena}, n, value);
       GRADSYNC_CHECK_ALL(worst <= 1e-13);
     }
     // Registration order is memory order here: one contiguous chunk, no copy. Reversed, it is not.
@@ -223,9 +242,9 @@ TEST_CASE("an arena of gradients is reduced in place as one region, in either fu
     opt.fusion_order = order;
     opt.fusion_threshold_bytes = 1000 * sizeof(double);
     opt.in_place_min_bytes = 0;
-    View plain_arena("plain", 5000), marked_arena("marked", 5000);
-    Sync plain(gradsync::MpiBackend(MPI_COMM_WORLD), opt), marked(gradsync::MpiBackend(MPI_COMM_WORLD), opt);
-    std::vector<View> parts;
+    HostView plain_arena("plain", 5000), marked_arena("marked", 5000);
+    HostSync plain(gradsync::MpiBackend(MPI_COMM_WORLD), opt), marked(gradsync::MpiBackend(MPI_COMM_WORLD), opt);
+    std::vector<HostView> parts;
     for (auto c : cuts) {
       plain.add<Dense>(Kokkos::subview(plain_arena, c));
       parts.push_back(Kokkos::subview(marked_arena, c));
@@ -237,7 +256,7 @@ TEST_CASE("an arena of gradients is reduced in place as one region, in either fu
       for (std::size_t k = parts.size(); k-- > 0;) marked.mark_ready(parts[k]);  // backward: last layer first
       CHECK(plain.synchronize());
       CHECK(marked.synchronize());
-      const double worst = worst_vs_rank_average(std::vector<View>{plain_arena}, n,
+      const double worst = worst_vs_rank_average(std::vector<HostView>{plain_arena}, n,
                                                  [&](std::size_t, std::size_t i, int r) { return grad_value(0, i, r, p); });
       CAPTURE(worst);
       GRADSYNC_CHECK_ALL(worst <= 1e-13);
@@ -255,17 +274,17 @@ TEST_CASE("neighbours in memory on some ranks only: no rank merges, the values h
   // Rank 0 carves its gradients from one allocation, the others allocate each one: the plans (and
   // so the collectives) must still match, so nobody merges.
   const std::size_t sizes[] = {2000, 5, 1995, 1000};
-  View arena("arena", 5000);
-  std::vector<View> g;
+  HostView arena("arena", 5000);
+  std::vector<HostView> g;
   std::size_t at = 0;
   for (std::size_t s : sizes) {
-    g.push_back(rank == 0 ? View(Kokkos::subview(arena, std::make_pair(at, at + s))) : View("g", s));
+    g.push_back(rank == 0 ? HostView(Kokkos::subview(arena, std::make_pair(at, at + s))) : HostView("g", s));
     at += s;
   }
   gradsync::Options opt;
   opt.fusion_threshold_bytes = 1000 * sizeof(double);
   opt.in_place_min_bytes = 0;
-  Sync s(gradsync::MpiBackend(MPI_COMM_WORLD), opt);
+  HostSync s(gradsync::MpiBackend(MPI_COMM_WORLD), opt);
   for (auto& v : g) s.add<Dense>(v);
   for (int p = 0; p < 2; ++p) {
     for (std::size_t k = 0; k < g.size(); ++k)

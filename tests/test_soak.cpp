@@ -30,6 +30,7 @@ struct Tensor {
   Kind kind;
   int tag;
   View v;
+  View::HostMirror h = Kokkos::create_mirror_view(v);  // made once; v itself in host memory
 };
 
 double grad(int tag, std::size_t i, int rank, int step) {
@@ -99,13 +100,16 @@ TEST_CASE("soak: 2000 steps, registrations changing every 100 steps, exact value
         add(Kind::runtime_local, std::size_t(9 + rank));  // local: its size may differ per rank
       }
     }
-    for (Tensor& t : model)
-      for (std::size_t i = 0; i < t.v.size(); ++i) t.v(i) = grad(t.tag, i, rank, step);
+    for (Tensor& t : model) {
+      for (std::size_t i = 0; i < t.v.size(); ++i) t.h(i) = grad(t.tag, i, rank, step);
+      gradsync_test::upload(t.v, t.h);
+    }
     const bool ready = sync->synchronize();
     const bool expect_ready = (step % block + 1) % N == 0;
     every_flag_ok &= ready == expect_ready;
     if (ready) {
-      for (const Tensor& t : model)
+      for (const Tensor& t : model) {
+        gradsync_test::download(t.h, t.v);
         for (std::size_t i = 0; i < t.v.size(); ++i) {
           double expect = 0;
           for (int p = step - N + 1; p <= step; ++p) {
@@ -114,11 +118,12 @@ TEST_CASE("soak: 2000 steps, registrations changing every 100 steps, exact value
             else
               expect += grad(t.tag, i, rank, p);
           }
-          if (t.v(i) != expect && values_ok) {
+          if (t.h(i) != expect && values_ok) {
             values_ok = false;
             first_bad = step;
           }
         }
+      }
     }
     if (step == 3 * block - 1) rss_warm = resident_pages();
     if (step > 3 * block) rss_peak_after = std::max(rss_peak_after, resident_pages());

@@ -34,14 +34,15 @@ gradsync::Options stall_opts() {
 double value(int rank, int step, std::size_t i) { return double(100 * (rank + 1) + 10 * step + int(i % 5)); }
 
 void fill(const View& v, int rank, int step) {
-  for (std::size_t i = 0; i < v.size(); ++i) v(i) = value(rank, step, i);
+  gradsync_test::fill_host(v, [&](std::size_t i) { return value(rank, step, i); });
 }
 
 bool summed_ok(const View& v, int step) {
-  for (std::size_t i = 0; i < v.size(); ++i) {
+  const auto h = gradsync_test::host_copy(v);
+  for (std::size_t i = 0; i < h.size(); ++i) {
     double s = 0;
     for (int r = 0; r < world_size(); ++r) s += value(r, step, i);
-    if (v(i) != s) return false;
+    if (h(i) != s) return false;
   }
   return true;
 }
@@ -139,7 +140,8 @@ TEST_CASE("a rank that sleeps past the deadline is reported; when it arrives it 
       CHECK(has(c.what, "so rank " + std::to_string(victim) + " stops too"));
       CHECK(has(c.what, missing_report(victim, world_size())));
       bool untouched = true;
-      for (std::size_t i = 0; i < g.size(); ++i) untouched &= g(i) == value(rank, 1, i);
+      const auto h = gradsync_test::host_copy(g);
+      for (std::size_t i = 0; i < h.size(); ++i) untouched &= h(i) == value(rank, 1, i);
       CHECK(untouched);
     }
     MPI_Barrier(MPI_COMM_WORLD);  // the next path starts together

@@ -24,7 +24,10 @@
 
 namespace {
 
-using Grad = Kokkos::View<float*>;
+// Host memory, whatever Kokkos' default space: the baselines are raw MPI calls on the same buffers
+// (the GPU benchmark is tests/gpu/bench_gpu.cu).
+using Grad = Kokkos::View<float*, Kokkos::HostSpace>;
+using Arena = gradsync::GradientArena<float, Kokkos::HostSpace>;
 using Sync = gradsync::GradientSync<gradsync::MpiBackend, Grad>;
 struct Dense {};
 struct Tables {};
@@ -76,11 +79,10 @@ std::unique_ptr<Sync> make_sync(const bench::Model& m, Tensors& t, gradsync::Opt
 // The same gradients carved from one gradsync::GradientArena in registration order, as a framework
 // that keeps its gradients in one buffer does (DDP's gradient_as_bucket_view): neighbours in memory
 // merge into regions reduced in place, so the sync sees what a contiguous buffer would.
-std::unique_ptr<Sync> make_arena_sync(const bench::Model& m, gradsync::GradientArena<float>& arena,
-                                      gradsync::Options opt) {
+std::unique_ptr<Sync> make_arena_sync(const bench::Model& m, Arena& arena, gradsync::Options opt) {
   std::size_t total = 0;
   for (std::size_t n : m.numel) total += n;
-  arena = gradsync::GradientArena<float>("arena", total);
+  arena = Arena("arena", total);
   Kokkos::deep_copy(arena.storage(), 1e-3f);
   auto s = std::make_unique<Sync>(gradsync::MpiBackend(MPI_COMM_WORLD), opt);
   for (std::size_t i = 0; i < m.numel.size(); ++i) {
@@ -179,7 +181,7 @@ void bench_model(const bench::Model& m, double budget, gradsync::Options opt, co
   o.huge_pages = false;
   variants.push_back(make_sync(m, t4k, o));
   ms.push_back({"gradsync on 4 KiB pages", [s = variants.back().get()] { s->synchronize(); }, {}});
-  gradsync::GradientArena<float> arena;
+  Arena arena;
   variants.push_back(make_arena_sync(m, arena, opt));
   ms.push_back({"gradsync arena", [s = variants.back().get()] { s->synchronize(); }, {}});
   if (std::getenv("BENCH_VARIANTS")) {
@@ -201,7 +203,7 @@ void bench_model(const bench::Model& m, double budget, gradsync::Options opt, co
     for (int k : {1, 2, 4}) {
       o = opt;
       o.max_chunks_in_flight = k;
-      gradsync::GradientArena<float> own;  // its carves share the allocation, so it may go
+      Arena own;  // its carves share the allocation, so it may go
       variants.push_back(make_arena_sync(m, own, o));
       ms.push_back({"gradsync arena max_chunks_in_flight " + std::to_string(k),
                     [s = variants.back().get()] { s->synchronize(); }, {}});
@@ -234,7 +236,7 @@ void bench_model(const bench::Model& m, double budget, gradsync::Options opt, co
   ms.push_back({"raw best (" + size_label(best) + ")", [&, best] { raw_chunked(raw.data(), elems, best); }, {}});
   // The same on 2 MiB pages (GradientArena's memory, as the arena column has): how much of the
   // arena's time is the pages rather than the sync.
-  gradsync::GradientArena<float> huge("raw on huge pages", elems);
+  Arena huge("raw on huge pages", elems);
   ms.push_back({"raw on huge pages (" + size_label(best) + ")",
                 [&, best] { raw_chunked(huge.storage().data(), elems, best); }, {}});
   if (best_avg)
