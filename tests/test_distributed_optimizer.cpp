@@ -69,7 +69,7 @@ TEST_CASE("Horovod's aggregation check with local variables, with and without av
       gx.emplace_back("gx", 1);
       y.emplace_back("y", 2);
       gy.emplace_back("gy", 2);
-      fill_host(y.back(), [](std::size_t i) { return double(i + 1); });
+      fill_host(y.back(), [](std::size_t j) { return double(j + 1); });
       dopt.add<Dense>(x.back(), gx.back());
       dopt.add<Dense>(y.back(), gy.back());
     }

@@ -55,7 +55,9 @@ TEST_CASE("Views of rank 1 to 3, LayoutLeft and contiguous LayoutStride are acce
   Kokkos::deep_copy(c, 3 * r);
   CHECK(s.synchronize());
   const double mean = (n - 1) / 2.0;
-  const auto ah = gradsync_test::host_copy(a), bh = gradsync_test::host_copy(b), ch = gradsync_test::host_copy(c);
+  const auto ah = gradsync_test::host_copy(a);
+  const auto bh = gradsync_test::host_copy(b);
+  const auto ch = gradsync_test::host_copy(c);
   GRADSYNC_CHECK_ALL(ah(1, 2, 3) == mean && bh(2, 1) == 2 * mean && ch(3) == 3 * mean);
   GRADSYNC_CHECK_ALL(s.stats().bytes_allreduced == (24 + 6 + 4) * sizeof(double));
 }
