@@ -15,7 +15,6 @@ namespace {
 struct Dense {};
 using View = Kokkos::View<double*>;
 using Arena = gradsync::GradientArena<double>;
-using Sync = gradsync::GradientSync<gradsync::MpiBackend, View>;
 // Huge pages and in-place reduction by MpiBackend are properties of memory the host (and MPI)
 // reaches: those tests use host memory explicitly (device memory would be staged and copied).
 using HostView = Kokkos::View<double*, Kokkos::HostSpace>;
