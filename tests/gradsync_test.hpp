@@ -47,6 +47,9 @@ inline double max_over_ranks(double x, MPI_Comm comm = MPI_COMM_WORLD) {
   return x;
 }
 
+/// Whether `s` contains `part` (error messages).
+inline bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
 /// |a - b| relative to max(|b|, 1): the error measure of every value comparison.
 inline double rel_err(double a, double b) { return std::abs(a - b) / std::max(std::abs(b), 1.0); }
 

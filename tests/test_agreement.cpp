@@ -31,7 +31,7 @@ namespace {
 using View = Kokkos::View<double*>;
 using Sync = gradsync::GradientSync<gradsync::MpiBackend, View>;
 
-bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+using gradsync_test::has;
 
 // A deadline far above the one second a mismatch may take: a regression to a stall shows as a
 // StallError (or a test timeout), never as a pass.

@@ -20,7 +20,7 @@ namespace {
 using View = Kokkos::View<double*>;
 using Sync = gradsync::GradientSync<gradsync::MpiBackend, View>;
 
-bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+using gradsync_test::has;
 
 gradsync::Options stall_opts() {
   gradsync::Options o;

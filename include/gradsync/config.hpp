@@ -37,27 +37,29 @@ void fence(const ExecutionSpace& exec, [[maybe_unused]] const std::string& label
 GRADSYNC_LABEL(pack, "gradsync::pack")
 GRADSYNC_LABEL(unpack, "gradsync::unpack")
 GRADSYNC_LABEL(local, "gradsync::local")
-#undef GRADSYNC_LABEL
+GRADSYNC_LABEL(sgd, "gradsync::sgd_step")
+GRADSYNC_LABEL(adam, "gradsync::adam_step")
+GRADSYNC_LABEL(norm, "gradsync::squared_norm")
+GRADSYNC_LABEL(clip, "gradsync::clip_grad_norm")
+GRADSYNC_LABEL(check_finite, "gradsync::check_finite")
 
 // Fence labels fit std::string's small buffer (15 characters with libstdc++ and libc++): Kokkos 4
 // copies the label at every fence (Tools::beginFence takes it by value), so a longer one would
 // allocate on the heap at every step.
-#define GRADSYNC_FENCE_LABEL(name, text)                                                              \
-  static_assert(sizeof(text) <= 16, "gradsync: fence label " text " longer than 15 characters");    \
-  inline const std::string& label_##name() {                                                         \
-    static const std::string s(text);                                                                \
-    return s;                                                                                        \
-  }
+#define GRADSYNC_FENCE_LABEL(name, text)                                                           \
+  static_assert(sizeof(text) <= 16, "gradsync: fence label " text " longer than 15 characters"); \
+  GRADSYNC_LABEL(name, text)
 GRADSYNC_FENCE_LABEL(fence_pack, "gradsync:packed")
 GRADSYNC_FENCE_LABEL(fence_sync, "gradsync:synced")
 GRADSYNC_FENCE_LABEL(fence_optimizer, "gradsync:update")
 GRADSYNC_FENCE_LABEL(fence_clip, "gradsync:clip")
 GRADSYNC_FENCE_LABEL(fence_reduce, "gradsync:reduce")
 #undef GRADSYNC_FENCE_LABEL
+#undef GRADSYNC_LABEL
 
-// A host value as the result of a parallel_reduce. Reducing into a plain scalar makes Kokkos fence
-// with a long label of its own (a heap allocation per call on Kokkos 4); with this View the caller
-// fences, with a short label, before reading the value.
+// A host scalar as a View, for deep_copy on an execution space instance: Kokkos::deep_copy with a
+// plain scalar fences with long labels of its own (a heap allocation per call on Kokkos 4); the
+// caller fences, with a short label, before reading the value.
 template <class T>
 using HostScalar = Kokkos::View<T, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
 

@@ -68,14 +68,6 @@ struct ScaleKernel {
   }
 };
 
-inline const std::string& label_norm() {
-  static const std::string s("gradsync::squared_norm");
-  return s;
-}
-inline const std::string& label_clip() {
-  static const std::string s("gradsync::clip_grad_norm");
-  return s;
-}
 
 }  // namespace impl
 

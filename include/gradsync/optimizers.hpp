@@ -91,14 +91,6 @@ struct OptSegment {
 template <class T, class MemorySpace>
 using OptSegmentView = Kokkos::View<OptSegment<T>*, MemorySpace>;
 
-inline const std::string& label_sgd() {
-  static const std::string s("gradsync::sgd_step");
-  return s;
-}
-inline const std::string& label_adam() {
-  static const std::string s("gradsync::adam_step");
-  return s;
-}
 
 // torch.optim.SGD, one element, in PyTorch's order of operations:
 //   d = ±g (+ wd·p);  buf = first ? d : momentum·buf + (1 − dampening)·d;

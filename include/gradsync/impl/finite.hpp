@@ -1,5 +1,5 @@
 // gradsync internals: NaN/Inf detection in data-parallel gradients before the exchange
-// (Options::check_finite). One batched reduction over the segments the pack kernel reads.
+// (Options::check_finite). One batched kernel over the segments the pack kernel reads.
 #pragma once
 
 #include <cstdint>
@@ -54,8 +54,7 @@ std::int64_t first_non_finite_segment(const ExecutionSpace& exec, const SegmentV
         Kokkos::view_alloc("gradsync::finite_flags", Kokkos::WithoutInitializing), std::size_t(nsegs));
     scratch.host = Kokkos::create_mirror_view(scratch.flags);
   }
-  static const std::string label("gradsync::check_finite");
-  launch_per_segment(label, exec, nsegs, K{segs, scratch.flags});
+  launch_per_segment(label_check_finite(), exec, nsegs, K{segs, scratch.flags});
   Kokkos::deep_copy(exec, scratch.host, scratch.flags);  // the same View when MemorySpace is the host's
   fence(exec, label_fence_reduce());
   for (std::int64_t k = 0; k < nsegs; ++k)
