@@ -91,7 +91,7 @@ def main():
     ax3.legend(fontsize=7, loc="upper right")
 
     fig.tight_layout()
-    fig.savefig(out, dpi=110)
+    fig.savefig(out, dpi=80)
     print("plot: wrote", out)
 
 

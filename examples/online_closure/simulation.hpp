@@ -1,8 +1,9 @@
 // online_closure: one process's share of the simulation and of the closure's training.
 //
-// The periodic domain [0, 2 pi) has `cells` coarse cells, split into P equal subdomains (P = the
-// number of ranks). Rank r holds subdomain r: its coarse cells, the `refine` fine cells under each,
-// halos of width 2 (coarse) and 1 (fine) exchanged with its two neighbours over MPI. Each step:
+// The periodic domain [0, 2 pi) has N = `cells` coarse cells; subdomain p of P (P = the number of
+// ranks) holds cells [N p / P, N (p + 1) / P). Rank r holds subdomain r: its coarse cells, the
+// `refine` fine cells under each, halos of width 2 (coarse) and 1 (fine) exchanged with its two
+// neighbours over MPI. Each step:
 //
 //   1. coarse state u = the fine state restricted (cell averages); halo exchange;
 //   2. plain coarse step ustar = u + dt * Burgers(u) on the coarse grid (under-resolved);
@@ -27,6 +28,7 @@
 #include <cmath>
 #include <cstdint>
 #include <gradsync/gradsync.hpp>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
