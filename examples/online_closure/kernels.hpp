@@ -65,6 +65,14 @@ struct InitUniform {
   }
 };
 
+/// p(i) += delta: one value changed in place, wherever p lives (finite-difference checks).
+struct AddAt {
+  View1 p;
+  Index i;
+  Real delta;
+  KOKKOS_INLINE_FUNCTION void operator()(Index) const { p(i) += delta; }
+};
+
 // ---- the solver: viscous Burgers u_t + (u^2/2)_x = nu u_xx + f(x, t), periodic on [0, 2 pi) ----
 
 /// Large-scale forcing: three travelling waves, sum_k a_k sin(k x + phase_k + omega_k t).

@@ -207,6 +207,22 @@ class Simulation {
     return synced;
   }
 
+  /// The loss L of the last step's coarse state with the current parameters: the forward pass
+  /// alone, for finite-difference checks of the backward pass. Collective.
+  Real loss_now() {
+    forward(coarse_, ustar_, pred_);
+    Real s = 0;
+    Kokkos::parallel_reduce("closure::error", range(n_), SquaredDistance{pred_, target_, 0, 0}, s);
+    backend_.allreduce_sum(&s, 1);
+    return Real(0.5) * s / cfg_.cells;
+  }
+
+  /// Adds delta to value i of a parameter.
+  static void nudge(const View1& param, Index i, Real delta) {
+    Kokkos::parallel_for("closure::nudge", range(1), AddAt{param, i, delta});
+    Kokkos::fence();
+  }
+
   /// The optimizer step on the synchronized gradients.
   void apply() {
     opt_.apply();
