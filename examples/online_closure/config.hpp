@@ -73,6 +73,8 @@ inline void validate(const Config& c) {
   if (c.rollout < 0) fail("--rollout must be >= 0");
   if (c.eval_windows < 0) fail("--eval-windows must be >= 0");
   if (c.log_every < 1) fail("--log-every must be >= 1");
+  if (!c.plot.empty() && (c.rollout < 1 || c.eval_windows < 1))
+    fail("--plot draws the end of a free-running window: it needs --rollout and --eval-windows >= 1");
   // Forward Euler on the diffusion term is stable for nu dt / dx^2 <= 1/2 (less with advection).
   const double dx_f = 2 * pi / (double(c.cells) * c.refine), dx_c = 2 * pi / c.cells;
   if (c.nu * c.fine_dt() / (dx_f * dx_f) > 0.4 || c.nu * c.dt / (dx_c * dx_c) > 0.4)

@@ -331,7 +331,6 @@ int run_train(const Config& c) {
   const double ratio = c1 / p1;
   const auto training_windows = sim.rollouts();
 
-  // After training: one more free-running window with the closure frozen, the fields at its end.
   // After training: `eval_windows` more free-running windows with the closure frozen; the fields
   // at the end of the last one are plotted.
   double eval_corrected = 0, eval_plain = 0, eval_reference = 0;
@@ -364,7 +363,8 @@ int run_train(const Config& c) {
           c.rollout, c.eval_windows, eval_corrected, eval_plain, eval_corrected / eval_plain, eval_reference);
     std::printf(
         "  sent per optimizer step by each rank: gradient sync %zu bytes (trunk only, %llu allreduce calls in all);\n"
-        "  the heads' gradients sent 0 bytes; halo exchange %.0f bytes per solver step\n",
+        "  the heads' gradients sent 0 bytes; halo exchange %.0f bytes per solver step (both grids, both\n"
+        "  free-running solvers)\n",
         sim.sync().data_parallel_bytes(), (unsigned long long)sim.sync().stats().allreduce_calls,
         double(sim.halo_bytes()) / sim.step_count());
   }
