@@ -195,7 +195,7 @@ void bench_model(const bench::Model& m, double budget, gradsync::Options opt, co
     o.fusion_threshold_bytes = std::size_t(4) << 20;  // the one-node plan
     o.max_chunks_in_flight = 16;
     o.algorithm = gradsync::Algorithm::flat;
-    variant("gradsync one-node plan (4MiB, 16 in flight)", o);
+    variant("gradsync one-node plan (4MiB 16 in flight)", o);  // no comma: a CSV field
     if (sync->topology().hierarchical_helps())
       for (auto a : {gradsync::Algorithm::flat, gradsync::Algorithm::hierarchical}) {
         o = opt;

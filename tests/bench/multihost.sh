@@ -16,7 +16,7 @@ budget="${BUDGET:-3}"
 py=/usr/bin/python3
 [ "$(id -u)" = 0 ] || { echo "multihost.sh: needs root (network namespaces)" >&2; exit 1; }
 
-bash "$root/cmake/deps.sh" python3-torch libtorch-dev iproute2 >/dev/null
+bash "$root/cmake/deps.sh" python3-torch libtorch-dev pybind11-dev python3-dev iproute2 >/dev/null
 # The peer: Horovod from PyPI, built against Debian's torch and Open MPI (about 8 minutes, once).
 # CUDA is kept off its PATH: the CPU build is the one compared here.
 if [[ " ${PEERS-horovod ddp} " == *" horovod "* ]] && ! $py -c 'import horovod.torch' 2>/dev/null; then
