@@ -34,6 +34,7 @@
 #include "impl/plan_tuner.hpp"
 #include "impl/ready_tracker.hpp"
 #include "impl/stall.hpp"
+#include "impl/timeline.hpp"
 #include "local_var_policy.hpp"
 #include "options.hpp"
 #include "stats.hpp"
@@ -112,6 +113,7 @@ class GradientSync {
     }
     facts_.plan = std::int64_t(h >> 1);
     apply_choice();
+    timeline_ = impl::open_timeline(opt_.timeline, backend_.rank(), backend_.size(), ctl_);
   }
 
   /// Registers a gradient in `Group`. Any contiguous tensor with this sync's value type and memory
@@ -173,6 +175,7 @@ class GradientSync {
   /// Call after each backward pass. Returns true when the gradients hold synchronized values
   /// (every Nth call, N = backward_passes_per_step); otherwise they are accumulated internally.
   bool synchronize() {
+    impl::TimelineScope span(timeline_.get(), impl::Timeline::Kind::call, "synchronize", std::int64_t(stats_.passes + 1));
     if (!step_open_) checks_before_pass();  // else mark_ready ran them when it opened the step
     const auto t0 = std::chrono::steady_clock::now();
     if (dirty_ && !step_open_) build_plan();
@@ -230,6 +233,7 @@ class GradientSync {
       throw Error(impl::cat("mark_ready: the tensor (", TensorTraits<U>::size(tensor),
                             " elements) is not registered with add<Group>() on rank ", backend_.rank()));
     }
+    if (timeline_) timeline_->mark(i);
     // Blocking collectives are never started here: a rank blocked in chunk k while another is
     // still in backward (or in the model's own collectives) would hang both.
     if (blocking_ || pass_ + 1 < opt_.backward_passes_per_step) return;  // not a reducing pass
@@ -408,6 +412,7 @@ class GradientSync {
     const std::int64_t call = std::int64_t(stats_.passes) + 1;
     if (force || (needed && opt_.consistency_check != CheckMode::off) ||
         opt_.consistency_check == CheckMode::every_step) {
+      impl::TimelineScope span(timeline_.get(), impl::Timeline::Kind::call, "consistency check", call);
       std::vector<impl::RegDesc> regs;
       regs.reserve(entries_.size());
       for (const Entry& e : entries_)
@@ -444,6 +449,7 @@ class GradientSync {
   }
 
   [[noreturn]] void fail_here(impl::ErrorKind k, const std::string& msg) {
+    if (timeline_) timeline_->report(k, true, msg);
     ctl_.tell_peers(k, msg);
     impl::throw_kind(k, msg);
   }
@@ -510,6 +516,7 @@ class GradientSync {
   }
 
   void build_plan() {
+    impl::TimelineScope span(timeline_.get(), impl::Timeline::Kind::plan, "plan build");
     const int n = backend_.size();
     const int N = opt_.backward_passes_per_step;
     const value_type inv_agg = opt_.average_aggregated_gradients ? value_type(1) / value_type(N) : value_type(1);
@@ -596,6 +603,7 @@ class GradientSync {
     for (const Entry& e : entries_)
       if (!e.local() && e.keepalive) keep.push_back(e.keepalive);
     ctl_.keep_on_failure(std::move(keep));
+    if (timeline_) note_plan_in_timeline(plan.tensor_chunks);
     ++stats_.plan_builds;
     dirty_ = false;
     if (!announced_) announce();
@@ -610,6 +618,18 @@ class GradientSync {
       std::fprintf(stderr, "%s\n", describe(summary()).c_str());
       std::fflush(stderr);
     }
+  }
+
+  // Options::timeline: names the plan's tensors and chunks (fused order, as data_parallel_in_fused_order()).
+  void note_plan_in_timeline(const std::vector<std::pair<std::int64_t, std::int64_t>>& tensor_chunks) {
+    std::vector<std::string> names;
+    for (const Entry& e : entries_)
+      if (!e.local()) names.push_back(e.name);
+    if (opt_.fusion_order == FusionOrder::reverse) std::reverse(names.begin(), names.end());
+    timeline_->plan(
+        names, tensor_chunks, chunks_.size(),
+        [&](std::size_t c) { return std::make_pair(std::size_t(chunks_[c].size()) * sizeof(value_type), reduced_in_place(c)); },
+        to_string(algorithm()), blocking_ ? 1 : in_flight_);
   }
 
   // Host memory MPI copies from (impl/huge_pages.hpp): the fusion buffer starts on huge pages,
@@ -668,6 +688,7 @@ class GradientSync {
 
   // Packs chunk c into its place (the kernels index the buffer by segment offset - base).
   void pack_chunk(std::size_t c, bool aggregated) {
+    impl::TimelineScope span(timeline_.get(), impl::Timeline::Kind::pack, "pack", std::int64_t(c));
     const impl::Chunk& ch = chunks_[c];
     impl::launch_segments(impl::label_pack(), exec_, ch.seg_end - ch.seg_begin,
                           impl::PackKernel<value_type, execution_space, memory_space>{
@@ -675,6 +696,7 @@ class GradientSync {
   }
 
   void unpack_chunk(std::size_t c) {
+    impl::TimelineScope span(timeline_.get(), impl::Timeline::Kind::unpack, "unpack", std::int64_t(c));
     const impl::Chunk& ch = chunks_[c];
     impl::launch_segments(impl::label_unpack(), exec_, ch.seg_end - ch.seg_begin,
                           impl::UnpackKernel<value_type, execution_space, memory_space>{
@@ -702,6 +724,7 @@ class GradientSync {
     }
     // The backend reads the buffer outside Kokkos, unless it is ordered on exec_'s own stream.
     if (staged_ || !impl::ordered_on(backend_, exec_)) impl::fence(exec_, impl::label_fence_pack());
+    if (timeline_) timeline_->reduce_begin(c);
     if (blocking_ && hierarchical_) {
       if constexpr (impl::has_hierarchical_sum<Backend>::value) backend_.hierarchical_allreduce_sum(data, std::size_t(len));
     } else if (blocking_) {
@@ -720,10 +743,12 @@ class GradientSync {
 
   // Waits for chunk c's reduction and unpacks it into the gradients.
   void complete_chunk(std::size_t c) {
+    const std::int64_t waited_from = timeline_ && !blocking_ ? impl::Timeline::now() : 0;
     // Nonblocking collectives are waited under the stall watchdog (blocking ones cannot be).
     if (!blocking_)
       impl::wait_for(backend_, requests_[c], ctl_, opt_,
                      impl::WaitSite{"allreduce", std::int64_t(stats_.passes), std::int64_t(c), std::int64_t(chunks_.size())});
+    if (timeline_) timeline_->reduce_end(c, waited_from);
     if (reduced_in_place(c)) return;  // scaled before the reduction
     if (staged_) {
       const std::int64_t pos = buffer_pos(c), len = chunks_[c].size();
@@ -784,6 +809,7 @@ class GradientSync {
   // prepare() sends its call number negated, so a rank in prepare() never matches one in synchronize().
   void agree_before_exchange(bool commit, bool preparing = false) {
     const std::int64_t call = std::int64_t(stats_.passes) + 1;
+    impl::TimelineScope span(timeline_.get(), impl::Timeline::Kind::call, "arrival check", call);
     const std::int64_t sent = preparing ? -call : call;
     const std::uint64_t h = option_hash();
     const std::int64_t hi = std::int64_t(h >> 32), lo = std::int64_t(h & 0xffffffffu);
@@ -837,6 +863,7 @@ class GradientSync {
       dirty_ = true;
       apply_choice();
     }
+    if (timeline_) timeline_->tuned(seconds, fusion_threshold_bytes(), to_string(algorithm()), !tuner_.active());
   }
 
   // The candidate to run now. The same on every rank: the topology is, the options are compared,
@@ -909,6 +936,8 @@ class GradientSync {
   }
 
   void finish_local(bool aggregated) {
+    impl::TimelineScope span(n_local_segs_ ? timeline_.get() : nullptr, impl::Timeline::Kind::local, "local scaling",
+                             n_local_segs_);
     impl::launch_segments(impl::label_local(), exec_, n_local_segs_,
                           impl::LocalKernel<value_type, execution_space, memory_space>{
                               local_segs_, local_acc_, aggregated ? impl::LocalMode::finish : impl::LocalMode::scale});
@@ -964,6 +993,7 @@ class GradientSync {
   bool need_check_ = true;  // registrations changed since the ranks last compared them
   bool merge_neighbours_ = false;  // every rank has the same neighbours in memory (agree_on_neighbours)
   impl::Control<Backend> ctl_;  // side channel: consistency check, stall reports, peer failures
+  std::unique_ptr<impl::Timeline> timeline_;  // Options::timeline; null when off
 };
 
 }  // namespace gradsync

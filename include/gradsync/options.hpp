@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstddef>
+#include <string>
 
 #include "topology.hpp"
 
@@ -120,6 +121,11 @@ struct Options {
   /// before 6.1 and for device memory.
   /// Environment: GRADSYNC_HUGE_PAGES.
   bool huge_pages = true;
+  /// Non-empty: each rank writes a Chrome trace (JSON for Perfetto or chrome://tracing) of every
+  /// synchronize() to this path, with ".rank<r>" inserted before the extension when there are
+  /// several ranks (docs/TIMELINE.md). Empty (the default): nothing is recorded. May differ between
+  /// ranks. Environment: GRADSYNC_TIMELINE.
+  std::string timeline;
 };
 
 }  // namespace gradsync

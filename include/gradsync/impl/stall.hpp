@@ -214,8 +214,10 @@ class Control {
       }
       if (warn > 0 && !warned && waited >= warn) {
         warned = true;
-        std::fprintf(stderr, "gradsync: warning: %s\n", report(site, waited, false).c_str());
+        const std::string r = report(site, waited, false);
+        std::fprintf(stderr, "gradsync: warning: %s\n", r.c_str());
         std::fflush(stderr);
+        if (observer_) observer_(observer_ctx_, ErrorKind::stall, false, r);
       }
       if (o.stall_timeout > 0 && waited >= o.stall_timeout) {
         if constexpr (mpi) {
@@ -258,8 +260,17 @@ class Control {
   /// Views (or anything) that an incomplete collective may still write into; see graveyard().
   void keep_on_failure(std::vector<std::shared_ptr<void>> keep) { keep_ = std::move(keep); }
 
+  /// Called with each stall warning (final = false) and each report this rank throws or aborts
+  /// with (final = true): Options::timeline records them (impl/timeline.hpp).
+  using Observer = void (*)(void* ctx, ErrorKind kind, bool final_report, const std::string& msg);
+  void observe(Observer f, void* ctx) {
+    observer_ = f;
+    observer_ctx_ = ctx;
+  }
+
   /// Throws (or aborts) after telling nothing to anyone: the report is complete.
   [[noreturn]] void fail(ErrorKind k, const std::string& msg, const Options& o) {
+    if (observer_) observer_(observer_ctx_, k, true, msg);  // before MPI_Abort: the trace is flushed
     bury();
     if (k == ErrorKind::stall && o.stall_action == StallAction::abort) {
       std::fprintf(stderr, "gradsync: %s\ngradsync: calling MPI_Abort (stall_action = abort)\n", msg.c_str());
@@ -398,9 +409,10 @@ class Control {
         std::string msg = n.text;
         if (msg.rfind("gradsync: ", 0) == 0) msg = msg.substr(10);
         bury();
-        throw_kind(ErrorKind(n.kind - kFailedBase),
-                   cat("rank ", st.MPI_SOURCE, " failed before the ", site.what, " of synchronize() call ", site.step,
-                       ", so rank ", rank_, " stops too: ", msg));
+        const std::string m = cat("rank ", st.MPI_SOURCE, " failed before the ", site.what, " of synchronize() call ",
+                                  site.step, ", so rank ", rank_, " stops too: ", msg);
+        if (observer_) observer_(observer_ctx_, ErrorKind(n.kind - kFailedBase), true, m);
+        throw_kind(ErrorKind(n.kind - kFailedBase), m);
       }
     }
   }
@@ -455,6 +467,8 @@ class Control {
   std::int64_t arrival_step_ = 0;
   std::vector<std::shared_ptr<void>> keep_;
   std::shared_ptr<std::vector<unsigned char>> scratch_;
+  Observer observer_ = nullptr;
+  void* observer_ctx_ = nullptr;
 };
 
 /// Waits for a backend request with the deadline of Options::stall_timeout (0: none). Over an MPI
