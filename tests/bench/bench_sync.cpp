@@ -7,11 +7,13 @@
 //   bench_sync chunks  <models_dir> <out.csv> [budget_s]   gradsync and raw over chunk sizes
 //   bench_sync growth  <out.csv> [max_mib] [budget_s]      tensor count and byte sweeps
 //   bench_sync overlap <models_dir> <out.csv> [budget_s]   mark_ready during a simulated backward
+//   bench_sync timeline <models_dir> <out_dir>            the traces of docs/TIMELINE.md (ResNet-50)
 //   bench_sync hostpath <tensors> <reps>                   host path only (for callgrind)
 //   bench_sync smoke                                       a few tiny runs of every path (ctest)
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <gradsync/gradsync.hpp>
@@ -185,6 +187,10 @@ void bench_model(const bench::Model& m, double budget, gradsync::Options opt, co
   o = opt;
   o.op = gradsync::ReduceOp::sum;  // what raw and per-tensor compute: no 1/n pass
   variant("gradsync op=sum", o);
+  o = opt;
+  // Options::timeline's cost (docs/TIMELINE.md): every step recorded, the trace written as it fills.
+  o.timeline = std::getenv("BENCH_TIMELINE") ? std::getenv("BENCH_TIMELINE") : "/tmp/gradsync_bench_timeline.json";
+  variant("gradsync timeline", o);
   o = opt;
   o.huge_pages = false;
   variants.push_back(make_sync(m, t4k, o));
@@ -416,6 +422,61 @@ void run_overlap(const std::string& dir, double budget, double factor) {
   }
 }
 
+// The traces behind docs/TIMELINE.md's pictures (Options::timeline): ResNet-50 steps after a
+// simulated backward (as run_overlap: twice the plain sync's time), synchronized after it and with
+// mark_ready during it, then, on 2+ ranks, a stall (the last rank skips a call; 1 s deadline).
+void run_timeline(const std::string& dir, const std::string& out) {
+  std::size_t mlp = 0;
+  const bench::Model m = load_models(dir, &mlp)[0];
+  Tensors t(m);
+  gradsync::Options o;
+  o.read_environment = false;
+  o.timeline = out + "/resnet50_sync_after_backward.json";
+  auto plain = make_sync(m, t, o);
+  o.timeline = out + "/resnet50_mark_ready.json";
+  auto overlapped = make_sync(m, t, o);
+  std::vector<bench::Method> ms{{"sync", [&] { plain->synchronize(); }, {}}};
+  bench::measure(ms, 2, 9);
+  const double backward = 2 * bench::median(ms[0].times);
+  const std::size_t n = m.numel.size();
+  std::vector<double> ready_at(n);
+  double total = 0, acc = 0;
+  for (std::size_t x : m.numel) total += double(x);
+  for (std::size_t j = 0; j < n; ++j) {
+    acc += double(m.numel[n - 1 - j]);
+    ready_at[j] = backward * acc / total;
+  }
+  for (int step = 0; step < 3; ++step)
+    for (int mode = 0; mode < 2; ++mode) {
+      MPI_Barrier(MPI_COMM_WORLD);
+      const double t0 = MPI_Wtime();
+      for (std::size_t j = 0; j < n;) {
+        if (MPI_Wtime() - t0 >= ready_at[j]) {
+          if (mode == 1) overlapped->mark_ready(t.g[n - 1 - j]);
+          ++j;
+        } else {
+          if (mode == 1) overlapped->progress();
+          std::this_thread::sleep_for(std::chrono::microseconds(20));
+        }
+      }
+      (mode == 1 ? overlapped : plain)->synchronize();
+    }
+  plain.reset();
+  overlapped.reset();
+  if (bench::size() < 2) return;
+  o.timeline = out + "/stall.json";
+  o.stall_timeout = 1.0;
+  o.stall_warning = 0.5;
+  auto stalled = make_sync(m, t, o);
+  try {
+    for (int step = 0; step < 3; ++step)
+      if (bench::rank() != bench::size() - 1 || step != 1) stalled->synchronize();  // the last rank skips one
+  } catch (const gradsync::StallError& e) {
+    if (bench::rank() == 0) std::printf("timeline: the stall, as expected: %s\n", e.what());
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
 // The host path alone on `n` tiny tensors (one value each): what callgrind counts.
 void run_hostpath(std::size_t n, int reps) {
   bench::Model m{"tiny", std::vector<std::size_t>(n, 1), std::vector<bool>(n, false)};
@@ -463,6 +524,8 @@ int main(int argc, char** argv) {
       run_growth(std::stoul(arg(3, "512")), std::stod(arg(4, "40")));
     else if (mode == "overlap")
       run_overlap(arg(2, "."), std::stod(arg(4, "8")), std::stod(arg(5, "2")));
+    else if (mode == "timeline")
+      run_timeline(arg(2, GRADSYNC_BENCH_MODELS_DIR), arg(3, "."));
     else if (mode == "hostpath")
       run_hostpath(std::stoul(arg(2, "1000")), std::stoi(arg(3, "100")));
     else if (mode == "smoke")

@@ -98,7 +98,7 @@ class Timeline {
   void reduce_end(std::size_t c, std::int64_t waited_from) {
     if (c >= start_.size()) return;
     const std::int64_t t = now();
-    if (waited_from > 0)
+    if (waited_from > 0 && t - waited_from >= min_wait_ns)  // not the fast path (already complete)
       push(Event{"wait", waited_from, t - waited_from, std::int64_t(c), -1, 0, nullptr, -1, host, Kind::wait, false});
     push(Event{"allreduce", start_[c], std::max<std::int64_t>(0, t - start_[c]), std::int64_t(c), bytes_of(c), 0,
                algorithm_, names_of(c), reduce + int(c % std::size_t(lanes_)), Kind::reduce, in_place_[c] != 0});
@@ -189,6 +189,7 @@ class Timeline {
 
  private:
   static constexpr std::size_t capacity = std::size_t(1) << 15;
+  static constexpr std::int64_t min_wait_ns = 2000;  // shorter waits found the chunk complete
 
   void push(const Event& e) {
     if (events_.size() == capacity) flush();  // only if a step records more than half the buffer
