@@ -67,11 +67,14 @@ def window(events, last_steps):
         starts = []
         for r, stops in by_rank.items():
             stops.sort()
-            starts.append(stops[-last_steps - 1] if len(stops) > last_steps else t0)
+            if len(stops) <= last_steps:
+                return t0, t1
+            # From the rank's first event after its previous step (the program's own work in
+            # between is not in the trace).
+            prev = stops[-last_steps - 1]
+            starts.append(min(e["ts"] for e in events if e["pid"] == r and e["ph"] in "Xi" and e["ts"] >= prev))
         if starts:
-            # From the first event after the previous step (the program's own work in between is
-            # not in the trace).
-            t0 = min((e["ts"] for e in events if e["ph"] in "Xi" and e["ts"] > min(starts)), default=t0)
+            t0 = min(starts)
     return t0, t1
 
 

@@ -175,7 +175,7 @@ class GradientSync {
   /// Call after each backward pass. Returns true when the gradients hold synchronized values
   /// (every Nth call, N = backward_passes_per_step); otherwise they are accumulated internally.
   bool synchronize() {
-    impl::TimelineScope span(timeline_.get(), impl::Timeline::Kind::call, "synchronize", std::int64_t(stats_.passes + 1));
+    const std::int64_t t_begin = timeline_ ? impl::Timeline::now() : 0;  // no RAII here: keeps the inlining of the timeline-off path
     if (!step_open_) checks_before_pass();  // else mark_ready ran them when it opened the step
     const auto t0 = std::chrono::steady_clock::now();
     if (dirty_ && !step_open_) build_plan();
@@ -187,6 +187,7 @@ class GradientSync {
     if (pass_ < n_passes) {
       accumulate(pass_ == 1);
       impl::fence(exec_, impl::label_fence_sync());
+      if (timeline_) timeline_->step_span(t_begin, stats_.passes);
       return false;
     }
     pass_ = 0;
@@ -195,6 +196,7 @@ class GradientSync {
     impl::fence(exec_, impl::label_fence_sync());
     ++stats_.steps;
     if (tuner_.active()) tune(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    if (timeline_) timeline_->step_span(t_begin, stats_.passes);
     return true;
   }
 

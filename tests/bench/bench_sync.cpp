@@ -8,6 +8,7 @@
 //   bench_sync growth  <out.csv> [max_mib] [budget_s]      tensor count and byte sweeps
 //   bench_sync overlap <models_dir> <out.csv> [budget_s]   mark_ready during a simulated backward
 //   bench_sync timeline <models_dir> <out_dir>            the traces of docs/TIMELINE.md (ResNet-50)
+//   bench_sync timeline_cost <models_dir> <reps>          ResNet-50 with Options::timeline off and on
 //   bench_sync hostpath <tensors> <reps>                   host path only (for callgrind)
 //   bench_sync smoke                                       a few tiny runs of every path (ctest)
 #include <chrono>
@@ -477,6 +478,29 @@ void run_timeline(const std::string& dir, const std::string& out) {
   MPI_Barrier(MPI_COMM_WORLD);
 }
 
+// Options::timeline's cost on ResNet-50: the same gradients synchronized with the timeline off and
+// on, interleaved, `reps` times each; medians and the median of the per-round ratios.
+void run_timeline_cost(const std::string& dir, int reps) {
+  std::size_t mlp = 0;
+  const bench::Model m = load_models(dir, &mlp)[0];
+  Tensors t(m);
+  gradsync::Options o;
+  o.read_environment = false;
+  auto off = make_sync(m, t, o);
+  o.timeline = "/tmp/gradsync_timeline_cost.json";
+  auto on = make_sync(m, t, o);
+  std::vector<bench::Method> ms{{"timeline off", [&] { off->synchronize(); }, {}},
+                                {"timeline on", [&] { on->synchronize(); }, {}}};
+  bench::measure(ms, 3, reps);
+  std::vector<double> ratio;
+  for (std::size_t r = 0; r < ms[0].times.size(); ++r) ratio.push_back(ms[1].times[r] / ms[0].times[r]);
+  if (bench::rank() == 0)
+    std::printf("timeline_cost: ResNet-50, %d ranks, %d rounds: off %.3f ms, on %.3f ms (medians); median of "
+                "on/off per round %.4f\n",
+                bench::size(), reps, 1e3 * bench::median(ms[0].times), 1e3 * bench::median(ms[1].times),
+                bench::median(ratio));
+}
+
 // The host path alone on `n` tiny tensors (one value each): what callgrind counts.
 void run_hostpath(std::size_t n, int reps) {
   bench::Model m{"tiny", std::vector<std::size_t>(n, 1), std::vector<bool>(n, false)};
@@ -526,6 +550,8 @@ int main(int argc, char** argv) {
       run_overlap(arg(2, "."), std::stod(arg(4, "8")), std::stod(arg(5, "2")));
     else if (mode == "timeline")
       run_timeline(arg(2, GRADSYNC_BENCH_MODELS_DIR), arg(3, "."));
+    else if (mode == "timeline_cost")
+      run_timeline_cost(arg(2, GRADSYNC_BENCH_MODELS_DIR), std::stoi(arg(3, "41")));
     else if (mode == "hostpath")
       run_hostpath(std::stoul(arg(2, "1000")), std::stoi(arg(3, "100")));
     else if (mode == "smoke")

@@ -86,6 +86,11 @@ class Timeline {
   void span(Kind k, const char* name, std::int64_t t0, std::int64_t a = -1, std::int64_t b = -1) {
     push(Event{name, t0, std::max<std::int64_t>(0, now() - t0), a, b, 0, nullptr, -1, host, k, false});
   }
+  // synchronize() call `call`, begun at t0 (then, between steps, the buffer may be written out).
+  void step_span(std::int64_t t0, std::uint64_t call) {
+    span(Kind::call, "synchronize", t0, std::int64_t(call));
+    step_done();
+  }
   void chunk_span(Kind k, std::size_t c, std::int64_t t0) {
     push(Event{k == Kind::pack ? "pack" : "unpack", t0, std::max<std::int64_t>(0, now() - t0), std::int64_t(c),
                bytes_of(c), 0, nullptr, names_of(c), k == Kind::pack ? pack : unpack, k, false});
@@ -302,7 +307,6 @@ class TimelineScope {
       t_->chunk_span(k_, std::size_t(a_), t0_);
     else
       t_->span(k_, name_, t0_, a_, b_);
-    if (k_ == Timeline::Kind::call) t_->step_done();
   }
   TimelineScope(const TimelineScope&) = delete;
   TimelineScope& operator=(const TimelineScope&) = delete;
