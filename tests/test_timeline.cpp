@@ -6,6 +6,7 @@
 #include <gradsync/gradsync.hpp>
 
 #include <dirent.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -198,7 +199,11 @@ struct Trace {
 
 // Parses the trace and checks what holds for every trace: events are objects with name, ph, pid
 // (this rank), tid and ts; spans have dur >= 0 and nest within their lane.
+bool well_formed_as(const std::string& text, Json& doc, std::string& why, int rank);
 bool well_formed(const std::string& text, Json& doc, std::string& why) {
+  return well_formed_as(text, doc, why, world_rank());
+}
+bool well_formed_as(const std::string& text, Json& doc, std::string& why, int rank) {
   try {
     doc = parse(text);
   } catch (const std::exception& e) {
@@ -211,7 +216,7 @@ bool well_formed(const std::string& text, Json& doc, std::string& why) {
   for (const Json& e : ev->items) {
     const Json* ph = e.get("ph");
     const Json* pid = e.get("pid");
-    if (!ph || !e.get("name") || !pid || pid->num != world_rank()) return why = "event without ph/name/pid", false;
+    if (!ph || !e.get("name") || !pid || pid->num != rank) return why = "event without ph/name/pid", false;
     if (ph->str == "M") continue;
     const Json* ts = e.get("ts");
     const Json* tid = e.get("tid");
@@ -504,3 +509,39 @@ TEST_CASE("a stall's trace holds the warning, the missing rank and the error") {
   MPI_Barrier(MPI_COMM_WORLD);
   if (rank == 0) ::rmdir(dir.c_str());
 }
+
+// stall_action = abort: the trace is written before MPI_Abort. The first test case runs in a job
+// that aborts (ctest timeline_abort, 2 ranks); the second (timeline_abort_check) reads its files.
+#ifdef GRADSYNC_TIMELINE_ABORT_DIR
+TEST_CASE("timeline before an abort" * doctest::skip()) {
+  const int rank = world_rank(), victim = world_size() - 1;
+  ::mkdir(GRADSYNC_TIMELINE_ABORT_DIR, 0755);
+  MPI_Barrier(MPI_COMM_WORLD);
+  gradsync::Options o = base_opts(GRADSYNC_TIMELINE_ABORT_DIR "/trace.json");
+  o.stall_timeout = 1.0;
+  o.stall_warning = 0.4;
+  o.stall_action = gradsync::StallAction::abort;
+  View g("g", 16);
+  Sync sync(gradsync::MpiBackend(MPI_COMM_WORLD), o);
+  sync.add<Dense>(g, "g");
+  sync.synchronize();
+  if (rank == victim) std::this_thread::sleep_for(std::chrono::seconds(60));  // killed by the abort
+  sync.synchronize();
+  FAIL("the job should have been aborted");
+}
+
+TEST_CASE("the trace of an aborted job" * doctest::skip()) {
+  // Rank 0 of the 2-rank job above waited for rank 1, warned, and aborted: its file is complete.
+  Json doc;
+  std::string why;
+  const bool ok = well_formed_as(read_file(GRADSYNC_TIMELINE_ABORT_DIR "/trace.rank0.json"), doc, why, 0);
+  CAPTURE(why);
+  REQUIRE(ok);
+  REQUIRE(named(doc, "stall warning").size() == 1);
+  const auto errors = named(doc, "StallError");
+  REQUIRE(errors.size() == 1);
+  CHECK(errors[0]->get("args")->get("missing_ranks")->str == "[1]");
+  CHECK(named(doc, "synchronize").size() == 1);  // the first call; the second threw
+  CHECK(named(doc, "allreduce").size() == 1);
+}
+#endif
