@@ -263,10 +263,9 @@ std::vector<std::string> split_names(const std::string& s) {
   return out;
 }
 
-gradsync::Options base_opts(const std::string& path) {
+gradsync::Options base_opts() {
   gradsync::Options o;
   o.read_environment = false;
-  o.timeline = path;
   o.stall_timeout = 30;
   return o;
 }
@@ -299,7 +298,7 @@ struct Model {
 void check_run(gradsync::Options o, bool marks, int steps) {
   const std::string dir = temp_dir();
   const std::string base = dir + "/trace.json";
-  o.timeline = base;
+  o.timeline = base.c_str();
   Model m(world_rank());
   std::uint64_t bytes = 0;
   std::size_t calls = 0;
@@ -387,21 +386,21 @@ TEST_CASE("the reader rejects malformed JSON") {
 }
 
 TEST_CASE("a timeline of nonblocking steps") {
-  gradsync::Options o = base_opts("");
+  gradsync::Options o = base_opts();
   o.fusion_threshold_bytes = 4096;  // several chunks, some in flight together
   o.max_chunks_in_flight = 2;
   check_run(o, false, 3);
 }
 
 TEST_CASE("a timeline of blocking steps") {
-  gradsync::Options o = base_opts("");
+  gradsync::Options o = base_opts();
   o.collectives = gradsync::Collectives::blocking;
   o.fusion_threshold_bytes = 4096;
   check_run(o, false, 2);
 }
 
 TEST_CASE("a timeline with mark_ready") {
-  gradsync::Options o = base_opts("");
+  gradsync::Options o = base_opts();
   o.collectives = gradsync::Collectives::nonblocking;
   o.fusion_threshold_bytes = 4096;
   check_run(o, true, 3);
@@ -438,7 +437,8 @@ TEST_CASE("GRADSYNC_TIMELINE turns it on; without it nothing is written") {
     Sync sync(gradsync::MpiBackend(MPI_COMM_WORLD), o);
     m.add_to(sync);
     sync.synchronize();
-    CHECK(sync.options().timeline == base2);
+    CHECK(std::string(sync.options().timeline) == base2);
+    CHECK(sync.options().timeline != std::getenv("GRADSYNC_TIMELINE"));  // a copy of its own
   }
   ::unsetenv("GRADSYNC_TIMELINE");
   Json doc;
@@ -452,7 +452,8 @@ TEST_CASE("GRADSYNC_TIMELINE turns it on; without it nothing is written") {
 }
 
 TEST_CASE("a path that cannot be written is a ConfigError naming it") {
-  gradsync::Options o = base_opts("/nonexistent-gradsync-dir/t.json");
+  gradsync::Options o = base_opts();
+  o.timeline = "/nonexistent-gradsync-dir/t.json";
   bool thrown = false;
   std::string what;
   try {
@@ -470,7 +471,8 @@ TEST_CASE("a stall's trace holds the warning, the missing rank and the error") {
   const int rank = world_rank(), victim = world_size() - 1;
   const std::string dir = temp_dir();
   const std::string base = dir + "/stall.json";
-  gradsync::Options o = base_opts(base);
+  gradsync::Options o = base_opts();
+  o.timeline = base.c_str();
   o.op = gradsync::ReduceOp::sum;
   o.stall_timeout = 1.0;
   o.stall_warning = 0.4;
@@ -517,7 +519,8 @@ TEST_CASE("timeline before an abort" * doctest::skip()) {
   const int rank = world_rank(), victim = world_size() - 1;
   ::mkdir(GRADSYNC_TIMELINE_ABORT_DIR, 0755);
   MPI_Barrier(MPI_COMM_WORLD);
-  gradsync::Options o = base_opts(GRADSYNC_TIMELINE_ABORT_DIR "/trace.json");
+  gradsync::Options o = base_opts();
+  o.timeline = GRADSYNC_TIMELINE_ABORT_DIR "/trace.json";
   o.stall_timeout = 1.0;
   o.stall_warning = 0.4;
   o.stall_action = gradsync::StallAction::abort;

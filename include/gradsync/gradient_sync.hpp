@@ -364,6 +364,7 @@ class GradientSync {
   // Environment overrides applied, then validated, before anything collective starts.
   static Options prepare_options(const Options& given) {
     Options o = given.read_environment ? apply_env(given) : given;
+    o.timeline = impl::keep_timeline_path(o.timeline);
     validate_options(o);
     return o;
   }

@@ -2,7 +2,6 @@
 #pragma once
 
 #include <cstddef>
-#include <string>
 
 #include "topology.hpp"
 
@@ -121,11 +120,13 @@ struct Options {
   /// before 6.1 and for device memory.
   /// Environment: GRADSYNC_HUGE_PAGES.
   bool huge_pages = true;
-  /// Non-empty: each rank writes a Chrome trace (JSON for Perfetto or chrome://tracing) of every
-  /// synchronize() to this path, with ".rank<r>" inserted before the extension when there are
-  /// several ranks (docs/TIMELINE.md). Empty (the default): nothing is recorded. May differ between
+  /// A path: each rank writes a Chrome trace (JSON for Perfetto or chrome://tracing) of every
+  /// synchronize() there, with ".rank<r>" inserted before the extension when there are several
+  /// ranks (docs/TIMELINE.md). Null or empty (the default): nothing is recorded. The GradientSync
+  /// constructor copies the string (it need not outlive it; options().timeline points to the copy).
+  /// A pointer, not a std::string, so that Options stays trivially copyable. May differ between
   /// ranks. Environment: GRADSYNC_TIMELINE.
-  std::string timeline;
+  const char* timeline = nullptr;
 };
 
 }  // namespace gradsync

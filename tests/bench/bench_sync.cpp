@@ -432,9 +432,11 @@ void run_timeline(const std::string& dir, const std::string& out) {
   Tensors t(m);
   gradsync::Options o;
   o.read_environment = false;
-  o.timeline = out + "/resnet50_sync_after_backward.json";
+  const std::string after = out + "/resnet50_sync_after_backward.json", marked = out + "/resnet50_mark_ready.json",
+                    stall = out + "/stall.json";
+  o.timeline = after.c_str();
   auto plain = make_sync(m, t, o);
-  o.timeline = out + "/resnet50_mark_ready.json";
+  o.timeline = marked.c_str();
   auto overlapped = make_sync(m, t, o);
   std::vector<bench::Method> ms{{"sync", [&] { plain->synchronize(); }, {}}};
   bench::measure(ms, 2, 9);
@@ -465,7 +467,7 @@ void run_timeline(const std::string& dir, const std::string& out) {
   plain.reset();
   overlapped.reset();
   if (bench::size() < 2) return;
-  o.timeline = out + "/stall.json";
+  o.timeline = stall.c_str();
   o.stall_timeout = 1.0;
   o.stall_warning = 0.5;
   auto stalled = make_sync(m, t, o);

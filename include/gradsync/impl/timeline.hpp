@@ -15,6 +15,8 @@
 #include <cstdint>
 #include <cstdio>
 #include <memory>
+#include <mutex>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -23,6 +25,16 @@
 #include "stall.hpp"
 
 namespace gradsync::impl {
+
+/// A copy of Options::timeline's string that lives as long as the process (options() hands it
+/// out): the paths of a process are few. Null for null or empty.
+inline const char* keep_timeline_path(const char* p) {
+  if (!p || !*p) return nullptr;
+  static std::mutex m;
+  static auto* kept = new std::set<std::string>();  // intentionally leaked
+  std::lock_guard<std::mutex> lock(m);
+  return kept->insert(p).first->c_str();
+}
 
 /// Where a rank writes its trace: `path` itself on one rank, else `path` with ".rank<r>" inserted
 /// before its extension ("t.json" -> "t.rank1.json"; "trace" -> "trace.rank1").
@@ -320,8 +332,8 @@ class TimelineScope {
 
 /// Options::timeline's trace for this rank, observing the side channel's reports; null when off.
 template <class Control>
-std::unique_ptr<Timeline> open_timeline(const std::string& path, int rank, int ranks, Control& ctl) {
-  if (path.empty()) return nullptr;
+std::unique_ptr<Timeline> open_timeline(const char* path, int rank, int ranks, Control& ctl) {
+  if (!path || !*path) return nullptr;
   auto t = std::make_unique<Timeline>(path, rank, ranks);
   ctl.observe(&Timeline::observe, t.get());
   return t;
