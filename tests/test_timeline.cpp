@@ -19,6 +19,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "gradsync_test.hpp"
@@ -449,6 +450,39 @@ TEST_CASE("GRADSYNC_TIMELINE turns it on; without it nothing is written") {
   std::remove(path.c_str());
   MPI_Barrier(MPI_COMM_WORLD);
   if (world_rank() == 0) ::rmdir(dir2.c_str());
+}
+
+TEST_CASE("two live syncs with one path write two files; .sync2 is the second's") {
+  const std::string dir = temp_dir();
+  const std::string base = dir + "/two.json", second = dir + "/two.sync2.json";
+  gradsync::Options o = base_opts();
+  o.timeline = base.c_str();
+  View a("a", 10), b("b", 20);
+  {
+    Sync s1(gradsync::MpiBackend(MPI_COMM_WORLD), o);
+    Sync s2(gradsync::MpiBackend(MPI_COMM_WORLD), o);
+    s1.add<Dense>(a, "a");
+    s2.add<Dense>(b, "b");
+    s1.synchronize();
+    s2.synchronize();
+    s2.synchronize();
+  }
+  for (const auto& [path, tensor, calls] : {std::tuple(base, "a", 1), std::tuple(second, "b", 2)}) {
+    Json doc;
+    std::string why;
+    CAPTURE(path);
+    GRADSYNC_CHECK_ALL(well_formed(read_file(rank_file(path)), doc, why));
+    const auto reds = named(doc, "allreduce");
+    GRADSYNC_CHECK_ALL(reds.size() == std::size_t(calls) && reds[0]->get("args")->get("tensors")->str == tensor);
+    std::remove(rank_file(path).c_str());
+  }
+  {  // both gone: the next one writes the path itself again
+    Sync s3(gradsync::MpiBackend(MPI_COMM_WORLD), o);
+  }
+  GRADSYNC_CHECK_ALL(exists(rank_file(base)) && !exists(rank_file(second)));
+  std::remove(rank_file(base).c_str());
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (world_rank() == 0) ::rmdir(dir.c_str());
 }
 
 TEST_CASE("a path that cannot be written is a ConfigError naming it") {

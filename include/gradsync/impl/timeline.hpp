@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -38,9 +39,9 @@ inline const char* keep_timeline_path(const char* p) {
 
 /// Where a rank writes its trace: `path` itself on one rank, else `path` with ".rank<r>" inserted
 /// before its extension ("t.json" -> "t.rank1.json"; "trace" -> "trace.rank1").
-inline std::string timeline_path(const std::string& path, int rank, int ranks) {
+inline std::string timeline_path(const std::string& path, int rank, int ranks, const char* what = ".rank") {
   if (ranks == 1) return path;
-  const std::string tag = ".rank" + std::to_string(rank);
+  const std::string tag = what + std::to_string(rank);
   const std::size_t slash = path.find_last_of('/');
   const std::size_t base = slash == std::string::npos ? 0 : slash + 1;
   const std::size_t dot = path.find_last_of('.');
@@ -68,8 +69,19 @@ class Timeline {
     bool flag;             // reduce: in place; tune: settled
   };
 
-  Timeline(std::string path, int rank, int ranks) : path_(timeline_path(path, rank, ranks)), rank_(rank) {
+  Timeline(const std::string& path, int rank, int ranks) : rank_(rank) {
+    // Another GradientSync of this process writing to the same path (GRADSYNC_TIMELINE applies to
+    // every sync): this one writes PATH with ".sync<k>" before the extension, k its number among them.
+    {
+      std::lock_guard<std::mutex> lock(live_mutex());
+      auto& used = live()[path];
+      while (std::find(used.begin(), used.end(), sync_) != used.end()) ++sync_;
+      used.push_back(sync_);
+    }
+    base_ = path;
+    path_ = timeline_path(sync_ == 1 ? path : timeline_path(path, sync_, -1, ".sync"), rank, ranks);
     file_ = std::fopen(path_.c_str(), "w");
+    if (!file_) release();
     if (!file_)
       throw ConfigError(cat("Options::timeline (GRADSYNC_TIMELINE): cannot write '", path_, "' on rank ", rank));
     events_.reserve(capacity);
@@ -85,6 +97,7 @@ class Timeline {
   ~Timeline() {
     flush();
     std::fclose(file_);
+    release();
   }
 
   const std::string& path() const { return path_; }
@@ -205,6 +218,21 @@ class Timeline {
   }
 
  private:
+  // The paths written by live Timelines, and their sync numbers.
+  static std::mutex& live_mutex() {
+    static std::mutex m;
+    return m;
+  }
+  static std::map<std::string, std::vector<int>>& live() {
+    static auto* m = new std::map<std::string, std::vector<int>>();  // intentionally leaked
+    return *m;
+  }
+  void release() {
+    std::lock_guard<std::mutex> lock(live_mutex());
+    auto& used = live()[base_];
+    used.erase(std::find(used.begin(), used.end(), sync_));
+  }
+
   static constexpr std::size_t capacity = std::size_t(1) << 15;
   static constexpr std::int64_t min_wait_ns = 2000;  // shorter waits found the chunk complete
 
@@ -291,7 +319,8 @@ class Timeline {
     out += "}}";
   }
 
-  std::string path_;
+  std::string base_, path_;
+  int sync_ = 1;  // among this process's live syncs writing to base_
   int rank_ = 0;
   std::FILE* file_ = nullptr;
   long end_ = -1;       // where "]}" starts in the file
