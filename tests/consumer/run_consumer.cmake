@@ -3,7 +3,7 @@
 # a component this installation lacks (torch always; cuda, nccl when not built) fails find_package
 # with a message naming it.
 #   cmake -DBUILD=<gradsync build dir> -DSRC=<consumer source> -DWORK=<scratch> -DMPIEXEC=...
-#         -DVERSION=<project version> -DHAVE_CUDA=ON|OFF -DHAVE_NCCL=ON|OFF
+#         -DVERSION=<project version> -DHAVE_CUDA=ON|OFF -DHAVE_NCCL=ON|OFF -DHAVE_C=ON|OFF -DHAVE_FORTRAN=ON|OFF
 #         -DKOKKOS_DIR=<Kokkos_DIR> -DCXX=<compiler> -DCXX_FLAGS=<flags> -P run_consumer.cmake
 file(REMOVE_RECURSE "${WORK}")
 function(step)
@@ -16,7 +16,7 @@ step(${CMAKE_COMMAND} --install "${BUILD}" --prefix "${WORK}/prefix")
 
 set(have "")
 set(lacking torch)
-foreach(c cuda nccl)
+foreach(c cuda nccl c fortran)
   string(TOUPPER "${c}" C)
   if(HAVE_${C})
     list(APPEND have ${c})
@@ -36,6 +36,8 @@ string(REPLACE ";" "," lacking_csv "${lacking}")
 set(why_torch "GradSync component 'torch' is not available: gradsync ${VERSION} has no PyTorch integration yet")
 set(why_cuda "GradSync component 'cuda' was not built: gradsync ${VERSION} was configured without CUDA")
 set(why_nccl "GradSync component 'nccl' was not built: gradsync ${VERSION} was configured without NCCL")
+set(why_c "GradSync component 'c' was not built")
+set(why_fortran "GradSync component 'fortran' was not built")
 foreach(c IN LISTS lacking)
   execute_process(COMMAND ${CMAKE_COMMAND} -S "${SRC}" -B "${WORK}/build-${c}" "-DCMAKE_PREFIX_PATH=${WORK}/prefix"
                           ${same_toolchain} "-DREQUIRE=${have_csv},${c}"
@@ -53,4 +55,10 @@ step(${CMAKE_COMMAND} -S "${SRC}" -B "${WORK}/build" "-DCMAKE_PREFIX_PATH=${WORK
      ${same_toolchain} "-DREQUIRE=${have_csv}" "-DOPTIONAL=${lacking_csv}" "-DEXPECTED_VERSION=${VERSION}")
 step(${CMAKE_COMMAND} --build "${WORK}/build")
 step(${MPIEXEC} -np 2 --oversubscribe "${WORK}/build/consumer")
+if(EXISTS "${WORK}/build/consumer_c")
+  step(${MPIEXEC} -np 2 --oversubscribe "${WORK}/build/consumer_c")
+endif()
+if(EXISTS "${WORK}/build/consumer_f")
+  step("${WORK}/build/consumer_f")
+endif()
 message(STATUS "consumer: every check passed (required [${have}], refused [${lacking}], version ${VERSION})")
