@@ -1,5 +1,6 @@
 /* The C interface (gradsync_c.h), compiled as C: every error path and the values synchronize
  * produces, against analytic per-rank values. Failures are agreed across ranks (no rank hangs). */
+#define _POSIX_C_SOURCE 200112L /* setenv */
 #include <gradsync/gradsync_c.h>
 
 #include <math.h>
@@ -203,6 +204,20 @@ static void test_mismatch(void) {
   CHECK(gradsync_destroy(&h) == GRADSYNC_OK);
 }
 
+/* A malformed GRADSYNC_* variable: GRADSYNC_ERR_CONFIG naming it; ignored with read_environment = 0. */
+static void test_config_error(void) {
+  gradsync_handle h = NULL;
+  gradsync_options o;
+  gradsync_options_init(&o);
+  setenv("GRADSYNC_STALL_ACTION", "explode", 1);
+  CHECK(error_is(gradsync_create(MPI_Comm_c2f(MPI_COMM_WORLD), NULL, &h), GRADSYNC_ERR_CONFIG, "GRADSYNC_STALL_ACTION", "explode"));
+  CHECK(h == NULL);
+  o.read_environment = 0;
+  CHECK(gradsync_create(MPI_Comm_c2f(MPI_COMM_WORLD), &o, &h) == GRADSYNC_OK);
+  CHECK(gradsync_destroy(&h) == GRADSYNC_OK);
+  unsetenv("GRADSYNC_STALL_ACTION");
+}
+
 static void test_status_names(void) {
   CHECK(strcmp(gradsync_status_name(GRADSYNC_OK), "GRADSYNC_OK") == 0);
   CHECK(strcmp(gradsync_status_name(GRADSYNC_ERR_MISMATCH), "GRADSYNC_ERR_MISMATCH") == 0);
@@ -219,6 +234,7 @@ int main(int argc, char** argv) {
   test_values();
   test_options();
   test_mismatch();
+  test_config_error();
   test_status_names();
   int any = failures_;
   MPI_Allreduce(MPI_IN_PLACE, &any, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
