@@ -32,6 +32,9 @@ if(GRADSYNC_ENABLE_C)
     target_include_directories(gradsync_fortran INTERFACE $<BUILD_INTERFACE:${_gradsync_moddir}>
                                                           $<INSTALL_INTERFACE:${_gradsync_modinst}>)
     target_link_libraries(gradsync_fortran PUBLIC gradsync_c)
+    if(GRADSYNC_WARNINGS)  # gradsync's own build: Fortran's share of the warning flags
+      target_compile_options(gradsync_fortran PRIVATE -Wall -Wextra $<$<BOOL:${GRADSYNC_WERROR}>:-Werror>)
+    endif()
     install(TARGETS gradsync_fortran EXPORT GradSyncTargets ARCHIVE DESTINATION "${CMAKE_INSTALL_LIBDIR}")
     install(DIRECTORY "${_gradsync_moddir}/" DESTINATION "${_gradsync_modinst}" FILES_MATCHING PATTERN "*.mod")
   endif()

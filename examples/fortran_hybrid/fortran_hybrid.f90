@@ -13,6 +13,7 @@
 program fortran_hybrid
   use mpi
   use gradsync
+  use, intrinsic :: iso_c_binding, only: c_loc, c_int64_t
   implicit none
   integer, parameter :: dp = kind(1.0d0), D = 4, H = 6, B = 12, STEPS = 15
   real(dp), parameter :: lr = 0.2_dp, tol = 1e-12_dp
@@ -71,7 +72,9 @@ program fortran_hybrid
   call gradsync_add(gs, gW1, GRADSYNC_DATA_PARALLEL, "trunk.W1", ierr); call check(ierr)
   call gradsync_add(gs, gb1, GRADSYNC_DATA_PARALLEL, "trunk.b1", ierr); call check(ierr)
   call gradsync_add(gs, gv, GRADSYNC_LOCAL_SCALED, "head.v", ierr); call check(ierr)
-  call gradsync_add(gs, gc, GRADSYNC_LOCAL_SCALED, "head.c", ierr); call check(ierr)
+  ! any contiguous array also goes by address and count (arrays of rank 3 and more)
+  call gradsync_add_ptr(gs, c_loc(gc), size(gc, kind=c_int64_t), GRADSYNC_DOUBLE, GRADSYNC_LOCAL_SCALED, "head.c", ierr)
+  call check(ierr)
   call gradsync_add(gs, loss_buf, GRADSYNC_DATA_PARALLEL, "loss", ierr); call check(ierr)
 
   worst = 0

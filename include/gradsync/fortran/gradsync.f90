@@ -5,6 +5,7 @@
 !   type(gradsync_t) :: gs
 !   call gradsync_create(gs, MPI_COMM_WORLD, ierr)           ! mpi_f08: MPI_COMM_WORLD%MPI_VAL
 !   call gradsync_add(gs, grad_w, GRADSYNC_DATA_PARALLEL, "w", ierr)   ! real32/real64, rank 1 or 2
+!   call gradsync_add_ptr(gs, c_loc(g4), size(g4, kind=c_int64_t), GRADSYNC_FLOAT, GRADSYNC_LOCAL, "g4", ierr) ! any rank
 !   call gradsync_synchronize(gs, done, ierr)                ! done: logical, a step completed
 !   call gradsync_destroy(gs, ierr)
 !
@@ -47,7 +48,7 @@ module gradsync
   end type
 
   public :: gradsync_options_init, gradsync_create, gradsync_add, gradsync_synchronize, gradsync_get_stats
-  public :: gradsync_size, gradsync_rank, gradsync_destroy, gradsync_last_error
+  public :: gradsync_size, gradsync_rank, gradsync_destroy, gradsync_last_error, gradsync_add_ptr
 
   interface gradsync_add
     module procedure add_r4_1, add_r4_2, add_r8_1, add_r8_2
@@ -165,6 +166,17 @@ contains
     character(len=*), intent(in) :: name
     integer, intent(out) :: ierr
     ierr = c_add(gs%h, c_loc(a), int(size(a), c_int64_t), GRADSYNC_DOUBLE, int(kind, c_int32_t), c_name(name))
+  end subroutine
+
+  !> Any contiguous array (any rank): its address (c_loc), element count and GRADSYNC_FLOAT/DOUBLE.
+  subroutine gradsync_add_ptr(gs, ptr, count, dtype, kind, name, ierr)
+    type(gradsync_t), intent(in) :: gs
+    type(c_ptr), intent(in) :: ptr
+    integer(c_int64_t), intent(in) :: count
+    integer, intent(in) :: dtype, kind
+    character(len=*), intent(in) :: name
+    integer, intent(out) :: ierr
+    ierr = c_add(gs%h, ptr, count, int(dtype, c_int32_t), int(kind, c_int32_t), c_name(name))
   end subroutine
 
   !> Collective. done is .true. when the arrays hold synchronized values.
