@@ -9,6 +9,7 @@
 // reference.hpp, with the inputs and initial values). Every parameter is compared after each step.
 //
 //   mpirun -n 3 ./torch_hybrid      prints "check PASSED" (exit 0) or "check FAILED" (exit 1)
+//   mpirun -n 3 ./torch_hybrid --head-scale none     heads not divided by n: must fail for n > 1
 #include <mpi.h>
 #include <torch/torch.h>
 
@@ -26,8 +27,11 @@ namespace ref = torch_hybrid_ref;
 
 struct Trunk {};
 struct Head {};
+struct UnscaledHead {};  // --head-scale none: what a hybrid code gets wrong without the 1/n
 template <>
 struct gradsync::LocalVarPolicy<Head> : gradsync::KeepLocal<gradsync::LocalScale::world_size> {};
+template <>
+struct gradsync::LocalVarPolicy<UnscaledHead> : gradsync::KeepLocal<gradsync::LocalScale::none> {};
 
 struct NetImpl : torch::nn::Module {
   torch::nn::Linear trunk{nullptr}, head{nullptr};
@@ -84,8 +88,10 @@ int main(int argc, char** argv) {
 
     // Every parameter in one call: "head.*" local to this rank, the rest data-parallel.
     gradsync::GradientSync<gradsync::MpiBackend, torch::Tensor> sync(gradsync::MpiBackend(MPI_COMM_WORLD));
-    const gradsync::TorchParameters params = gradsync::add_parameters<Trunk, Head>(
-        sync, *net, [](const std::string& name) { return name.rfind("head.", 0) == 0; });
+    const auto is_head = [](const std::string& name) { return name.rfind("head.", 0) == 0; };
+    const bool unscaled = argc > 2 && std::string(argv[1]) == "--head-scale" && std::string(argv[2]) == "none";
+    const gradsync::TorchParameters params = unscaled ? gradsync::add_parameters<Trunk, UnscaledHead>(sync, *net, is_head)
+                                                      : gradsync::add_parameters<Trunk, Head>(sync, *net, is_head);
     torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(ref::LR));
 
     double worst = 0, loss_err = 0;
