@@ -13,6 +13,11 @@ if(GRADSYNC_ENABLE_C)
   # gradsync (Kokkos, MPI) is PUBLIC: the static library needs them at the user's link; mpi.h comes with it.
   target_link_libraries(gradsync_c PUBLIC gradsync)
   target_compile_options(gradsync_c PRIVATE ${GRADSYNC_WARNINGS})
+  if(GRADSYNC_SANITIZE)
+    # Compiled with the sanitizers (GradSyncWarnings.cmake, CI's second pass): whoever links the
+    # static library, the installed one included, needs their runtimes.
+    target_link_options(gradsync_c INTERFACE -fsanitize=address,undefined)
+  endif()
   install(TARGETS gradsync_c EXPORT GradSyncTargets ARCHIVE DESTINATION "${CMAKE_INSTALL_LIBDIR}")
 
   include(CheckLanguage)
