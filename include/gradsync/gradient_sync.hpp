@@ -33,6 +33,7 @@
 #include "impl/fusion_plan.hpp"
 #include "impl/huge_pages.hpp"
 #include "impl/ready_tracker.hpp"
+#include "impl/segment_table.hpp"
 #include "impl/stall.hpp"
 #include "local_var_policy.hpp"
 #include "options.hpp"
@@ -148,6 +149,7 @@ class GradientSync {
   /// Call after each backward pass. Returns true when the gradients hold synchronized values
   /// (every Nth call, N = backward_passes_per_step); otherwise they are accumulated internally.
   bool synchronize() {
+    pending_ = false;  // the tensors are about to hold this pass's values
     if (!step_open_) checks_before_pass();  // else mark_ready ran them when it opened the step
     const auto t0 = std::chrono::steady_clock::now();
     if (dirty_ && !step_open_) build_plan();
@@ -165,6 +167,7 @@ class GradientSync {
     reduce_data_parallel(n_passes > 1);
     finish_local(n_passes > 1);
     impl::fence(exec_, impl::label_fence_sync());
+    pending_ = n_deferred_segs_ > 0;
     ++stats_.steps;
     if (tuner_.active()) tune(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     return true;
@@ -290,6 +293,60 @@ class GradientSync {
     for (const Entry& e : entries_) f(e.data, e.size, e.local());
   }
 
+  /// Leaves the local scale of this tensor (1/world_size and 1/N, see local_scale_of) to the caller
+  /// instead of a pass of its own: after synchronize() returns true the tensor holds the unscaled
+  /// sum, and pending_scale(tensor) is the factor the caller must apply (DistributedOptimizer folds
+  /// it into the optimizer's update). Takes effect only while the tensor is local; rank-local (the
+  /// ranks need not agree). Not inside an aggregation cycle.
+  template <class U>
+  void defer_local_scale(const U& tensor, bool defer = true) {
+    Entry& e = entry_of(TensorTraits<U>::data(tensor), TensorTraits<U>::size(tensor), "defer_local_scale");
+    if (e.defer_scale == defer) return;
+    if (pass_ != 0)
+      throw Error(impl::cat("defer_local_scale('", e.name, "', group ", e.group, ") called after pass ", pass_, " of ",
+                            opt_.backward_passes_per_step, " of an aggregation cycle; call it between steps"));
+    e.defer_scale = defer;
+    dirty_ = true;  // the local segments change; nothing the ranks compare does
+  }
+
+  /// The factor synchronize() applies to a local tensor (or leaves to the caller when deferred):
+  /// 1/world_size by its policy (or scale_local_gradients), times 1/N with
+  /// average_aggregated_gradients; 1 for a data-parallel tensor, whose factors go into the unpack.
+  template <class U>
+  value_type local_scale_of(const U& tensor) const {
+    return local_factor(entry_of(TensorTraits<U>::data(tensor), TensorTraits<U>::size(tensor), "local_scale_of"));
+  }
+
+  /// The factor the tensor's values still need: local_scale_of(tensor) for a deferred local tensor
+  /// after synchronize() returned true (until apply_local_scale()), 1 otherwise.
+  template <class U>
+  value_type pending_scale(const U& tensor) const {
+    const Entry& e = entry_of(TensorTraits<U>::data(tensor), TensorTraits<U>::size(tensor), "pending_scale");
+    return pending_ ? deferred_factor(e) : value_type(1);
+  }
+
+  /// Whether deferred local scales are pending (synchronize() returned true, apply_local_scale() not
+  /// called since).
+  bool local_scale_pending() const { return pending_; }
+
+  /// Applies the pending deferred scales in place (one pass over the deferred tensors, the values
+  /// synchronize() would have left without deferral), after which nothing is pending.
+  void apply_local_scale() {
+    if (!pending_) return;
+    impl::launch_segments(impl::label_local(), exec_, n_deferred_segs_,
+                          impl::LocalKernel<value_type, execution_space, memory_space>{deferred_segs_, local_acc_,
+                                                                                       impl::LocalMode::scale});
+    impl::fence(exec_, impl::label_fence_sync());
+    pending_ = false;
+  }
+
+  /// Calls f(data, size, is_local, deferred) for every registered gradient in registration order;
+  /// `deferred` is the factor its values need while local_scale_pending() (1 when not deferred).
+  template <class F>
+  void for_each_gradient(F&& f) const {
+    for (const Entry& e : entries_) f(e.data, e.size, e.local(), deferred_factor(e));
+  }
+
   /// Bytes of data-parallel gradient one synchronize() hands to the backend.
   std::size_t data_parallel_bytes() const {
     std::size_t n = 0;
@@ -307,6 +364,7 @@ class GradientSync {
     bool policy_local = false;
     LocalScale policy_scale = LocalScale::none;
     bool runtime_local = false;
+    bool defer_scale = false;  // defer_local_scale: the caller applies the local factor
     bool named = false;  // the name was given to add()
     std::shared_ptr<void> keepalive;  // a copy of a registered View keeps its memory alive
     std::function<std::pair<value_type*, std::size_t>()> requery;  // vectors: current data and size
@@ -316,6 +374,28 @@ class GradientSync {
   using Seg = impl::Segment<value_type>;
   using SegView = impl::SegmentView<value_type, memory_space>;
   using Buffer = impl::BufferView<value_type, memory_space>;
+
+  Entry& entry_of(const value_type* p, std::size_t n, const char* who) {
+    return const_cast<Entry&>(static_cast<const GradientSync*>(this)->entry_of(p, n, who));
+  }
+  const Entry& entry_of(const value_type* p, std::size_t n, const char* who) const {
+    for (const Entry& e : entries_)
+      if (e.data == p && e.size == n) return e;
+    throw Error(impl::cat(who, ": the tensor (", n, " elements) is not registered with add<Group>() on rank ",
+                          backend_.rank()));
+  }
+
+  // A local tensor's factor: 1/n by its policy (or scale_local_gradients), 1/N when averaging passes.
+  value_type local_factor(const Entry& e) const {
+    if (!e.local()) return value_type(1);
+    const int N = opt_.backward_passes_per_step;
+    const value_type inv_agg = opt_.average_aggregated_gradients ? value_type(1) / value_type(N) : value_type(1);
+    const bool by_world = e.policy_local ? e.policy_scale == LocalScale::world_size : opt_.scale_local_gradients;
+    return (by_world ? value_type(1) / value_type(backend_.size()) : value_type(1)) * inv_agg;
+  }
+  value_type deferred_factor(const Entry& e) const {
+    return e.defer_scale && e.local() ? local_factor(e) : value_type(1);
+  }
 
   // Environment overrides applied, then validated, before anything collective starts.
   static Options prepare_options(const Options& given) {
@@ -526,21 +606,28 @@ class GradientSync {
       if (chunks_[c].seg_end > chunks_[c].seg_begin) plan_first_ptr_[c] = segs[std::size_t(chunks_[c].seg_begin)].ptr;
 
     // Local tensors: scaled in place, accumulated beside the buffer when N > 1.
-    std::vector<Seg> lsegs;
+    // Deferred tensors (defer_local_scale) keep their sums; their factor goes to dsegs, which
+    // apply_local_scale() runs when the caller wants the pass after all.
+    std::vector<Seg> lsegs, dsegs;
     std::int64_t local_total = 0;
     for (const Entry& e : entries_) {
       if (!e.local() || e.size == 0) continue;
-      const bool by_world = e.policy_local ? e.policy_scale == LocalScale::world_size : opt_.scale_local_gradients;
-      const value_type s = (by_world ? value_type(1) / value_type(n) : value_type(1)) * inv_agg;
-      if (N == 1 && s == value_type(1)) continue;  // nothing to do for this tensor
-      for (std::int64_t done = 0; done < std::int64_t(e.size); done += impl::max_segment_elements) {
-        const std::int64_t len = std::min(std::int64_t(e.size) - done, impl::max_segment_elements);
-        lsegs.push_back(Seg{e.data + done, local_total + done, len, s});
-      }
+      const value_type s = local_factor(e);
+      if (e.defer_scale && s != value_type(1))
+        impl::for_each_segment(e.size, [&](std::int64_t off, std::int64_t len) {
+          dsegs.push_back(Seg{e.data + off, 0, len, s});
+        });
+      const value_type applied = e.defer_scale ? value_type(1) : s;
+      if (N == 1 && applied == value_type(1)) continue;  // nothing to do for this tensor
+      impl::for_each_segment(e.size, [&](std::int64_t off, std::int64_t len) {
+        lsegs.push_back(Seg{e.data + off, local_total + off, len, applied});
+      });
       local_total += std::int64_t(e.size);
     }
     if (N > 1) ensure(local_acc_, std::size_t(local_total), "gradsync::local_accumulator");
     upload(lsegs, local_segs_, "gradsync::local_segments");
+    upload(dsegs, deferred_segs_, "gradsync::deferred_segments");
+    n_deferred_segs_ = std::int64_t(dsegs.size());
 
     double post = opt_.postscale_factor * double(inv_agg);
     if (opt_.op == ReduceOp::average) post /= double(n);
@@ -848,7 +935,9 @@ class GradientSync {
   std::vector<typename Backend::Request> requests_;   // per chunk
   std::vector<std::int64_t> slot_of_, prev_in_slot_;  // per chunk: its slot (-1: in place), the slot's previous chunk
   impl::BufferView<value_type, impl::staging_space_t<memory_space>> staging_;
-  SegView dp_segs_, local_segs_;
+  SegView dp_segs_, local_segs_, deferred_segs_;
+  std::int64_t n_deferred_segs_ = 0;
+  bool pending_ = false;  // deferred local scales not yet applied (local_scale_pending)
   // Options::check_finite's per-segment flags (Kokkos execution spaces only).
   std::conditional_t<Kokkos::is_execution_space<execution_space>::value, impl::FiniteScratch<memory_space>,
                      impl::NoFiniteScratch>
