@@ -37,6 +37,7 @@
 #include "impl/stall.hpp"
 #include "local_var_policy.hpp"
 #include "options.hpp"
+#include "row_sparse.hpp"
 #include "stats.hpp"
 #include "tensor_traits.hpp"
 
@@ -125,8 +126,40 @@ class GradientSync {
         throw Error(impl::cat("tensor '", e.name, "' (group ", e.group, ") overlaps tensor '", o.name,
                               "' (group ", o.group, ") already registered",
                               e.data == o.data ? " (the same tensor registered twice)" : ""));
+    sparse_.for_each_values([&](const value_type* p, std::size_t n, const std::string& on, const std::string& og) {
+      if (impl::overlaps(e.data, e.size, p, n))
+        throw Error(impl::cat("tensor '", e.name, "' (group ", e.group, ") overlaps row-sparse gradient '", on,
+                              "' (group ", og, ") already registered"));
+    });
     begin_change();
     entries_.push_back(std::move(e));
+  }
+
+  /// Registers a row-sparse gradient (row_sparse.hpp): only its rows are scaled (local group) or
+  /// exchanged (data-parallel group), after the dense chunks. Needs backward_passes_per_step == 1.
+  template <class Group, class V, class I>
+  void add(const RowSparse<V, I>& rows, std::string name = {}) {
+    static_assert(std::is_same_v<typename RowSparse<V, I>::value_type, value_type>,
+                  "gradsync::GradientSync::add: the RowSparse values' type differs from the sync's");
+    static_assert(std::is_same_v<typename RowSparse<V, I>::memory_space, memory_space>,
+                  "gradsync::GradientSync::add: the RowSparse lives in another memory space than the sync's");
+    const std::string group = impl::type_name<Group>();
+    const std::size_t index = std::size_t(std::count_if(entries_.begin(), entries_.end(),
+                                                        [&](const Entry& o) { return o.group == group; })) +
+                              sparse_.count_in_group(group);
+    const std::string shown = name.empty() ? impl::cat(group, "[", index, "]") : name;
+    if (opt_.backward_passes_per_step != 1)
+      throw ConfigError(impl::cat("row-sparse gradient '", shown, "' (group ", group,
+                                  "): backward_passes_per_step must be 1 for RowSparse gradients (got ",
+                                  opt_.backward_passes_per_step, ")"));
+    const value_type* p = rows.values().data();
+    const std::size_t n = std::size_t(rows.capacity() * rows.row_width());
+    for (const Entry& o : entries_)
+      if (impl::overlaps(p, n, o.data, o.size))
+        throw Error(impl::cat("row-sparse gradient '", shown, "' (group ", group, ") overlaps tensor '", o.name,
+                              "' (group ", o.group, ") already registered"));
+    begin_change();
+    sparse_.template add<Group>(rows, std::move(name), index, backend_.size(), backend_.rank());
   }
 
   /// Horovod parity: at run time, makes a registered gradient local (never communicated). It is
@@ -166,6 +199,7 @@ class GradientSync {
     pass_ = 0;
     reduce_data_parallel(n_passes > 1);
     finish_local(n_passes > 1);
+    if (!sparse_.empty()) sparse_.finish(backend_, exec_, value_type(pre_factor_ * post_factor_), stats_);
     impl::fence(exec_, impl::label_fence_sync());
     pending_ = n_deferred_segs_ > 0;
     ++stats_.steps;
@@ -454,6 +488,7 @@ class GradientSync {
       regs.reserve(entries_.size());
       for (const Entry& e : entries_)
         regs.push_back({e.group, e.name, e.size, e.index_in_group, e.policy_local, e.runtime_local, e.named});
+      sparse_.describe(regs);
       impl::check_consistency(backend_, ctl_, opt_, regs, int(sizeof(value_type)), call,
                               impl::max_chunk_elements(), facts_);
       agree_on_neighbours(call);
@@ -948,6 +983,7 @@ class GradientSync {
   bool need_check_ = true;  // registrations changed since the ranks last compared them
   bool merge_neighbours_ = false;  // every rank has the same neighbours in memory (agree_on_neighbours)
   impl::Control<Backend> ctl_;  // side channel: consistency check, stall reports, peer failures
+  impl::row_sparse_set_t<value_type, memory_space, execution_space> sparse_;  // RowSparse gradients
 };
 
 }  // namespace gradsync
