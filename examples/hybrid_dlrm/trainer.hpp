@@ -12,7 +12,9 @@
 // divides evenly), so the global mean loss is L = (1/n) sum_r L_r for any split of the batch.
 // GradientSync then averages the MLP gradients (the gradient of L) and scales the table
 // gradients (which hold sum_r dL_r/dE = n dL/dE) by 1/n when the table group says
-// KeepLocal<LocalScale::world_size>. With SelfBackend the same code is the single-process model.
+// KeepLocal<LocalScale::world_size>. Each table's gradient is a gradsync::RowSparse (the rows the
+// batch touched and their row numbers), so that scale costs the rows touched, never the table's
+// size. With SelfBackend the same code is the single-process model.
 #pragma once
 
 #include <algorithm>
@@ -70,6 +72,10 @@ class Trainer {
  public:
   using Sync = gradsync::GradientSync<Backend, View1<Real>>;
   using HostReal = typename View1<Real>::HostMirror;
+  using RowIds = Kokkos::View<int**, Kokkos::LayoutRight, Mem>;  // [owned table][slot]: row numbers
+  using TableRows =
+      gradsync::RowSparse<decltype(Kokkos::subview(std::declval<const Cube&>(), Index(0), Kokkos::ALL(), Kokkos::ALL())),
+                          decltype(Kokkos::subview(std::declval<const RowIds&>(), Index(0), Kokkos::ALL()))>;
 
   Trainer(const Config& c, Backend backend)
       : cfg_(c), backend_(backend), sync_(std::move(backend), gradsync::Options{}), gen_(cfg_) {
@@ -237,6 +243,8 @@ class Trainer {
                                        Real(1.0 / std::sqrt(double(rows)))});
     }
     table_grad_ = Cube("dlrm::table_grad", std::size_t(m), std::size_t(B_), std::size_t(dim_));
+    row_ids_ = RowIds("dlrm::row_ids", std::size_t(m), std::size_t(B_));
+    row_ids_h_ = Kokkos::create_mirror_view(row_ids_);
   }
 
   void build_mlp(std::vector<Layer>& mlp, const std::vector<int>& widths, const char* name, std::uint64_t tag,
@@ -363,10 +371,13 @@ class Trainer {
         sync_.template add<Mlp>(l.gw, l.name + ".weight");
         sync_.template add<Mlp>(l.gb, l.name + ".bias");
       }
-    // Each table's sparse-row gradient: local to its owner, scaled by the group's policy.
-    for (std::size_t i = 0; i < my_.size(); ++i)
-      sync_.template add<TableGroup>(Kokkos::subview(table_grad_, i, Kokkos::ALL(), Kokkos::ALL()),
-                                     "table " + std::to_string(my_[i]));
+    // Each table's sparse-row gradient: local to its owner, its touched rows scaled by the group's
+    // policy. Up to B rows (one per sample), of a table of rows(t) rows.
+    for (std::size_t i = 0; i < my_.size(); ++i) {
+      table_rows_.emplace_back(Kokkos::subview(table_grad_, Index(i), Kokkos::ALL(), Kokkos::ALL()),
+                               Kokkos::subview(row_ids_, Index(i), Kokkos::ALL()), cfg_.rows(my_[i]));
+      sync_.template add<TableGroup>(table_rows_.back(), "table " + std::to_string(my_[i]));
+    }
   }
 
   // ---- one step's pieces ----
@@ -432,7 +443,10 @@ class Trainer {
         csr_sample_h_(q++) = sort_buf_[std::size_t(k)].second;
       }
       uniq_count_h_(i) = u - uniq_first_h_(i);
+      for (Index k = 0; k < uniq_count_h_(i); ++k) row_ids_h_(i, k) = uniq_row_h_(uniq_first_h_(i) + k);
+      table_rows_[std::size_t(i)].set_rows(uniq_count_h_(i));
     }
+    Kokkos::deep_copy(row_ids_, row_ids_h_);
     csr_begin_h_(u) = q;
     uniq_total_ = u;
     Kokkos::deep_copy(uniq_first_, uniq_first_h_);
@@ -475,6 +489,9 @@ class Trainer {
   typename View1<Index>::HostMirror row_offset_h_;
   Matrix tables_;
   Cube table_grad_;
+  RowIds row_ids_;
+  typename RowIds::HostMirror row_ids_h_;
+  std::vector<TableRows> table_rows_;  // table_grad_'s slices as RowSparse, shared with the sync
 
   std::vector<Layer> bottom_, top_;
   Matrix dense_, inter_, dinter_;
