@@ -7,7 +7,7 @@ DDP's bucketed reducer (25 MiB buckets, reverse order, rebuilt after the first s
 them over gloo exactly as in training. The sync time is the median of (DDP backward) minus the
 median of (the same backward under no_sync()), interleaved repetitions, slowest rank.
 
-usage: ddp_gloo.py <models_dir> <out.csv> <ranks> [budget_s]
+usage: ddp_gloo.py <models_dir> <out.csv> <ranks> [budget_s] [model name filter]
 Appends rows  models,<model>,DDP gloo,<bytes>,<tensors>,<ranks>,<median_s>,<reps>  (rank 0).
 """
 import json
@@ -74,12 +74,14 @@ def timed(fn):
     return dt.item()
 
 
-def worker(rank, world, port, models_dir, out, budget):
+def worker(rank, world, port, models_dir, out, budget, only=""):
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     for name, shapes in models(models_dir):
+        if only not in name:
+            continue
         torch.manual_seed(0)
         ddp = torch.nn.parallel.DistributedDataParallel(Dummy(shapes))
         for _ in range(3):  # the first step rebuilds the buckets in ready order
@@ -110,10 +112,11 @@ def worker(rank, world, port, models_dir, out, budget):
 def main():
     models_dir, out, world = sys.argv[1], sys.argv[2], int(sys.argv[3])
     budget = float(sys.argv[4]) if len(sys.argv) > 4 else 8.0
+    only = sys.argv[5] if len(sys.argv) > 5 else ""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.spawn(worker, args=(world, port, models_dir, out, budget), nprocs=world, join=True)
+    mp.spawn(worker, args=(world, port, models_dir, out, budget, only), nprocs=world, join=True)
 
 
 if __name__ == "__main__":
