@@ -37,6 +37,7 @@
 #include "impl/stall.hpp"
 #include "local_var_policy.hpp"
 #include "options.hpp"
+#include "process_set.hpp"
 #include "row_sparse.hpp"
 #include "stats.hpp"
 #include "tensor_traits.hpp"
@@ -131,8 +132,23 @@ class GradientSync {
         throw Error(impl::cat("tensor '", e.name, "' (group ", e.group, ") overlaps row-sparse gradient '", on,
                               "' (group ", og, ") already registered"));
     });
+    if constexpr (is_set_reduced_v<Group>)
+      sets_.add(impl::type_name<typename LocalVarPolicy<Group>::set_tag>(), e.data, e.size, e.name, e.group,
+                LocalVarPolicy<Group>::set_scale, backend_.rank());
     begin_change();
     entries_.push_back(std::move(e));
+  }
+
+  /// Binds this rank's process set for the groups whose policy is ReduceOver<Tag>
+  /// (process_set.hpp): the ranks it reduces those groups with, itself included. Between steps;
+  /// the communicator is created, collectively, at the next synchronize() or prepare().
+  template <class Tag>
+  void bind_process_set(std::vector<int> ranks) {
+    static_assert(impl::has_split<Backend>::value,
+                  "gradsync::GradientSync::bind_process_set: the backend cannot split its communicator "
+                  "(MpiBackend and SelfBackend can)");
+    begin_change();
+    sets_.bind(impl::type_name<Tag>(), std::move(ranks), backend_.rank(), backend_.size());
   }
 
   /// Registers a row-sparse gradient (row_sparse.hpp): only its rows are scaled (local group) or
@@ -158,6 +174,9 @@ class GradientSync {
       if (impl::overlaps(p, n, o.data, o.size))
         throw Error(impl::cat("row-sparse gradient '", shown, "' (group ", group, ") overlaps tensor '", o.name,
                               "' (group ", o.group, ") already registered"));
+    if constexpr (is_set_reduced_v<Group>)
+      sets_.set_of(impl::type_name<typename LocalVarPolicy<Group>::set_tag>(), shown, group, backend_.rank())
+          .sparse.push_back(rows.table_rows() * rows.row_width());
     begin_change();
     sparse_.template add<Group>(rows, std::move(name), index, backend_.size(), backend_.rank());
   }
@@ -199,7 +218,11 @@ class GradientSync {
     pass_ = 0;
     reduce_data_parallel(n_passes > 1);
     finish_local(n_passes > 1);
-    if (!sparse_.empty()) sparse_.finish(backend_, exec_, value_type(pre_factor_ * post_factor_), stats_);
+    if constexpr (sets_supported) {
+      if (sets_.has_tensors())
+        sets_.reduce(exec_, opt_, ctl_, backend_.size(), std::int64_t(stats_.passes), stats_);
+    }
+    if (!sparse_.empty()) finish_row_sparse();
     impl::fence(exec_, impl::label_fence_sync());
     pending_ = n_deferred_segs_ > 0;
     ++stats_.steps;
@@ -431,6 +454,23 @@ class GradientSync {
     return e.defer_scale && e.local() ? local_factor(e) : value_type(1);
   }
 
+  static constexpr bool sets_supported =
+      impl::has_split<Backend>::value && Kokkos::is_execution_space<execution_space>::value;
+
+  // RowSparse gradients, after the dense exchange: world, then process sets in binding order.
+  void finish_row_sparse() {
+    std::vector<std::string> tags;
+    if constexpr (sets_supported) tags = sets_.tags_in_order();
+    sparse_.finish(backend_, exec_, value_type(pre_factor_ * post_factor_), stats_, tags,
+                   [&](const std::string& tag, SetScale scale) -> std::pair<const Backend*, value_type> {
+                     if constexpr (sets_supported)
+                       return {&sets_.backend_of(tag),
+                               sets_.factor(scale, opt_, backend_.size(), sets_.set_size(tag))};
+                     else
+                       return {&backend_, value_type(1)};
+                   });
+  }
+
   // Environment overrides applied, then validated, before anything collective starts.
   static Options prepare_options(const Options& given) {
     Options o = given.read_environment ? apply_env(given) : given;
@@ -482,6 +522,8 @@ class GradientSync {
   // when the options differ (`force`: every rank knows it, whatever its check mode says).
   void check_consistency(bool needed, bool force) {
     const std::int64_t call = std::int64_t(stats_.passes) + 1;
+    if constexpr (sets_supported)
+      if (needed) sets_.connect(backend_);  // every rank: `needed` is agreed (any rank changed)
     if (force || (needed && opt_.consistency_check != CheckMode::off) ||
         opt_.consistency_check == CheckMode::every_step) {
       std::vector<impl::RegDesc> regs;
@@ -984,6 +1026,7 @@ class GradientSync {
   bool merge_neighbours_ = false;  // every rank has the same neighbours in memory (agree_on_neighbours)
   impl::Control<Backend> ctl_;  // side channel: consistency check, stall reports, peer failures
   impl::row_sparse_set_t<value_type, memory_space, execution_space> sparse_;  // RowSparse gradients
+  impl::ProcessSets<Backend, value_type, execution_space> sets_;  // ReduceOver groups' sets
 };
 
 }  // namespace gradsync

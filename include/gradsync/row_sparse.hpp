@@ -38,6 +38,7 @@
 #include "impl/consistency.hpp"
 #include "impl/demangle.hpp"
 #include "local_var_policy.hpp"
+#include "process_set.hpp"
 #include "stats.hpp"
 
 namespace gradsync {
@@ -231,6 +232,8 @@ struct SparseTensorBase {
   std::size_t index_in_group = 0;
   bool named = false, local = false;
   T local_factor = T(1);
+  std::string set_tag;  // reduced over this process set (ReduceOver), else empty
+  SetScale set_scale = SetScale::world_size;
   std::int64_t capacity = 0, width = 0, table_rows = 0;
 
   virtual std::int64_t rows() const = 0;
@@ -306,6 +309,10 @@ class RowSparseSet {
     t->name = name.empty() ? cat(t->group, "[", index_in_group, "]") : std::move(name);
     t->local = is_local_v<Group>;
     t->local_factor = local_scale_v<Group> == LocalScale::world_size ? T(1) / T(world_size) : T(1);
+    if constexpr (is_set_reduced_v<Group>) {
+      t->set_tag = type_name<typename LocalVarPolicy<Group>::set_tag>();
+      t->set_scale = LocalVarPolicy<Group>::set_scale;
+    }
     t->capacity = rs.capacity();
     t->width = rs.row_width();
     t->table_rows = rs.table_rows();
@@ -335,11 +342,14 @@ class RowSparseSet {
   }
 
   /// After the dense exchange: local ones scaled, data-parallel ones summed over the ranks and
-  /// multiplied by `dp_factor` (prescale, postscale, 1/n for average).
-  template <class Backend>
-  void finish(const Backend& b, const ExecutionSpace& exec, T dp_factor, Stats& stats) {
+  /// multiplied by `dp_factor` (prescale, postscale, 1/n for average), then those over process sets,
+  /// set by set in `tags` order: route(tag, scale) gives the set's backend and factor.
+  template <class Backend, class Route>
+  void finish(const Backend& b, const ExecutionSpace& exec, T dp_factor, Stats& stats,
+              const std::vector<std::string>& tags, Route&& route) {
     std::vector<const Base*> dp;
     for (const auto& t : all_) {
+      if (!t->set_tag.empty()) continue;
       if (!t->local) {
         dp.push_back(t.get());
         continue;
@@ -349,7 +359,20 @@ class RowSparseSet {
         Kokkos::parallel_for("gradsync::row_sparse_scale", sparse_range(exec, n),
                              SparseScale<T>{t->values(), t->local_factor});
     }
-    if (!dp.empty()) exchange(b, exec, dp, dp_factor, stats);
+    if (!dp.empty()) exchange(b, exec, dp, std::vector<T>(dp.size(), dp_factor), stats);
+    for (const std::string& tag : tags) {
+      std::vector<const Base*> in_set;
+      std::vector<T> factors;
+      const Backend* sb = nullptr;
+      for (const auto& t : all_)
+        if (t->set_tag == tag) {
+          const auto [backend, f] = route(tag, t->set_scale);
+          sb = backend;
+          in_set.push_back(t.get());
+          factors.push_back(f);
+        }
+      if (!in_set.empty()) exchange(*sb, exec, in_set, factors, stats);
+    }
     fence(exec, label_fence_sync());
   }
 
@@ -374,7 +397,8 @@ class RowSparseSet {
   }
 
   template <class Backend>
-  void exchange(const Backend& b, const ExecutionSpace& exec, const std::vector<const Base*>& dp, T f, Stats& stats) {
+  void exchange(const Backend& b, const ExecutionSpace& exec, const std::vector<const Base*>& dp,
+                const std::vector<T>& factors, Stats& stats) {
     const int n = b.size();
     const std::size_t S = dp.size(), rec = 3;
     // Every rank's row count, capacity and count of bad row numbers, for every tensor: one allgather.
@@ -421,9 +445,9 @@ class RowSparseSet {
       const double sparse_bytes = double(n) * double(widest) * double(t.width * std::int64_t(sizeof(T)) + 8);
       const double dense_bytes = 2.0 * double(t.table_rows) * double(t.width + 1) * double(sizeof(T));
       if (sparse_bytes <= dense_bytes)
-        gather(b, exec, t, widest, f, stats);
+        gather(b, exec, t, widest, factors[s], stats);
       else
-        densify(b, exec, t, f, stats);
+        densify(b, exec, t, factors[s], stats);
     }
   }
 
@@ -514,8 +538,8 @@ struct NoRowSparse {
   template <class F>
   void for_each_values(F&&) const {}
   void describe(std::vector<RegDesc>&) const {}
-  template <class Backend, class E, class T>
-  void finish(const Backend&, const E&, T, Stats&) {}
+  template <class Backend, class E, class T, class Route>
+  void finish(const Backend&, const E&, T, Stats&, const std::vector<std::string>&, Route&&) {}
 };
 
 template <class T, class MemorySpace, class ExecutionSpace>

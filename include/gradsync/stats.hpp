@@ -19,6 +19,8 @@ struct Stats {
   std::uint64_t row_sparse_bytes = 0;     ///< bytes this rank handed to the backend for data-parallel RowSparse gradients
   std::uint64_t row_sparse_collectives = 0; ///< backend calls for them (allgathers, or allreduces when densified)
   std::uint64_t row_sparse_densified = 0; ///< of those exchanges, the ones that densified the table (cheaper)
+  std::uint64_t process_set_bytes = 0;    ///< bytes this rank handed to process sets' allreduces (ReduceOver groups)
+  std::uint64_t process_set_calls = 0;    ///< those allreduce calls
 };
 
 }  // namespace gradsync
