@@ -530,8 +530,8 @@ class RowSparseSet {
   std::vector<std::pair<std::int64_t, std::int64_t>> order_;
 };
 
-/// What a GradientSync over memory that is not a Kokkos memory space holds instead (RowSparse
-/// takes Kokkos Views only).
+/// What a GradientSync over memory without a Kokkos execution space (gradsync's raw CUDA spaces)
+/// holds instead: RowSparse takes Kokkos Views only.
 struct NoRowSparse {
   bool empty() const { return true; }
   std::size_t count_in_group(const std::string&) const { return 0; }
@@ -543,8 +543,9 @@ struct NoRowSparse {
 };
 
 template <class T, class MemorySpace, class ExecutionSpace>
-using row_sparse_set_t = std::conditional_t<Kokkos::is_memory_space<MemorySpace>::value,
-                                            RowSparseSet<T, MemorySpace, ExecutionSpace>, NoRowSparse>;
+using row_sparse_set_t =
+    std::conditional_t<Kokkos::is_memory_space<MemorySpace>::value && Kokkos::is_execution_space<ExecutionSpace>::value,
+                       RowSparseSet<T, MemorySpace, ExecutionSpace>, NoRowSparse>;
 
 }  // namespace impl
 }  // namespace gradsync
