@@ -456,18 +456,19 @@ class GradientSync {
 
   static constexpr bool sets_supported =
       impl::has_split<Backend>::value && Kokkos::is_execution_space<execution_space>::value;
+  using set_backend_type = typename impl::split_result<Backend>::type;
 
   // RowSparse gradients, after the dense exchange: world, then process sets in binding order.
   void finish_row_sparse() {
     std::vector<std::string> tags;
     if constexpr (sets_supported) tags = sets_.tags_in_order();
     sparse_.finish(backend_, exec_, value_type(pre_factor_ * post_factor_), stats_, tags,
-                   [&](const std::string& tag, SetScale scale) -> std::pair<const Backend*, value_type> {
+                   [&](const std::string& tag, SetScale scale) -> std::pair<const set_backend_type*, value_type> {
                      if constexpr (sets_supported)
                        return {&sets_.backend_of(tag),
                                sets_.factor(scale, opt_, backend_.size(), sets_.set_size(tag))};
                      else
-                       return {&backend_, value_type(1)};
+                       return {nullptr, value_type(1)};  // never asked: no sets without split()
                    });
   }
 

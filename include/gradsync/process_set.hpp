@@ -74,6 +74,17 @@ struct has_split : std::false_type {};
 template <class B>
 struct has_split<B, std::void_t<decltype(std::declval<const B&>().split(0, 0))>> : std::true_type {};
 
+// The backend of a process set: what split() returns (a class derived from MpiBackend splits into
+// a plain MpiBackend).
+template <class B, class = void>
+struct split_result {
+  using type = B;
+};
+template <class B>
+struct split_result<B, std::void_t<decltype(std::declval<const B&>().split(0, 0))>> {
+  using type = decltype(std::declval<const B&>().split(0, 0));
+};
+
 template <class T>
 struct SetScaleKernel {  // p[i] *= f
   T* p;
@@ -85,6 +96,7 @@ struct SetScaleKernel {  // p[i] *= f
 template <class Backend, class T, class ExecutionSpace>
 class ProcessSets {
  public:
+  using SetBackend = typename split_result<Backend>::type;
   struct Tensor {
     T* data;
     std::size_t size;
@@ -94,7 +106,7 @@ class ProcessSets {
   struct Set {
     std::string tag;
     std::vector<int> ranks;
-    std::shared_ptr<Backend> backend;  // created at connect()
+    std::shared_ptr<SetBackend> backend;  // created at connect()
     std::vector<Tensor> tensors;
     std::vector<std::int64_t> sparse;  // the row-sparse registrations' sizes, for the check
   };
@@ -128,7 +140,7 @@ class ProcessSets {
   }
 
   /// The backend and factor of a set (after connect()).
-  const Backend& backend_of(const std::string& tag) const { return *find_const(tag)->backend; }
+  const SetBackend& backend_of(const std::string& tag) const { return *find_const(tag)->backend; }
   std::size_t set_size(const std::string& tag) const { return find_const(tag)->ranks.size(); }
 
   static T factor(SetScale scale, const Options& o, int world, std::size_t set) {
@@ -205,7 +217,7 @@ class ProcessSets {
     }
     // Every set is consistent: one communicator per set, created once.
     for (std::size_t i = 0; i < k; ++i)
-      if (!sets_[i].backend) sets_[i].backend = std::make_shared<Backend>(world.split(sets_[i].ranks.front(), me));
+      if (!sets_[i].backend) sets_[i].backend = std::make_shared<SetBackend>(world.split(sets_[i].ranks.front(), me));
   }
 
   /// The dense tensors over their sets, after the world's exchange: one allreduce per tensor, in
@@ -219,8 +231,9 @@ class ProcessSets {
         const Tensor& t = s.tensors[j];
         if (t.size == 0) continue;
         auto req = s.backend->iallreduce_sum(t.data, t.size);
-        wait_for(*s.backend, req, ctl, o,
-                 WaitSite{"process set allreduce", call, std::int64_t(j), std::int64_t(s.tensors.size())});
+        const SetBackend& sb = *s.backend;
+        ctl.wait_until_done([&] { return sb.test(req); }, o,
+                            WaitSite{"process set allreduce", call, std::int64_t(j), std::int64_t(s.tensors.size())});
         stats.process_set_bytes += t.size * sizeof(T);
         ++stats.process_set_calls;
         const T f = factor(t.scale, o, world, s.ranks.size());

@@ -363,7 +363,7 @@ class RowSparseSet {
     for (const std::string& tag : tags) {
       std::vector<const Base*> in_set;
       std::vector<T> factors;
-      const Backend* sb = nullptr;
+      decltype(route(tag, SetScale::world_size).first) sb = nullptr;
       for (const auto& t : all_)
         if (t->set_tag == tag) {
           const auto [backend, f] = route(tag, t->set_scale);
