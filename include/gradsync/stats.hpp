@@ -3,6 +3,8 @@
 
 #include <cstdint>
 
+#include "topology.hpp"
+
 namespace gradsync {
 
 struct Stats {
@@ -21,6 +23,12 @@ struct Stats {
   std::uint64_t row_sparse_densified = 0; ///< of those exchanges, the ones that densified the table (cheaper)
   std::uint64_t process_set_bytes = 0;    ///< bytes this rank handed to process sets' allreduces (ReduceOver groups)
   std::uint64_t process_set_calls = 0;    ///< those allreduce calls
+
+  // What the plan decided (the same on every rank; while tuning, the candidate being timed).
+  std::uint64_t nodes = 1;                    ///< nodes the ranks are on (Topology)
+  Algorithm algorithm = Algorithm::flat;      ///< how chunks cross the ranks
+  std::uint64_t chunk_bytes = 0;              ///< fusion threshold in use (0: one call per tensor)
+  std::uint64_t chunks_in_flight = 0;         ///< most chunks reduced at once (1 when blocking)
 };
 
 }  // namespace gradsync
