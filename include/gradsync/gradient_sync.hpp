@@ -33,9 +33,12 @@
 #include "impl/huge_pages.hpp"
 #include "impl/plan_tuner.hpp"
 #include "impl/ready_tracker.hpp"
+#include "impl/segment_table.hpp"
 #include "impl/stall.hpp"
 #include "local_var_policy.hpp"
 #include "options.hpp"
+#include "process_set.hpp"
+#include "row_sparse.hpp"
 #include "stats.hpp"
 #include "tensor_traits.hpp"
 #include "topology.hpp"
@@ -149,8 +152,58 @@ class GradientSync {
         throw Error(impl::cat("tensor '", e.name, "' (group ", e.group, ") overlaps tensor '", o.name,
                               "' (group ", o.group, ") already registered",
                               e.data == o.data ? " (the same tensor registered twice)" : ""));
+    sparse_.for_each_values([&](const value_type* p, std::size_t n, const std::string& on, const std::string& og) {
+      if (impl::overlaps(e.data, e.size, p, n))
+        throw Error(impl::cat("tensor '", e.name, "' (group ", e.group, ") overlaps row-sparse gradient '", on,
+                              "' (group ", og, ") already registered"));
+    });
+    if constexpr (is_set_reduced_v<Group>)
+      sets_.add(impl::type_name<typename LocalVarPolicy<Group>::set_tag>(), e.data, e.size, e.name, e.group,
+                LocalVarPolicy<Group>::set_scale, backend_.rank());
     begin_change();
     entries_.push_back(std::move(e));
+  }
+
+  /// Binds this rank's process set for the groups whose policy is ReduceOver<Tag>
+  /// (process_set.hpp): the ranks it reduces those groups with, itself included. Between steps;
+  /// the communicator is created, collectively, at the next synchronize() or prepare().
+  template <class Tag>
+  void bind_process_set(std::vector<int> ranks) {
+    static_assert(impl::has_split<Backend>::value,
+                  "gradsync::GradientSync::bind_process_set: the backend cannot split its communicator "
+                  "(MpiBackend and SelfBackend can)");
+    begin_change();
+    sets_.bind(impl::type_name<Tag>(), std::move(ranks), backend_.rank(), backend_.size());
+  }
+
+  /// Registers a row-sparse gradient (row_sparse.hpp): only its rows are scaled (local group) or
+  /// exchanged (data-parallel group), after the dense chunks. Needs backward_passes_per_step == 1.
+  template <class Group, class V, class I>
+  void add(const RowSparse<V, I>& rows, std::string name = {}) {
+    static_assert(std::is_same_v<typename RowSparse<V, I>::value_type, value_type>,
+                  "gradsync::GradientSync::add: the RowSparse values' type differs from the sync's");
+    static_assert(std::is_same_v<typename RowSparse<V, I>::memory_space, memory_space>,
+                  "gradsync::GradientSync::add: the RowSparse lives in another memory space than the sync's");
+    const std::string group = impl::type_name<Group>();
+    const std::size_t index = std::size_t(std::count_if(entries_.begin(), entries_.end(),
+                                                        [&](const Entry& o) { return o.group == group; })) +
+                              sparse_.count_in_group(group);
+    const std::string shown = name.empty() ? impl::cat(group, "[", index, "]") : name;
+    if (opt_.backward_passes_per_step != 1)
+      throw ConfigError(impl::cat("row-sparse gradient '", shown, "' (group ", group,
+                                  "): backward_passes_per_step must be 1 for RowSparse gradients (got ",
+                                  opt_.backward_passes_per_step, ")"));
+    const value_type* p = rows.values().data();
+    const std::size_t n = std::size_t(rows.capacity() * rows.row_width());
+    for (const Entry& o : entries_)
+      if (impl::overlaps(p, n, o.data, o.size))
+        throw Error(impl::cat("row-sparse gradient '", shown, "' (group ", group, ") overlaps tensor '", o.name,
+                              "' (group ", o.group, ") already registered"));
+    if constexpr (is_set_reduced_v<Group>)
+      sets_.set_of(impl::type_name<typename LocalVarPolicy<Group>::set_tag>(), shown, group, backend_.rank())
+          .sparse.push_back(rows.table_rows() * rows.row_width());
+    begin_change();
+    sparse_.template add<Group>(rows, std::move(name), index, backend_.size(), backend_.rank());
   }
 
   /// Horovod parity: at run time, makes a registered gradient local (never communicated). It is
@@ -173,6 +226,7 @@ class GradientSync {
   /// Call after each backward pass. Returns true when the gradients hold synchronized values
   /// (every Nth call, N = backward_passes_per_step); otherwise they are accumulated internally.
   bool synchronize() {
+    pending_ = false;  // the tensors are about to hold this pass's values
     if (!step_open_) checks_before_pass();  // else mark_ready ran them when it opened the step
     const auto t0 = std::chrono::steady_clock::now();
     if (dirty_ && !step_open_) build_plan();
@@ -189,7 +243,13 @@ class GradientSync {
     pass_ = 0;
     reduce_data_parallel(n_passes > 1);
     finish_local(n_passes > 1);
+    if constexpr (sets_supported) {
+      if (sets_.has_tensors())
+        sets_.reduce(exec_, opt_, ctl_, backend_.size(), std::int64_t(stats_.passes), stats_);
+    }
+    if (!sparse_.empty()) finish_row_sparse();
     impl::fence(exec_, impl::label_fence_sync());
+    pending_ = n_deferred_segs_ > 0;
     ++stats_.steps;
     if (tuner_.active()) tune(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     return true;
@@ -328,6 +388,60 @@ class GradientSync {
     for (const Entry& e : entries_) f(e.data, e.size, e.local());
   }
 
+  /// Leaves the local scale of this tensor (1/world_size and 1/N, see local_scale_of) to the caller
+  /// instead of a pass of its own: after synchronize() returns true the tensor holds the unscaled
+  /// sum, and pending_scale(tensor) is the factor the caller must apply (DistributedOptimizer folds
+  /// it into the optimizer's update). Takes effect only while the tensor is local; rank-local (the
+  /// ranks need not agree). Not inside an aggregation cycle.
+  template <class U>
+  void defer_local_scale(const U& tensor, bool defer = true) {
+    Entry& e = entry_of(TensorTraits<U>::data(tensor), TensorTraits<U>::size(tensor), "defer_local_scale");
+    if (e.defer_scale == defer) return;
+    if (pass_ != 0)
+      throw Error(impl::cat("defer_local_scale('", e.name, "', group ", e.group, ") called after pass ", pass_, " of ",
+                            opt_.backward_passes_per_step, " of an aggregation cycle; call it between steps"));
+    e.defer_scale = defer;
+    dirty_ = true;  // the local segments change; nothing the ranks compare does
+  }
+
+  /// The factor synchronize() applies to a local tensor (or leaves to the caller when deferred):
+  /// 1/world_size by its policy (or scale_local_gradients), times 1/N with
+  /// average_aggregated_gradients; 1 for a data-parallel tensor, whose factors go into the unpack.
+  template <class U>
+  value_type local_scale_of(const U& tensor) const {
+    return local_factor(entry_of(TensorTraits<U>::data(tensor), TensorTraits<U>::size(tensor), "local_scale_of"));
+  }
+
+  /// The factor the tensor's values still need: local_scale_of(tensor) for a deferred local tensor
+  /// after synchronize() returned true (until apply_local_scale()), 1 otherwise.
+  template <class U>
+  value_type pending_scale(const U& tensor) const {
+    const Entry& e = entry_of(TensorTraits<U>::data(tensor), TensorTraits<U>::size(tensor), "pending_scale");
+    return pending_ ? deferred_factor(e) : value_type(1);
+  }
+
+  /// Whether deferred local scales are pending (synchronize() returned true, apply_local_scale() not
+  /// called since).
+  bool local_scale_pending() const { return pending_; }
+
+  /// Applies the pending deferred scales in place (one pass over the deferred tensors, the values
+  /// synchronize() would have left without deferral), after which nothing is pending.
+  void apply_local_scale() {
+    if (!pending_) return;
+    impl::launch_segments(impl::label_local(), exec_, n_deferred_segs_,
+                          impl::LocalKernel<value_type, execution_space, memory_space>{deferred_segs_, local_acc_,
+                                                                                       impl::LocalMode::scale});
+    impl::fence(exec_, impl::label_fence_sync());
+    pending_ = false;
+  }
+
+  /// Calls f(data, size, is_local, deferred) for every registered gradient in registration order;
+  /// `deferred` is the factor its values need while local_scale_pending() (1 when not deferred).
+  template <class F>
+  void for_each_gradient(F&& f) const {
+    for (const Entry& e : entries_) f(e.data, e.size, e.local(), deferred_factor(e));
+  }
+
   /// Bytes of data-parallel gradient one synchronize() hands to the backend.
   std::size_t data_parallel_bytes() const {
     std::size_t n = 0;
@@ -345,6 +459,7 @@ class GradientSync {
     bool policy_local = false;
     LocalScale policy_scale = LocalScale::none;
     bool runtime_local = false;
+    bool defer_scale = false;  // defer_local_scale: the caller applies the local factor
     bool named = false;  // the name was given to add()
     std::shared_ptr<void> keepalive;  // a copy of a registered View keeps its memory alive
     std::function<std::pair<value_type*, std::size_t>()> requery;  // vectors: current data and size
@@ -354,6 +469,46 @@ class GradientSync {
   using Seg = impl::Segment<value_type>;
   using SegView = impl::SegmentView<value_type, memory_space>;
   using Buffer = impl::BufferView<value_type, memory_space>;
+
+  Entry& entry_of(const value_type* p, std::size_t n, const char* who) {
+    return const_cast<Entry&>(static_cast<const GradientSync*>(this)->entry_of(p, n, who));
+  }
+  const Entry& entry_of(const value_type* p, std::size_t n, const char* who) const {
+    for (const Entry& e : entries_)
+      if (e.data == p && e.size == n) return e;
+    throw Error(impl::cat(who, ": the tensor (", n, " elements) is not registered with add<Group>() on rank ",
+                          backend_.rank()));
+  }
+
+  // A local tensor's factor: 1/n by its policy (or scale_local_gradients), 1/N when averaging passes.
+  value_type local_factor(const Entry& e) const {
+    if (!e.local()) return value_type(1);
+    const int N = opt_.backward_passes_per_step;
+    const value_type inv_agg = opt_.average_aggregated_gradients ? value_type(1) / value_type(N) : value_type(1);
+    const bool by_world = e.policy_local ? e.policy_scale == LocalScale::world_size : opt_.scale_local_gradients;
+    return (by_world ? value_type(1) / value_type(backend_.size()) : value_type(1)) * inv_agg;
+  }
+  value_type deferred_factor(const Entry& e) const {
+    return e.defer_scale && e.local() ? local_factor(e) : value_type(1);
+  }
+
+  static constexpr bool sets_supported =
+      impl::has_split<Backend>::value && Kokkos::is_execution_space<execution_space>::value;
+  using set_backend_type = typename impl::split_result<Backend>::type;
+
+  // RowSparse gradients, after the dense exchange: world, then process sets in binding order.
+  void finish_row_sparse() {
+    std::vector<std::string> tags;
+    if constexpr (sets_supported) tags = sets_.tags_in_order();
+    sparse_.finish(backend_, exec_, value_type(pre_factor_ * post_factor_), stats_, tags,
+                   [&](const std::string& tag, SetScale scale) -> std::pair<const set_backend_type*, value_type> {
+                     if constexpr (sets_supported)
+                       return {&sets_.backend_of(tag),
+                               sets_.factor(scale, opt_, backend_.size(), sets_.set_size(tag))};
+                     else
+                       return {nullptr, value_type(1)};  // never asked: no sets without split()
+                   });
+  }
 
   // Environment overrides applied, then validated, before anything collective starts.
   static Options prepare_options(const Options& given) {
@@ -406,12 +561,15 @@ class GradientSync {
   // when the options differ (`force`: every rank knows it, whatever its check mode says).
   void check_consistency(bool needed, bool force) {
     const std::int64_t call = std::int64_t(stats_.passes) + 1;
+    if constexpr (sets_supported)
+      if (needed) sets_.connect(backend_);  // every rank: `needed` is agreed (any rank changed)
     if (force || (needed && opt_.consistency_check != CheckMode::off) ||
         opt_.consistency_check == CheckMode::every_step) {
       std::vector<impl::RegDesc> regs;
       regs.reserve(entries_.size());
       for (const Entry& e : entries_)
         regs.push_back({e.group, e.name, e.size, e.index_in_group, e.policy_local, e.runtime_local, e.named});
+      sparse_.describe(regs);
       impl::check_consistency(backend_, ctl_, opt_, regs, int(sizeof(value_type)), call,
                               impl::max_chunk_elements(), facts_);
       agree_on_neighbours(call);
@@ -564,21 +722,28 @@ class GradientSync {
       if (chunks_[c].seg_end > chunks_[c].seg_begin) plan_first_ptr_[c] = segs[std::size_t(chunks_[c].seg_begin)].ptr;
 
     // Local tensors: scaled in place, accumulated beside the buffer when N > 1.
-    std::vector<Seg> lsegs;
+    // Deferred tensors (defer_local_scale) keep their sums; their factor goes to dsegs, which
+    // apply_local_scale() runs when the caller wants the pass after all.
+    std::vector<Seg> lsegs, dsegs;
     std::int64_t local_total = 0;
     for (const Entry& e : entries_) {
       if (!e.local() || e.size == 0) continue;
-      const bool by_world = e.policy_local ? e.policy_scale == LocalScale::world_size : opt_.scale_local_gradients;
-      const value_type s = (by_world ? value_type(1) / value_type(n) : value_type(1)) * inv_agg;
-      if (N == 1 && s == value_type(1)) continue;  // nothing to do for this tensor
-      for (std::int64_t done = 0; done < std::int64_t(e.size); done += impl::max_segment_elements) {
-        const std::int64_t len = std::min(std::int64_t(e.size) - done, impl::max_segment_elements);
-        lsegs.push_back(Seg{e.data + done, local_total + done, len, s});
-      }
+      const value_type s = local_factor(e);
+      if (e.defer_scale && s != value_type(1))
+        impl::for_each_segment(e.size, [&](std::int64_t off, std::int64_t len) {
+          dsegs.push_back(Seg{e.data + off, 0, len, s});
+        });
+      const value_type applied = e.defer_scale ? value_type(1) : s;
+      if (N == 1 && applied == value_type(1)) continue;  // nothing to do for this tensor
+      impl::for_each_segment(e.size, [&](std::int64_t off, std::int64_t len) {
+        lsegs.push_back(Seg{e.data + off, local_total + off, len, applied});
+      });
       local_total += std::int64_t(e.size);
     }
     if (N > 1) ensure(local_acc_, std::size_t(local_total), "gradsync::local_accumulator");
     upload(lsegs, local_segs_, "gradsync::local_segments");
+    upload(dsegs, deferred_segs_, "gradsync::deferred_segments");
+    n_deferred_segs_ = std::int64_t(dsegs.size());
 
     double post = opt_.postscale_factor * double(inv_agg);
     if (opt_.op == ReduceOp::average) post /= double(n);
@@ -953,7 +1118,9 @@ class GradientSync {
   std::vector<typename Backend::Request> requests_;   // per chunk
   std::vector<std::int64_t> slot_of_, prev_in_slot_;  // per chunk: its slot (-1: in place), the slot's previous chunk
   impl::BufferView<value_type, impl::staging_space_t<memory_space>> staging_;
-  SegView dp_segs_, local_segs_;
+  SegView dp_segs_, local_segs_, deferred_segs_;
+  std::int64_t n_deferred_segs_ = 0;
+  bool pending_ = false;  // deferred local scales not yet applied (local_scale_pending)
   // Options::check_finite's per-segment flags (Kokkos execution spaces only).
   std::conditional_t<Kokkos::is_execution_space<execution_space>::value, impl::FiniteScratch<memory_space>,
                      impl::NoFiniteScratch>
@@ -964,6 +1131,8 @@ class GradientSync {
   bool need_check_ = true;  // registrations changed since the ranks last compared them
   bool merge_neighbours_ = false;  // every rank has the same neighbours in memory (agree_on_neighbours)
   impl::Control<Backend> ctl_;  // side channel: consistency check, stall reports, peer failures
+  impl::row_sparse_set_t<value_type, memory_space, execution_space> sparse_;  // RowSparse gradients
+  impl::ProcessSets<Backend, value_type, execution_space> sets_;  // ReduceOver groups' sets
 };
 
 }  // namespace gradsync

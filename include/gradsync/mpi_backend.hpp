@@ -218,6 +218,16 @@ class MpiBackend {
 
   void barrier() const { impl::mpi_check(MPI_Barrier(comm()), "MPI_Barrier"); }
 
+  /// A backend over the ranks that give the same `color` (MPI_Comm_split; collective over this
+  /// backend's ranks), ordered by `key`: the communicator of a process set.
+  MpiBackend split(int color, int key) const {
+    MPI_Comm sub = MPI_COMM_NULL;
+    impl::mpi_check(MPI_Comm_split(comm(), color, key, &sub), "MPI_Comm_split");
+    MpiBackend b(sub, cuda_aware_.aware ? CudaAwareMpi::yes : CudaAwareMpi::no);  // works on a duplicate
+    MPI_Comm_free(&sub);
+    return b;
+  }
+
  private:
   // Owns the duplicate; shared so that copies of the backend use one communicator.
   struct Comm {
