@@ -22,6 +22,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "compression.hpp"
 #include "config.hpp"
 #include "cuda_space.hpp"
 #include "error.hpp"
@@ -40,6 +41,11 @@ ncclDataType_t nccl_type() {
   else if constexpr (std::is_same_v<T, std::uint64_t>) return ncclUint64;
   else if constexpr (std::is_same_v<T, char> || std::is_same_v<T, signed char>) return ncclInt8;
   else if constexpr (std::is_same_v<T, unsigned char>) return ncclUint8;
+  // 16-bit wire values (compression.hpp): NCCL sums them itself, each addition rounded once.
+  else if constexpr (std::is_same_v<T, WireFp16>) return ncclFloat16;
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 10, 0)
+  else if constexpr (std::is_same_v<T, WireBf16>) return ncclBfloat16;
+#endif
   else static_assert(sizeof(T) == 0, "gradsync: no NCCL datatype for this type");
 }
 

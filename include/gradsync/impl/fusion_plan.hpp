@@ -24,6 +24,7 @@ struct Chunk {
   // Its segments lie back to back in memory (a piece of one tensor, or neighbouring tensors):
   // it can be reduced in place, without a copy through the fusion buffer.
   bool contiguous = false;
+  int kind = 0;  // its tensors' wire format (int(Compression)); a chunk never mixes formats
   std::int64_t size() const { return end - begin; }
 };
 
@@ -40,6 +41,7 @@ struct FusionPlan {
   struct Tensor {
     T* data;
     std::size_t size;
+    int kind = 0;  // wire format: chunks are cut where it changes
   };
 
   // Chunks follow the given tensor order. Tensors of at least `own_min` elements (and every
@@ -69,6 +71,7 @@ struct FusionPlan {
       }
       c.seg_end = std::int64_t(p.segments.size());
       const std::int64_t idx = std::int64_t(p.chunks.size());
+      if (!members.empty()) c.kind = tensors[members.front()].kind;
       for (std::size_t i : members) {
         auto& tc = p.tensor_chunks[i];
         if (tc.first < 0) tc.first = idx;
@@ -97,6 +100,12 @@ struct FusionPlan {
       if (per_tensor || size >= own_min) {  // a region of one tensor
         emit_region(Region{{i}, t.data, size, false, i}, tensors, limit, own, emit);
         continue;
+      }
+      if (open_size > 0 && tensors[open_tensors.back()].kind != t.kind) {  // formats never share a chunk
+        emit(open, open_size, open_tensors);
+        open.clear();
+        open_tensors.clear();
+        open_size = 0;
       }
       for (std::int64_t done = 0; done < size;) {
         const std::int64_t len = std::min({size - done, limit - open_size, max_segment_elements});
@@ -150,6 +159,7 @@ struct FusionPlan {
     int dir = 0;
     for (std::size_t j = first + 1; j < ts.size(); ++j) {
       if (ts[j].size == 0) continue;
+      if (ts[j].kind != ts[first].kind) break;
       const int d = neighbour(Tensor{r.lo, std::size_t(r.total)}, ts[j]);
       if (d == 0 || (dir != 0 && d != dir)) break;
       dir = d;
