@@ -42,6 +42,28 @@ struct staging_space<Kokkos::CudaSpace> {
 template <class MemorySpace>
 using staging_space_t = typename staging_space<MemorySpace>::type;
 
+// One value of a compressed chunk to the wire: prescale * in[i] (+ the sum of earlier passes, + this
+// rank's residual), rounded once; the residual keeps what the rounding dropped. Free functions, so
+// that the raw CUDA kernels (cuda_space.hpp) share them.
+template <class W, class T>
+GRADSYNC_HOST_DEVICE void pack_to_wire(const T* in, const T* sums, std::uint16_t* w, T* res, T pre, std::int64_t i) {
+  T v = pre * in[i];
+  if (sums) v = sums[i] + v;
+  if (res) v += res[i];
+  const std::uint16_t b = Wire<W>::encode(v);
+  w[i] = b;
+  // A value past the format's range keeps no residual: the step fails (fp16) and the next starts clean.
+  if (res) res[i] = Wire<W>::non_finite(b) ? T(0) : v - T(Wire<W>::decode(b));
+}
+
+// One value of a compressed chunk back: factor * the wire value; true when it is not finite.
+template <class W, class T>
+GRADSYNC_HOST_DEVICE bool unpack_from_wire(const std::uint16_t* w, T* out, T factor, std::int64_t i) {
+  const std::uint16_t b = w[i];
+  out[i] = factor * T(Wire<W>::decode(b));
+  return Wire<W>::non_finite(b);
+}
+
 // buf[off - base + i] = (accumulate ? buf[...] : 0) + prescale * ptr[i]
 // Compressed chunks (format != none) write that value to wire[off - base + i] in the wire format
 // instead (buf is then only read, when accumulating); with error feedback (residual given, indexed
@@ -89,18 +111,6 @@ struct PackKernel {
       for (std::int64_t i = 0; i < s.count; ++i) out[i] = pre * in[i];
   }
 
-  // One value to the wire: the sum so far, rounded once.
-  template <class W>
-  KOKKOS_INLINE_FUNCTION static void to_wire(const T* in, const T* sums, std::uint16_t* w, T* res, T pre,
-                                             std::int64_t i) {
-    T v = pre * in[i];
-    if (sums) v = sums[i] + v;
-    if (res) v += res[i];
-    const std::uint16_t b = Wire<W>::encode(v);
-    w[i] = b;
-    // A value past the format's range keeps no residual: the step fails (fp16) and the next starts clean.
-    if (res) res[i] = Wire<W>::non_finite(b) ? T(0) : v - T(Wire<W>::decode(b));
-  }
   template <class W>
   KOKKOS_INLINE_FUNCTION void team_wire(const member_type& team, const Segment<T>& s) const {
     const T* const in = s.ptr;
@@ -109,7 +119,7 @@ struct PackKernel {
     T* const res = residual.data() ? residual.data() + s.off : nullptr;
     const T pre = prescale;
     Kokkos::parallel_for(Kokkos::TeamThreadRange(team, s.count),
-                         [&](std::int64_t i) { to_wire<W>(in, sums, w, res, pre, i); });
+                         [&](std::int64_t i) { pack_to_wire<W>(in, sums, w, res, pre, i); });
   }
   template <class W>
   KOKKOS_INLINE_FUNCTION void loop_wire(const Segment<T>& s) const {
@@ -121,7 +131,7 @@ struct PackKernel {
     if (!sums && !res)  // the common case, branch-free
       for (std::int64_t i = 0; i < s.count; ++i) w[i] = Wire<W>::encode(T(pre * in[i]));
     else
-      for (std::int64_t i = 0; i < s.count; ++i) to_wire<W>(in, sums, w, res, pre, i);
+      for (std::int64_t i = 0; i < s.count; ++i) pack_to_wire<W>(in, sums, w, res, pre, i);
   }
 };
 
@@ -168,9 +178,7 @@ struct UnpackKernel {
     const T f = factor;
     std::int64_t* const flag = overflow.data();
     Kokkos::parallel_for(Kokkos::TeamThreadRange(team, s.count), [&](std::int64_t i) {
-      const std::uint16_t b = in[i];
-      out[i] = f * T(Wire<W>::decode(b));
-      if (flag && Wire<W>::non_finite(b)) Kokkos::atomic_fetch_max(flag, k + 1);
+      if (unpack_from_wire<W>(in, out, f, i) && flag) Kokkos::atomic_fetch_max(flag, k + 1);
     });
   }
   template <class W>
