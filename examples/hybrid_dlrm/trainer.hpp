@@ -65,6 +65,15 @@ struct AllToAllStats {
   std::uint64_t total() const { return ids + embeddings + gradients; }
 };
 
+// The sync's options: the defaults, with --compression (the environment still applies over them).
+inline gradsync::Options sync_options(const Config& c) {
+  gradsync::Options o;
+  o.compression = c.compression == "bf16"   ? gradsync::Compression::bf16
+                  : c.compression == "fp16" ? gradsync::Compression::fp16
+                                            : gradsync::Compression::none;
+  return o;
+}
+
 template <class Backend, class TableGroup>
 class Trainer {
  public:
@@ -72,7 +81,7 @@ class Trainer {
   using HostReal = typename View1<Real>::HostMirror;
 
   Trainer(const Config& c, Backend backend)
-      : cfg_(c), backend_(backend), sync_(std::move(backend), gradsync::Options{}), gen_(cfg_) {
+      : cfg_(c), backend_(backend), sync_(std::move(backend), sync_options(c)), gen_(cfg_) {
     n_ = backend_.size();
     r_ = backend_.rank();
     T_ = cfg_.num_tables();
