@@ -85,55 +85,52 @@ GRADSYNC_HOST_DEVICE float bits_float(std::uint32_t u) {
   return f;
 }
 
+// The conversions below are written as selects, without early returns, so that compilers vectorize
+// the pack and unpack loops and the sum's loop (a branchy fp16 conversion ran several times slower).
+
 /// float -> bfloat16, round to nearest even (overflow rounds to infinity); NaN stays a quiet NaN.
 GRADSYNC_HOST_DEVICE std::uint16_t bf16_from_float(float f) {
   const std::uint32_t u = float_bits(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return std::uint16_t((u >> 16) | 0x40u);
-  return std::uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+  const std::uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  return std::uint16_t(std::int32_t(u & 0x7fffffffu) > 0x7f800000 ? (u >> 16) | 0x40u : rounded);
 }
 GRADSYNC_HOST_DEVICE float bf16_to_float(std::uint16_t b) { return bits_float(std::uint32_t(b) << 16); }
 
 /// float -> IEEE half, round to nearest even, subnormals included; at least 65520 (the midpoint past
-/// 65504) becomes infinity.
+/// 65504) becomes infinity. (The scheme of F. Giesen's float_to_half_fast3_rtne.)
 GRADSYNC_HOST_DEVICE std::uint16_t fp16_from_float(float f) {
   const std::uint32_t u = float_bits(f);
-  const std::uint16_t sign = std::uint16_t((u >> 16) & 0x8000u);
-  const std::uint32_t a = u & 0x7fffffffu;
-  if (a > 0x7f800000u) return std::uint16_t(sign | 0x7e00u);   // NaN
-  if (a >= 0x477ff000u) return std::uint16_t(sign | 0x7c00u);  // rounds past 65504: infinity
-  if (a >= 0x38800000u) {                                       // a normal half (>= 2^-14)
-    const std::uint32_t r = a + 0xfffu + ((a >> 13) & 1u);      // round at the 13 dropped bits
-    return std::uint16_t(sign | ((r - 0x38000000u) >> 13));     // exponent rebased 127 -> 15
-  }
-  if (a <= 0x33000000u) return sign;  // at most 2^-25, half the smallest subnormal: zero (ties to even)
-  const std::uint32_t e = a >> 23, m = (a & 0x7fffffu) | 0x800000u;
-  const std::uint32_t shift = 126u - e;  // 14 .. 24: the subnormal's units are 2^-24
-  std::uint32_t h = m >> shift;
-  const std::uint32_t rem = m & ((1u << shift) - 1u), half = 1u << (shift - 1u);
-  if (rem > half || (rem == half && (h & 1u))) ++h;
-  return std::uint16_t(sign | h);
+  const std::uint32_t sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
+  // A normal half (>= 2^-14): exponent rebased from 127 to 15, rounded at the 13 dropped bits; a
+  // carry past 65504 gives infinity's pattern.
+  const std::uint32_t normal = (a - 0x38000000u + 0xfffu + ((a >> 13) & 1u)) >> 13;
+  // A subnormal half (< 2^-14): adding 0.5 makes the FPU round to a multiple of 2^-24, the half's unit.
+  const std::uint32_t sub = float_bits(bits_float(a) + 0.5f) - 0x3f000000u;
+  // Signed comparisons (a < 2^31): SSE2 has no unsigned one, and these loops should vectorize there too.
+  const std::int32_t s = std::int32_t(a);
+  const std::uint32_t special = s > 0x7f800000 ? 0x7e00u : 0x7c00u;  // NaN, or 65536 and above
+  return std::uint16_t(sign | (s >= 0x47800000 ? special : s < 0x38800000 ? sub : normal));
 }
 GRADSYNC_HOST_DEVICE float fp16_to_float(std::uint16_t h) {
   const std::uint32_t sign = std::uint32_t(h & 0x8000u) << 16;
-  const std::uint32_t e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
-  if (e == 0x1fu) return bits_float(sign | 0x7f800000u | (m << 13));
-  if (e != 0) return bits_float(sign | ((e + 112u) << 23) | (m << 13));
-  const float v = float(m) * 0x1p-24f;  // subnormal or zero: exact
-  return sign ? -v : v;
+  const std::uint32_t em = std::uint32_t(h & 0x7fffu) << 13, e = em & 0x0f800000u;
+  const std::uint32_t normal = em + 0x38000000u;   // exponent rebased from 15 to 127
+  const std::uint32_t special = em + 0x70000000u;  // infinity, NaN: all exponent bits set
+  // Zero and subnormals: m * 2^-24, as (2^-14 + m * 2^-24) - 2^-14 (exact).
+  const std::uint32_t sub = float_bits(bits_float(em + 0x38800000u) - 0x1p-14f);
+  return bits_float(sign | (e == 0x0f800000u ? special : e == 0 ? sub : normal));
 }
 
 /// double -> float rounded to odd (truncate, then set the last bit when inexact): rounding that
 /// float to a 16-bit format to nearest even then equals rounding the double directly, since float
 /// keeps more than two extra bits.
 GRADSYNC_HOST_DEVICE float float_round_to_odd(double d) {
-  float f = float(d);
-  if (f == f && double(f) != d) {
-    std::uint32_t u = float_bits(f);
-    const double af = f < 0 ? -double(f) : double(f), ad = d < 0 ? -d : d;
-    if (af > ad) --u;  // rounded away from zero: step back to the truncation
-    f = bits_float(u | 1u);
-  }
-  return f;
+  const float f = float(d);
+  const std::uint32_t u = float_bits(f);
+  const double af = f < 0 ? -double(f) : double(f), ad = d < 0 ? -d : d;
+  const bool inexact = f == f && double(f) != d;
+  // Rounded away from zero: step back to the truncation (the magnitude's pattern minus one).
+  return bits_float(inexact ? ((af > ad ? u - 1u : u) | 1u) : u);
 }
 
 /// The conversions of one wire format.

@@ -594,15 +594,17 @@ class GradientSync {
 
   // Host memory MPI copies from (impl/huge_pages.hpp): the fusion buffer starts on huge pages,
   // and gradients reduced where they are move onto them.
-  void ensure_fusion_buffer(std::size_t n) {
+  void ensure_fusion_buffer(std::size_t n) { ensure_on_huge_pages(buffer_, n, "gradsync::fusion_buffer"); }
+  template <class V>
+  void ensure_on_huge_pages(V& v, std::size_t n, const char* label) {
     if constexpr (std::is_same_v<memory_space, Kokkos::HostSpace>) {
-      if (opt_.huge_pages && buffer_.extent(0) < n && n * sizeof(value_type) >= impl::huge_page_bytes) {
-        buffer_ = impl::allocate_on_huge_pages<Buffer>("gradsync::fusion_buffer", n);
+      if (opt_.huge_pages && v.extent(0) < n && n * sizeof(typename V::value_type) >= impl::huge_page_bytes) {
+        v = impl::allocate_on_huge_pages<V>(label, n);
         ++stats_.allocations;
         return;
       }
     }
-    ensure(buffer_, n, "gradsync::fusion_buffer");
+    ensure(v, n, label);
   }
   template <class Tensors>
   void move_to_huge_pages(const Tensors& dp) {
@@ -880,7 +882,7 @@ class GradientSync {
       return;
     }
     wire_staged_ = staged_ || !impl::reduces_wire_in<memory_space>(backend_);
-    ensure(wire_, capacity, "gradsync::wire_buffer");
+    ensure_on_huge_pages(wire_, capacity, "gradsync::wire_buffer");  // MPI copies from it (huge_pages.hpp)
     if (wire_staged_) ensure(wire_staging_, capacity, "gradsync::wire_staging");
     if (opt_.error_feedback) {
       ensure(residual_, std::size_t(total), "gradsync::residual");

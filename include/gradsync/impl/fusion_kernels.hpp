@@ -53,7 +53,10 @@ GRADSYNC_HOST_DEVICE void pack_to_wire(const T* in, const T* sums, std::uint16_t
   const std::uint16_t b = Wire<W>::encode(v);
   w[i] = b;
   // A value past the format's range keeps no residual: the step fails (fp16) and the next starts clean.
-  if (res) res[i] = Wire<W>::non_finite(b) ? T(0) : v - T(Wire<W>::decode(b));
+  if (res) {
+    const T d = v - T(Wire<W>::decode(b));
+    res[i] = d - d == T(0) ? d : T(0);
+  }
 }
 
 // One value of a compressed chunk back: factor * the wire value; true when it is not finite.
@@ -128,10 +131,21 @@ struct PackKernel {
     std::uint16_t* const w = wire.data() + (s.off - base);
     T* const res = residual.data() ? residual.data() + s.off : nullptr;
     const T pre = prescale;
-    if (!sums && !res)  // the common case, branch-free
-      for (std::int64_t i = 0; i < s.count; ++i) w[i] = Wire<W>::encode(T(pre * in[i]));
-    else
+    // One loop per case, each without branches, so that each vectorizes.
+    if (sums && res)
       for (std::int64_t i = 0; i < s.count; ++i) pack_to_wire<W>(in, sums, w, res, pre, i);
+    else if (sums)
+      for (std::int64_t i = 0; i < s.count; ++i) w[i] = Wire<W>::encode(T(sums[i] + pre * in[i]));
+    else if (res)
+      for (std::int64_t i = 0; i < s.count; ++i) {
+        const T v = pre * in[i] + res[i];
+        const std::uint16_t b = Wire<W>::encode(v);
+        w[i] = b;
+        const T d = v - T(Wire<W>::decode(b));
+        res[i] = d - d == T(0) ? d : T(0);  // not finite past the format's range: no residual
+      }
+    else
+      for (std::int64_t i = 0; i < s.count; ++i) w[i] = Wire<W>::encode(T(pre * in[i]));
   }
 };
 
@@ -186,13 +200,17 @@ struct UnpackKernel {
     const std::uint16_t* const in = wire.data() + (s.off - base);
     T* const out = s.ptr;
     const T f = factor;
-    bool bad = false;
+    if (!overflow.data()) {  // two plain loops, so that each vectorizes
+      for (std::int64_t i = 0; i < s.count; ++i) out[i] = f * T(Wire<W>::decode(in[i]));
+      return;
+    }
+    std::uint32_t bad = 0;
     for (std::int64_t i = 0; i < s.count; ++i) {
       const std::uint16_t b = in[i];
       out[i] = f * T(Wire<W>::decode(b));
-      bad = bad || Wire<W>::non_finite(b);
+      bad += Wire<W>::non_finite(b) ? 1u : 0u;
     }
-    if (bad && overflow.data()) Kokkos::atomic_fetch_max(overflow.data(), k + 1);
+    if (bad) Kokkos::atomic_fetch_max(overflow.data(), k + 1);
   }
 };
 
