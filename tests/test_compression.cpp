@@ -470,3 +470,37 @@ TEST_CASE("SelfBackend: one rank, one rounding per value") {
   CHECK(any > std::ldexp(1.0, -12));
   CHECK(sync.stats().bytes_allreduced == 2 * 2000);
 }
+
+namespace {
+// A backend of the user's own that does not declare sums_wire_values: never handed 16-bit values.
+class FloatOnlyBackend : private gradsync::MpiBackend {
+ public:
+  using MpiBackend::MpiBackend;
+  using MpiBackend::Request;
+  static constexpr const char* name() { return "float-only"; }
+  using MpiBackend::allgather;
+  using MpiBackend::allreduce_max;
+  using MpiBackend::allreduce_min;
+  using MpiBackend::allreduce_sum;
+  using MpiBackend::can_access;
+  using MpiBackend::iallreduce_sum;
+  using MpiBackend::rank;
+  using MpiBackend::size;
+  using MpiBackend::test;
+  using MpiBackend::wait;
+};
+static_assert(!gradsync::impl::sums_wire<FloatOnlyBackend>::value && gradsync::impl::sums_wire<gradsync::MpiBackend>::value);
+}  // namespace
+
+TEST_CASE("a backend that does not sum 16-bit values: a ConfigError on every rank, uncompressed still works") {
+  for (Compression c : {Compression::bf16, Compression::none}) {
+    gradsync::Options o = base_options();
+    o.compression = c;
+    gradsync::GradientSync<FloatOnlyBackend, View<float>> sync(FloatOnlyBackend(MPI_COMM_WORLD), o);
+    View<float> g = make<float>("g", 100, 0, world_rank());
+    sync.add<Dense>(g);
+    const std::string msg = gradsync_test::error_of<gradsync::ConfigError>([&] { sync.synchronize(); });
+    CAPTURE(msg);
+    GRADSYNC_CHECK_ALL(c == Compression::none ? msg.empty() : has(msg, "backend 'float-only' does not declare sums_wire_values"));
+  }
+}

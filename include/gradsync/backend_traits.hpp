@@ -49,6 +49,14 @@ bool prefers_blocking(const Backend& b) {
     return prefers_blocking_allreduce_v<Backend>;
 }
 
+// A backend that sums arrays of WireFp16 / WireBf16 (compression.hpp) says so with a public
+// `static constexpr bool sums_wire_values = true;` (MpiBackend, NcclBackend, SelfBackend). Others
+// are never handed 16-bit values: a compressed sync over them is a ConfigError.
+template <class B, class = void>
+struct sums_wire : std::false_type {};
+template <class B>
+struct sums_wire<B, std::void_t<decltype(B::sums_wire_values)>> : std::bool_constant<B::sums_wire_values> {};
+
 template <class B, class M, class = void>
 struct has_can_reduce_wire : std::false_type {};
 template <class B, class M>

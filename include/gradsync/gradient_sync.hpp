@@ -716,11 +716,13 @@ class GradientSync {
     stats_.bytes_uncompressed += std::size_t(len) * sizeof(value_type);
   }
   template <class W>
-  void sum_wire(std::size_t c, W* data, std::size_t n) {
-    if (blocking_)
-      backend_.allreduce_sum(data, n);
-    else
-      requests_[c] = backend_.iallreduce_sum(data, n);
+  void sum_wire([[maybe_unused]] std::size_t c, [[maybe_unused]] W* data, [[maybe_unused]] std::size_t n) {
+    if constexpr (impl::sums_wire<Backend>::value) {  // else plan_wire refused the plan
+      if (blocking_)
+        backend_.allreduce_sum(data, n);
+      else
+        requests_[c] = backend_.iallreduce_sum(data, n);
+    }
   }
 
   typename Backend::Request start_sum(value_type* data, std::size_t n, bool fold) {
@@ -881,6 +883,10 @@ class GradientSync {
       overflow_ = {};
       return;
     }
+    if (!impl::sums_wire<Backend>::value)  // every rank has the same backend type: all throw here
+      throw ConfigError(impl::cat("compression (Options::compression or a group's CompressWith) needs a backend that "
+                                  "sums 16-bit values; backend '", Backend::name(), "' does not declare "
+                                  "sums_wire_values (backend_traits.hpp): use Compression::none with it"));
     wire_staged_ = staged_ || !impl::reduces_wire_in<memory_space>(backend_);
     ensure_on_huge_pages(wire_, capacity, "gradsync::wire_buffer");  // MPI copies from it (huge_pages.hpp)
     if (wire_staged_) ensure(wire_staging_, capacity, "gradsync::wire_staging");

@@ -118,6 +118,8 @@ class MpiBackend {
   }
 
   static constexpr const char* name() { return "mpi"; }
+  /// Sums WireFp16 / WireBf16 arrays (a user-defined MPI_Op that adds in fp32), on host memory.
+  static constexpr bool sums_wire_values = true;
   int rank() const { return rank_; }
   int size() const { return size_; }
   MPI_Comm comm() const { return comm_->comm; }

@@ -89,6 +89,8 @@ class NcclBackend {
 #endif
 
   static constexpr const char* name() { return "nccl"; }
+  /// Sums WireFp16 / WireBf16 arrays as ncclFloat16 / ncclBfloat16 (bf16 needs NCCL 2.10+).
+  static constexpr bool sums_wire_values = true;
   int rank() const { return state_->rank; }
   int size() const { return state_->size; }
   cudaStream_t stream() const { return state_->stream; }
