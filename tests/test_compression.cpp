@@ -178,12 +178,14 @@ struct Path {
   gradsync::HostStaging staging;
   int passes;
   const char* name;
+  bool mark = false;  // mark_ready every gradient, last first, before synchronize()
 };
 const Path paths[] = {
     {gradsync::Collectives::nonblocking, gradsync::HostStaging::automatic, 1, "nonblocking"},
     {gradsync::Collectives::blocking, gradsync::HostStaging::automatic, 1, "blocking"},
     {gradsync::Collectives::nonblocking, gradsync::HostStaging::always, 2, "nonblocking, staged, 2 passes"},
     {gradsync::Collectives::blocking, gradsync::HostStaging::always, 1, "blocking, staged"},
+    {gradsync::Collectives::nonblocking, gradsync::HostStaging::automatic, 1, "nonblocking, mark_ready", true},
 };
 
 template <class T>
@@ -215,6 +217,8 @@ void check_average(Compression c) {
       for (int pass = 0; pass < path.passes; ++pass) {
         for (std::size_t k = 0; k < sizes.size(); ++k)
           gradsync_test::fill_host(views[k], [&](std::size_t i) { return value(k, i, r); });
+        if (path.mark)
+          for (std::size_t k = sizes.size(); k-- > 0;) sync.mark_ready(views[k]);
         const bool done = sync.synchronize();
         GRADSYNC_CHECK_ALL(done == (pass + 1 == path.passes));
       }
