@@ -499,6 +499,7 @@ TEST_CASE("a GRADSYNC_ variable set on one rank by the launcher" * doctest::skip
       {"GRADSYNC_HOST_STAGING", "ranks disagree on host_staging: "},
       {"GRADSYNC_CONSISTENCY_CHECK", "ranks disagree on consistency_check: "},
       {"GRADSYNC_CHECK_FINITE", "ranks disagree on check_finite: "},
+      {"GRADSYNC_ALGORITHM", "ranks disagree on algorithm: "},
       {"GRADSYNC_CUDA_AWARE_MPI", "ranks disagree on CUDA-aware MPI"},
       {"GRADSYNC_FUSION_THRESHOLD", "ranks disagree on fusion_threshold_bytes: "},
       {"GRADSYNC_BACKWARD_PASSES_PER_STEP", "ranks disagree on backward_passes_per_step: "}};

@@ -210,7 +210,7 @@ TEST_CASE("shape, count, order, value type, option and policy mismatches: every 
     View a("a", 10);
     Sync sync(gradsync::MpiBackend(MPI_COMM_WORLD), o);
     sync.add<Dense>(a, "a");
-    expect_mismatch([&] { sync.synchronize(); }, {"fusion_threshold_bytes", rank_word(last) + ": 1024", std::to_string(gradsync::Options{}.fusion_threshold_bytes)});
+    expect_mismatch([&] { sync.synchronize(); }, {"fusion_threshold_bytes", rank_word(last) + ": 1024", ": by topology (the default)"});
   }
   SUBCASE("reduce op, scale factors and aggregation settings") {
     gradsync::Options o = opts();
@@ -400,7 +400,7 @@ TEST_CASE("invalid options are ConfigErrors naming the option") {
   bad([](gradsync::Options& o) { o.postscale_factor = -0.5; }, "postscale_factor must be finite and >= 0");
   bad([](gradsync::Options& o) { o.stall_timeout = -1; }, "stall_timeout must be finite and >= 0");
   bad([&](gradsync::Options& o) { o.stall_warning = nan; }, "stall_warning must be finite and >= 0");
-  bad([](gradsync::Options& o) { o.max_chunks_in_flight = 0; }, "max_chunks_in_flight must be >= 1, got 0");
+  bad([](gradsync::Options& o) { o.max_chunks_in_flight = -1; }, "max_chunks_in_flight must be >= 0 (0: by topology), got -1");
 }
 
 TEST_CASE("zero fusion threshold means one call per tensor") {

@@ -237,7 +237,7 @@ TEST_CASE("describe(sync): groups, tensors, bytes, plan and options on real valu
   gradsync::SyncSummary s0 = sync.summary();
   GRADSYNC_CHECK_ALL(!s0.planned && s0.chunks == 0);
   GRADSYNC_CHECK_ALL(describe(sync).find("plan: not built yet (prepare() or the first synchronize() builds it); "
-                                         "fusion_threshold_bytes 4,194,304 bytes (4.0 MiB)") != std::string::npos);
+                                         "fusion_threshold_bytes by topology, 4,194,304 bytes (4.0 MiB)") != std::string::npos);
 
   sync.prepare();
   const gradsync::SyncSummary s = sync.summary();
@@ -282,8 +282,12 @@ TEST_CASE("describe(sync): groups, tensors, bytes, plan and options on real valu
   GRADSYNC_CHECK_ALL(has("  data-parallel: 4 tensors, 5,608,080 bytes (5.3 MiB) handed to the backend per step; "
                          "local: 3 tensors, " + gradsync::impl::grouped(local_bytes) + " bytes never sent\n"));
   GRADSYNC_CHECK_ALL(has("  plan: 4 chunks per step (3 reduced in place, 1 packed through the fusion buffer); "
-                         "fusion_threshold_bytes 4,194,304 bytes (4.0 MiB), largest chunk 2,400,000 bytes (2.3 MiB)\n"));
-  GRADSYNC_CHECK_ALL(has("  algorithm: nonblocking, up to 16 chunks in flight, " + std::string(n > 1 ? "3" : "0") +
+                         "fusion_threshold_bytes by topology, 4,194,304 bytes (4.0 MiB), largest chunk 2,400,000 bytes (2.3 MiB)\n"));
+  // One node (this test never spans hosts): flat, by rule, nothing timed.
+  GRADSYNC_CHECK_ALL(has("  topology: 1 node x " + ns + (n == 1 ? " rank" : " ranks") + "; algorithm flat (automatic)\n"));
+  GRADSYNC_CHECK_ALL(s.topology.nodes == 1 && s.topology.local_size == n && s.algorithm == gradsync::Algorithm::flat &&
+                     s.chunks_in_flight == 16 && s.plan_candidates == 1 && s.candidate_seconds.empty());
+  GRADSYNC_CHECK_ALL(has("  collectives: nonblocking, up to 16 chunks in flight, " + std::string(n > 1 ? "3" : "0") +
                          " with the scale folded into the backend's sum; no host staging"));
   GRADSYNC_CHECK_ALL(has("  options: op average, prescale 1, postscale 1, backward_passes_per_step 1"));
 }
@@ -309,7 +313,7 @@ TEST_CASE("describe(sync): blocking collectives, staging, aggregation and fusion
   const std::string d = describe(sync);
   GRADSYNC_CHECK_ALL(d.find("  plan: 1 chunk per step (0 reduced in place, 1 packed through the fusion buffer); "
                             "fusion_threshold_bytes auto, timing 8,388,608 bytes (8.0 MiB), largest chunk "
-                            "5,608,080 bytes (5.3 MiB)\n  algorithm: one blocking allreduce per chunk; staged "
+                            "5,608,080 bytes (5.3 MiB)\n  collectives: one blocking allreduce per chunk; staged "
                             "through host memory") != std::string::npos);
   GRADSYNC_CHECK_ALL(d.find("backward_passes_per_step 2") != std::string::npos);
   (void)n;

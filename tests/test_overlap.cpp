@@ -218,13 +218,13 @@ TEST_CASE("fusion_threshold_auto settles on one candidate on every rank and keep
   Sync s(gradsync::MpiBackend(MPI_COMM_WORLD), opt);
   m.add_to(s);
   const int steps =
-      int(gradsync::impl::ChunkTuner::candidates().size()) * gradsync::impl::ChunkTuner::steps_per_candidate + 3;
+      int(gradsync::impl::chunk_candidates().size()) * gradsync::impl::PlanTuner::steps_per_candidate + 3;
   for (int p = 0; p < steps; ++p) {
     m.fill(rank, p);
     CHECK(s.synchronize());
     GRADSYNC_CHECK_ALL(analytic_error(m, rank, n, 1, p) <= 1e-13);
   }
-  const auto& c = gradsync::impl::ChunkTuner::candidates();
+  const auto& c = gradsync::impl::chunk_candidates();
   const double chosen = double(s.fusion_threshold_bytes());
   GRADSYNC_CHECK_ALL(std::find(c.begin(), c.end(), s.fusion_threshold_bytes()) != c.end());
   GRADSYNC_CHECK_ALL(gradsync_test::max_over_ranks(chosen) == chosen &&

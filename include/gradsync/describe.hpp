@@ -14,6 +14,7 @@
 
 #include "local_var_policy.hpp"
 #include "options.hpp"
+#include "topology.hpp"
 
 namespace gradsync {
 
@@ -51,6 +52,18 @@ struct SyncSummary {
   std::size_t largest_chunk_bytes = 0;
   std::size_t buffer_bytes = 0;            ///< fusion buffer, accumulators and staging held now
   std::size_t bytes_on_huge_pages = 0;     ///< gradient bytes moved onto 2 MiB pages at the last build
+
+  // Where the ranks are and what the plan chose from it.
+  Topology topology;
+  Algorithm algorithm = Algorithm::flat;   ///< in use (while tuning: the candidate timed now)
+  int chunks_in_flight = 0;                ///< nonblocking: most chunks reduced at once
+  std::size_t plan_candidates = 1;         ///< ways the first steps time (1: decided by rule)
+  struct Timed {
+    std::size_t chunk_bytes;
+    Algorithm algorithm;
+    double seconds;  ///< best step, the slowest rank's
+  };
+  std::vector<Timed> candidate_seconds;    ///< after tuning: each candidate's agreed time
 };
 
 namespace impl {
@@ -116,19 +129,31 @@ inline std::string describe(const SyncSummary& s) {
       "fusion_threshold_bytes " +
       (o.fusion_threshold_bytes == fusion_threshold_auto
            ? std::string(s.tuning ? "auto, timing " : "auto, chose ") + bytes_text(s.fusion_threshold_bytes)
+       : o.fusion_threshold_bytes == fusion_threshold_by_topology
+           ? "by topology, " + bytes_text(s.fusion_threshold_bytes)
        : s.fusion_threshold_bytes == 0 ? std::string("0 (one call per tensor)")
                                        : bytes_text(s.fusion_threshold_bytes));
+  os << "  topology: " << describe_topology(s.topology) << "; algorithm " << to_string(s.algorithm);
+  if (o.algorithm == Algorithm::automatic) os << " (automatic";
+  else os << " (set";
+  if (s.plan_candidates > 1 && s.tuning) os << ", timing " << s.plan_candidates << " candidates on the first steps";
+  for (std::size_t k = 0; k < s.candidate_seconds.size(); ++k)
+    os << (k ? ", " : "; timed: ") << to_string(s.candidate_seconds[k].algorithm) << " "
+       << impl::bytes_text(s.candidate_seconds[k].chunk_bytes) << " " << s.candidate_seconds[k].seconds * 1e3 << " ms";
+  os << ")\n";
   if (!s.planned) {
     os << "  plan: not built yet (prepare() or the first synchronize() builds it); " << threshold;
   } else {
     os << "  plan: " << plural(s.chunks, "chunk", "chunks") << " per step (" << s.chunks_in_place
        << " reduced in place, " << s.chunks - s.chunks_in_place << " packed through the fusion buffer); "
        << threshold << ", largest chunk " << bytes_text(s.largest_chunk_bytes) << "\n";
-    os << "  algorithm: ";
-    if (s.blocking)
+    os << "  collectives: ";
+    if (s.blocking && s.algorithm == Algorithm::hierarchical)
+      os << "per chunk, a blocking reduce within each node, allreduce among nodes and broadcast";
+    else if (s.blocking)
       os << "one blocking allreduce per chunk";
     else
-      os << "nonblocking, up to " << o.max_chunks_in_flight << " chunks in flight, " << s.chunks_folded
+      os << "nonblocking, up to " << s.chunks_in_flight << " chunks in flight, " << s.chunks_folded
          << " with the scale folded into the backend's sum";
     if (s.chunks_compressed > 0) os << "; " << s.chunks_compressed << " compressed (16 bits on the wire, added in fp32)";
     os << "; " << (s.staged ? "staged through host memory" : "no host staging") << "; buffers "

@@ -45,6 +45,7 @@ inline const std::vector<EnvVar>& known_env_vars() {
       {"GRADSYNC_STALL_ACTION", "stall_action", "throw, abort"},
       {"GRADSYNC_CONSISTENCY_CHECK", "consistency_check", "off, on_change, every_step"},
       {"GRADSYNC_CHECK_FINITE", "check_finite", "1/0, true/false, on/off, yes/no"},
+      {"GRADSYNC_ALGORITHM", "algorithm", "auto, flat, hierarchical"},
       {"GRADSYNC_HOST_STAGING", "host_staging", "auto, always, never"},
       {"GRADSYNC_HUGE_PAGES", "huge_pages", "1/0, true/false, on/off, yes/no"},
       {"GRADSYNC_COMPRESSION", "compression", "none, fp16, bf16"},
@@ -235,6 +236,9 @@ inline Options apply_env(Options o) {
   static const char* const modes[] = {"off", "on_change", "every_step", nullptr};
   if (impl::env_parse_choice("GRADSYNC_CONSISTENCY_CHECK", i, modes, "one of: off, on_change, every_step"))
     o.consistency_check = CheckMode(i);
+  static const char* const algorithms[] = {"auto", "flat", "hierarchical", nullptr};
+  if (impl::env_parse_choice("GRADSYNC_ALGORITHM", i, algorithms, "one of: auto, flat, hierarchical"))
+    o.algorithm = Algorithm(i);
   impl::env_parse_bool("GRADSYNC_CHECK_FINITE", o.check_finite);
   impl::env_parse_bool("GRADSYNC_HUGE_PAGES", o.huge_pages);
   static const char* const staging[] = {"auto", "always", "never", nullptr};

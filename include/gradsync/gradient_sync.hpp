@@ -26,19 +26,20 @@
 #include "env.hpp"
 #include "error.hpp"
 #include "impl/backend_order.hpp"
-#include "impl/chunk_tuner.hpp"
 #include "impl/consistency.hpp"
 #include "impl/demangle.hpp"
 #include "impl/finite.hpp"
 #include "impl/fusion_kernels.hpp"
 #include "impl/fusion_plan.hpp"
 #include "impl/huge_pages.hpp"
+#include "impl/plan_tuner.hpp"
 #include "impl/ready_tracker.hpp"
 #include "impl/stall.hpp"
 #include "local_var_policy.hpp"
 #include "options.hpp"
 #include "stats.hpp"
 #include "tensor_traits.hpp"
+#include "topology.hpp"
 
 namespace gradsync {
 namespace impl {
@@ -49,6 +50,20 @@ inline std::size_t& max_chunk_elements() {
   static std::size_t n = std::size_t(INT_MAX);
   return n;
 }
+
+// A backend that knows which of its ranks share a node (MpiBackend), and one that can sum in three
+// stages over them (Algorithm::hierarchical).
+template <class B, class = void>
+struct has_topology : std::false_type {};
+template <class B>
+struct has_topology<B, std::enable_if_t<std::is_same_v<std::decay_t<decltype(std::declval<const B&>().topology())>, Topology>>>
+    : std::true_type {};
+template <class B, class = void>
+struct has_hierarchical_sum : std::false_type {};
+template <class B>
+struct has_hierarchical_sum<
+    B, std::void_t<decltype(std::declval<const B&>().hierarchical_allreduce_sum(static_cast<float*>(nullptr), std::size_t()))>>
+    : std::true_type {};
 
 template <class T>
 struct is_std_vector : std::false_type {};
@@ -80,14 +95,24 @@ class GradientSync {
         opt_(prepare_options(options)),
         log_(opt_.read_environment ? impl::env_log_level() : impl::LogLevel::off),
         exec_(exec),
-        tuner_(opt_.fusion_threshold_bytes == fusion_threshold_auto),
-        blocking_(opt_.collectives == Collectives::blocking ||
-                  (opt_.collectives == Collectives::automatic && impl::prefers_blocking(backend_))),
+        topology_(find_topology(backend_)),
+        choices_(plan_candidates(opt_, topology_)),
+        tuner_(choices_.size()),
+        collectives_block_(opt_.collectives == Collectives::blocking ||
+                           (opt_.collectives == Collectives::automatic && impl::prefers_blocking(backend_))),
         agreed_(impl::has_mpi_comm<Backend>::value),
         ctl_(backend_, opt_) {
-    facts_.blocking = blocking_;
+    facts_.blocking = collectives_block_;
     facts_.staged = staging_wanted();
     if constexpr (impl::has_cuda_aware<Backend>::value) facts_.cuda_aware = backend_.cuda_aware();
+    std::uint64_t h = impl::fnv1a(&topology_.nodes, sizeof(int));
+    h = impl::fnv1a(&topology_.max_local_size, sizeof(int), h);
+    for (const impl::PlanChoice& c : choices_) {  // chunks in flight may differ: they change no collective
+      const std::int64_t w[2] = {std::int64_t(c.chunk_bytes), std::int64_t(c.algorithm)};
+      h = impl::fnv1a(w, sizeof w, h);
+    }
+    facts_.plan = std::int64_t(h >> 1);
+    apply_choice();
   }
 
   /// Registers a gradient in `Group`. Any contiguous tensor with this sync's value type and memory
@@ -228,9 +253,16 @@ class GradientSync {
 
   /// The chunk size the sync uses now (fusion_threshold_auto: the candidate being timed, then the
   /// chosen one).
-  std::size_t fusion_threshold_bytes() const {
-    return opt_.fusion_threshold_bytes == fusion_threshold_auto ? tuner_.current() : opt_.fusion_threshold_bytes;
-  }
+  std::size_t fusion_threshold_bytes() const { return choices_[tuner_.current()].chunk_bytes; }
+
+  /// Where the backend's ranks are (one node of this many ranks for a backend that cannot tell).
+  const Topology& topology() const { return topology_; }
+  /// The algorithm chunks are summed with now (while tuning: the candidate being timed).
+  Algorithm algorithm() const { return choices_[tuner_.current()].algorithm; }
+  /// Nonblocking chunks reduced at once now (Options::max_chunks_in_flight, or the plan's choice).
+  int chunks_in_flight() const { return choices_[tuner_.current()].in_flight; }
+  /// Whether the first steps are still timing the plan's candidates.
+  bool tuning() const { return tuner_.active(); }
 
   const Stats& stats() const { return stats_; }
   const Options& options() const { return opt_; }
@@ -264,6 +296,12 @@ class GradientSync {
     s.fusion_threshold_bytes = fusion_threshold_bytes();
     s.tuning = tuner_.active();
     s.blocking = blocking_;
+    s.topology = topology_;
+    s.algorithm = algorithm();
+    s.chunks_in_flight = chunks_in_flight();
+    s.plan_candidates = choices_.size();
+    for (std::size_t k = 0; k < choices_.size() && !tuner_.active() && choices_.size() > 1; ++k)
+      s.candidate_seconds.push_back({choices_[k].chunk_bytes, choices_[k].algorithm, tuner_.timings()[k]});
     if (!s.planned) return s;
     s.staged = staged_;
     s.chunks = chunks_.size();
@@ -342,8 +380,8 @@ class GradientSync {
     auto bad = [](double x) { return !std::isfinite(x) || x < 0; };
     if (bad(o.prescale_factor))
       throw ConfigError(impl::cat("prescale_factor must be finite and >= 0, got ", o.prescale_factor));
-    if (o.max_chunks_in_flight < 1)
-      throw ConfigError(impl::cat("max_chunks_in_flight must be >= 1, got ", o.max_chunks_in_flight));
+    if (o.max_chunks_in_flight < 0)
+      throw ConfigError(impl::cat("max_chunks_in_flight must be >= 0 (0: by topology), got ", o.max_chunks_in_flight));
     if (std::isnan(o.in_place_min_fraction) || o.in_place_min_fraction < 0)
       throw ConfigError(impl::cat("in_place_min_fraction must be >= 0, got ", o.in_place_min_fraction));
     if (bad(o.postscale_factor))
@@ -689,9 +727,11 @@ class GradientSync {
     }
     // The backend reads the buffer outside Kokkos, unless it is ordered on exec_'s own stream.
     if (staged_ || !impl::ordered_on(backend_, exec_)) impl::fence(exec_, impl::label_fence_pack());
-    if (blocking_)
+    if (blocking_ && hierarchical_) {
+      if constexpr (impl::has_hierarchical_sum<Backend>::value) backend_.hierarchical_allreduce_sum(data, std::size_t(len));
+    } else if (blocking_) {
       backend_.allreduce_sum(data, std::size_t(len));
-    else
+    } else
       requests_[c] = start_sum(data, std::size_t(len), fold);
     ++stats_.allreduce_calls;
     stats_.bytes_allreduced += bytes;
@@ -718,10 +758,13 @@ class GradientSync {
   template <class W>
   void sum_wire([[maybe_unused]] std::size_t c, [[maybe_unused]] W* data, [[maybe_unused]] std::size_t n) {
     if constexpr (impl::sums_wire<Backend>::value) {  // else plan_wire refused the plan
-      if (blocking_)
+      if (blocking_ && hierarchical_) {
+        if constexpr (impl::has_hierarchical_sum<Backend>::value) backend_.hierarchical_allreduce_sum(data, n);
+      } else if (blocking_) {
         backend_.allreduce_sum(data, n);
-      else
+      } else {
         requests_[c] = backend_.iallreduce_sum(data, n);
+      }
     }
   }
 
@@ -772,7 +815,7 @@ class GradientSync {
         complete_chunk(completed_++);
         continue;
       }
-      while (launched_ - completed_ >= std::size_t(opt_.max_chunks_in_flight) ||
+      while (launched_ - completed_ >= std::size_t(in_flight_) ||
              (prev_in_slot_[launched_] >= 0 && std::size_t(prev_in_slot_[launched_]) >= completed_)) {
         if (!may_block) return;
         complete_chunk(completed_++);
@@ -849,7 +892,67 @@ class GradientSync {
 
   // fusion_threshold_auto: time this step, move to the next candidate or settle.
   void tune(double seconds) {
-    if (tuner_.record(seconds, [&](double* v, std::size_t n) { backend_.allreduce_max(v, n); })) dirty_ = true;
+    if (tuner_.record(seconds, [&](double* v, std::size_t n) { backend_.allreduce_max(v, n); })) {
+      dirty_ = true;
+      apply_choice();
+    }
+  }
+
+  // The candidate to run now. The same on every rank: the topology is, the options are compared,
+  // and the tuner moves on after the same number of steps and picks from agreed timings.
+  void apply_choice() {
+    const impl::PlanChoice& c = choices_[tuner_.current()];
+    hierarchical_ = c.algorithm == Algorithm::hierarchical;
+    blocking_ = collectives_block_ || hierarchical_;  // the three stages are blocking calls
+    in_flight_ = c.in_flight;
+    stats_.nodes = std::uint64_t(topology_.nodes);
+    stats_.algorithm = c.algorithm;
+    stats_.chunk_bytes = c.chunk_bytes;
+    stats_.chunks_in_flight = std::uint64_t(blocking_ ? 1 : c.in_flight);
+  }
+
+  static Topology find_topology(const Backend& b) {
+    if constexpr (impl::has_topology<Backend>::value) {
+      return b.topology();
+    } else {
+      Topology t;  // cannot tell: one node
+      t.local_size = t.min_local_size = t.max_local_size = b.size();
+      t.local_rank = b.rank();
+      return t;
+    }
+  }
+
+  // What the plan may run: the options' values, and where they leave the choice to the plan, the
+  // topology's. Across nodes (the network between some ranks) chunks are smaller and fewer are in
+  // flight (docs/BENCHMARKS.md, "Across hosts"); Algorithm::automatic there times flat against
+  // hierarchical when some node holds several ranks. Each further chunk size of
+  // fusion_threshold_auto is a candidate too.
+  static std::vector<impl::PlanChoice> plan_candidates(const Options& o, const Topology& t) {
+    const bool network = t.spans_nodes();
+    std::vector<std::size_t> sizes;
+    if (o.fusion_threshold_bytes == fusion_threshold_auto)
+      sizes = impl::chunk_candidates();
+    else if (o.fusion_threshold_bytes == fusion_threshold_by_topology)
+      sizes = {network ? std::size_t(1) << 20 : std::size_t(4) << 20};
+    else
+      sizes = {o.fusion_threshold_bytes};
+    const int in_flight = o.max_chunks_in_flight > 0 ? o.max_chunks_in_flight : network ? 2 : 16;
+    std::vector<Algorithm> algorithms;
+    if (o.algorithm == Algorithm::hierarchical) {
+      if constexpr (!impl::has_hierarchical_sum<Backend>::value)
+        throw ConfigError(impl::cat("algorithm = hierarchical, but backend '", Backend::name(),
+                                    "' has no hierarchical sum (MpiBackend has); use flat or automatic"));
+      algorithms = {Algorithm::hierarchical};
+    } else if (o.algorithm == Algorithm::automatic && t.hierarchical_helps() &&
+               impl::has_hierarchical_sum<Backend>::value) {
+      algorithms = {Algorithm::flat, Algorithm::hierarchical};
+    } else {
+      algorithms = {Algorithm::flat};
+    }
+    std::vector<impl::PlanChoice> c;
+    for (Algorithm a : algorithms)
+      for (std::size_t b : sizes) c.push_back({b, in_flight, a});
+    return c;
   }
 
   // Host staging: when the backend cannot read the buffer's memory space, or when asked to.
@@ -955,8 +1058,13 @@ class GradientSync {
   bool step_open_ = false;
   std::size_t launched_ = 0, completed_ = 0;
   impl::ReadyTracker ready_;
-  impl::ChunkTuner tuner_;
-  bool blocking_ = false;  // one blocking allreduce per chunk (Options::collectives)
+  Topology topology_;
+  std::vector<impl::PlanChoice> choices_;  // what the plan may run (plan_candidates)
+  impl::PlanTuner tuner_;                  // which of them runs now
+  bool collectives_block_ = false;  // Options::collectives as resolved for this backend
+  bool blocking_ = false;           // one blocking allreduce per chunk (collectives_block_, or hierarchical)
+  bool hierarchical_ = false;       // chunks summed in three stages (Algorithm::hierarchical)
+  int in_flight_ = 1;               // nonblocking chunks reduced at once
   bool agreed_ = false;    // side channel: the ranks agree before each exchange (agree_before_exchange)
   bool agreed_once_ = false;  // the first agreement ran (all a backend without a side channel runs)
   impl::ProtocolFacts facts_;  // what this rank resolved beyond Options; agreed with the options

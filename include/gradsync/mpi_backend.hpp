@@ -15,6 +15,7 @@
 #include "error.hpp"
 #include "impl/cuda_aware.hpp"
 #include "impl/ring_allreduce.hpp"
+#include "topology.hpp"
 
 namespace gradsync {
 namespace impl {
@@ -85,6 +86,14 @@ MPI_Op mpi_sum_op() {
     return MPI_SUM;
 }
 
+// Ranks per node as the backend sees them, for tests: 0 (the default) asks MPI which ranks share
+// memory; k > 0 puts ranks r with the same r / k on one "node", so one machine can stand for several.
+// Read when a backend is built; set it alike on every rank.
+inline int& mpi_ranks_per_node_override() {
+  static int k = 0;
+  return k;
+}
+
 // Largest element count handed to one MPI call; larger buffers are split. A variable, not a
 // constant, so tests can exercise the split without allocating 2^31 elements.
 inline std::size_t& mpi_max_count() {
@@ -129,6 +138,9 @@ class MpiBackend {
   bool can_access() const {
     return impl::host_accessible_v<MemorySpace> || (cuda_aware_.aware && impl::is_cuda_memory_v<MemorySpace>);
   }
+  /// Which ranks share a node (found when the backend was built).
+  const Topology& topology() const { return comm_->topology; }
+
   /// Whether device memory is handed to MPI, and what decided it.
   bool cuda_aware() const { return cuda_aware_.aware; }
   const char* cuda_aware_source() const { return cuda_aware_.source; }
@@ -138,6 +150,27 @@ class MpiBackend {
     for_pieces(n, [&](std::size_t off, int cnt) {
       impl::mpi_check(MPI_Allreduce(MPI_IN_PLACE, buf + off, cnt, impl::mpi_type<T>(), impl::mpi_sum_op<T>(), comm()),
                       "MPI_Allreduce");
+    });
+  }
+
+  /// Blocking in-place sum in three stages (Algorithm::hierarchical): MPI_Reduce to each node's
+  /// first rank over shared memory, MPI_Allreduce among those leaders over the network, MPI_Bcast
+  /// back within each node. A sum of n values crosses the network once per node instead of
+  /// 2(p-1)/p times per rank, at the price of two shared-memory stages that do not overlap it.
+  template <class T>
+  void hierarchical_allreduce_sum(T* buf, std::size_t n) const {
+    const Comm& c = *comm_;
+    const MPI_Datatype type = impl::mpi_type<T>();
+    for_pieces(n, [&](std::size_t off, int cnt) {
+      T* p = buf + off;
+      if (c.topology.local_size > 1)
+        impl::mpi_check(MPI_Reduce(c.topology.local_rank == 0 ? MPI_IN_PLACE : p, c.topology.local_rank == 0 ? p : nullptr,
+                                   cnt, type, impl::mpi_sum_op<T>(), 0, c.node),
+                        "MPI_Reduce (within the node)");
+      if (c.leaders != MPI_COMM_NULL && c.topology.nodes > 1)
+        impl::mpi_check(MPI_Allreduce(MPI_IN_PLACE, p, cnt, type, impl::mpi_sum_op<T>(), c.leaders), "MPI_Allreduce (among nodes)");
+      if (c.topology.local_size > 1)
+        impl::mpi_check(MPI_Bcast(p, cnt, type, 0, c.node), "MPI_Bcast (within the node)");
     });
   }
 
@@ -238,16 +271,51 @@ class MpiBackend {
   // Owns the duplicate; shared so that copies of the backend use one communicator.
   struct Comm {
     MPI_Comm comm = MPI_COMM_NULL;
+    MPI_Comm node = MPI_COMM_NULL;     // the ranks of this rank's node
+    MPI_Comm leaders = MPI_COMM_NULL;  // each node's first rank (MPI_COMM_NULL on the others)
+    Topology topology;
     impl::RingPool rings;  // shared by copies of the backend, like the communicator
     explicit Comm(MPI_Comm user) {
       impl::mpi_check(MPI_Comm_dup(user, &comm), "MPI_Comm_dup");
       // Errors come back as codes and become gradsync::Error instead of aborting the job.
       MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
+      find_topology();
     }
     ~Comm() {
       int finalized = 0;
       MPI_Finalized(&finalized);
-      if (!finalized) MPI_Comm_free(&comm);
+      if (finalized) return;
+      for (MPI_Comm* c : {&leaders, &node, &comm})
+        if (*c != MPI_COMM_NULL) MPI_Comm_free(c);
+    }
+    // Collective, like the duplicate: the node and leader communicators and their sizes.
+    void find_topology() {
+      int rank = 0;
+      MPI_Comm_rank(comm, &rank);
+      const int k = impl::mpi_ranks_per_node_override();
+      if (k > 0)
+        impl::mpi_check(MPI_Comm_split(comm, rank / k, rank, &node), "MPI_Comm_split (nodes)");
+      else
+        impl::mpi_check(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node),
+                        "MPI_Comm_split_type (nodes)");
+      MPI_Comm_set_errhandler(node, MPI_ERRORS_RETURN);
+      Topology& t = topology;
+      MPI_Comm_rank(node, &t.local_rank);
+      MPI_Comm_size(node, &t.local_size);
+      impl::mpi_check(MPI_Comm_split(comm, t.local_rank == 0 ? 0 : MPI_UNDEFINED, rank, &leaders),
+                      "MPI_Comm_split (node leaders)");
+      if (leaders != MPI_COMM_NULL) {
+        MPI_Comm_set_errhandler(leaders, MPI_ERRORS_RETURN);
+        MPI_Comm_size(leaders, &t.nodes);
+        MPI_Comm_rank(leaders, &t.node);
+      }
+      int v[4] = {t.nodes, t.node, t.local_size, -t.local_size};  // leaders' values, sent to their node
+      impl::mpi_check(MPI_Bcast(v, 2, MPI_INT, 0, node), "MPI_Bcast (topology)");
+      impl::mpi_check(MPI_Allreduce(MPI_IN_PLACE, v + 2, 2, MPI_INT, MPI_MIN, comm), "MPI_Allreduce (topology)");
+      t.nodes = v[0];
+      t.node = v[1];
+      t.min_local_size = v[2];
+      t.max_local_size = -v[3];
     }
     Comm(const Comm&) = delete;
     Comm& operator=(const Comm&) = delete;

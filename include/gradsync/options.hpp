@@ -3,6 +3,8 @@
 
 #include <cstddef>
 
+#include "topology.hpp"
+
 namespace gradsync {
 
 /// The reduction applied to data-parallel gradients. Both map to the built-in MPI_SUM / ncclSum;
@@ -63,14 +65,20 @@ inline const char* to_string(Compression c) {
 /// steps (all ranks agree on the timings) and keeps the fastest.
 inline constexpr std::size_t fusion_threshold_auto = ~std::size_t(0);
 
+/// Options::fusion_threshold_bytes = fusion_threshold_by_topology (the default) lets the plan pick
+/// the chunk size from the topology: 4 MiB when every rank is on one node, 1 MiB across nodes
+/// (docs/BENCHMARKS.md, "Across hosts").
+inline constexpr std::size_t fusion_threshold_by_topology = ~std::size_t(0) - 1;
+
 struct Options {
   ReduceOp op = ReduceOp::average;
   double prescale_factor = 1.0;   ///< applied to data-parallel gradients before the reduction
   double postscale_factor = 1.0;  ///< applied after it
   /// Largest fused chunk handed to the backend in one call. 0 means no fusion (one call per tensor);
-  /// fusion_threshold_auto picks it by measurement. The default comes from the sweep in
-  /// docs/BENCHMARKS.md.
-  std::size_t fusion_threshold_bytes = std::size_t(4) << 20;
+  /// fusion_threshold_auto picks it by measurement; fusion_threshold_by_topology (the default) by
+  /// where the ranks are (4 MiB on one node, 1 MiB across nodes: the sweeps in docs/BENCHMARKS.md).
+  /// Environment: GRADSYNC_FUSION_THRESHOLD.
+  std::size_t fusion_threshold_bytes = fusion_threshold_by_topology;
   int backward_passes_per_step = 1;          ///< local gradient aggregation: N passes per sync
   bool average_aggregated_gradients = false; ///< divide aggregated gradients by N
   bool scale_local_gradients = true;         ///< 1/world_size for runtime-registered local vars
@@ -103,10 +111,16 @@ struct Options {
   double in_place_min_fraction = 0;
   std::size_t in_place_min_bytes = std::size_t(64) << 10;
   FusionOrder fusion_order = FusionOrder::reverse;
-  /// Nonblocking path: most chunks reduced at once. Many small in-place messages in flight hide
-  /// each one's handshake (docs/BENCHMARKS.md). MpiBackend's ring sums share 4 host receive
-  /// buffers of 1/world_size of a chunk, however many are in flight.
-  int max_chunks_in_flight = 16;
+  /// Nonblocking path: most chunks reduced at once. 0 (the default): by topology, 16 on one node
+  /// (many small in-place messages in flight hide each one's handshake over shared memory) and 2
+  /// across nodes (over TCP, messages in flight share one connection and each finishes later;
+  /// docs/BENCHMARKS.md). MpiBackend's ring sums share 4 host receive buffers of 1/world_size of a
+  /// chunk, however many are in flight.
+  int max_chunks_in_flight = 0;
+  /// How chunks cross the ranks (Algorithm): automatic (the default) is flat on one node and,
+  /// across nodes with several ranks on a node, times flat and hierarchical on the first steps and
+  /// keeps the faster. Environment: GRADSYNC_ALGORITHM (auto, flat, hierarchical).
+  Algorithm algorithm = Algorithm::automatic;
   /// Host gradients reduced in place are moved onto 2 MiB transparent huge pages when the plan is
   /// built (Linux 6.1+ MADV_COLLAPSE, contents unchanged; only pages that hold gradients), and the
   /// fusion buffer is allocated on them. MPI's shared-memory copies then walk and pin 512 times fewer

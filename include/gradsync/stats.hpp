@@ -3,6 +3,8 @@
 
 #include <cstdint>
 
+#include "topology.hpp"
+
 namespace gradsync {
 
 struct Stats {
@@ -18,6 +20,12 @@ struct Stats {
   std::uint64_t buffer_bytes = 0;       ///< bytes held in fusion buffer and accumulators now
   std::uint64_t bytes_on_huge_pages = 0; ///< registered gradient bytes moved onto huge pages at the last plan build
   std::uint64_t consistency_checks = 0; ///< cross-rank checks of the registrations (Options::consistency_check)
+
+  // What the plan decided (the same on every rank; while tuning, the candidate being timed).
+  std::uint64_t nodes = 1;                    ///< nodes the ranks are on (Topology)
+  Algorithm algorithm = Algorithm::flat;      ///< how chunks cross the ranks
+  std::uint64_t chunk_bytes = 0;              ///< fusion threshold in use (0: one call per tensor)
+  std::uint64_t chunks_in_flight = 0;         ///< most chunks reduced at once (1 when blocking)
 };
 
 }  // namespace gradsync

@@ -66,6 +66,12 @@ struct Tensors {
   }
 };
 
+// Runs the steps on which the plan times its candidates (across hosts: flat against hierarchical),
+// so that measurements see the plan it keeps. Collective; every rank tunes alike.
+void settle(Sync& s) {
+  while (s.tuning()) s.synchronize();
+}
+
 std::unique_ptr<Sync> make_sync(const bench::Model& m, Tensors& t, gradsync::Options opt) {
   auto s = std::make_unique<Sync>(gradsync::MpiBackend(MPI_COMM_WORLD), opt);
   for (std::size_t i = 0; i < m.numel.size(); ++i) {
@@ -74,6 +80,7 @@ std::unique_ptr<Sync> make_sync(const bench::Model& m, Tensors& t, gradsync::Opt
     else
       s->add<Dense>(t.g[i]);
   }
+  settle(*s);
   return s;
 }
 
@@ -93,6 +100,7 @@ std::unique_ptr<Sync> make_arena_sync(const bench::Model& m, Arena& arena, grads
     else
       s->add<Dense>(g);
   }
+  settle(*s);
   return s;
 }
 
@@ -182,6 +190,20 @@ void bench_model(const bench::Model& m, double budget, gradsync::Options opt, co
   o.huge_pages = false;
   variants.push_back(make_sync(m, t4k, o));
   ms.push_back({"gradsync on 4 KiB pages", [s = variants.back().get()] { s->synchronize(); }, {}});
+  if (sync->topology().spans_nodes()) {
+    // Across hosts: what the topology's choices are worth, same run (docs/BENCHMARKS.md, "Across hosts").
+    o = opt;
+    o.fusion_threshold_bytes = std::size_t(4) << 20;  // the one-node plan
+    o.max_chunks_in_flight = 16;
+    o.algorithm = gradsync::Algorithm::flat;
+    variant("gradsync one-node plan (4MiB 16 in flight)", o);  // no comma: a CSV field
+    if (sync->topology().hierarchical_helps())
+      for (auto a : {gradsync::Algorithm::flat, gradsync::Algorithm::hierarchical}) {
+        o = opt;
+        o.algorithm = a;
+        variant(std::string("gradsync ") + gradsync::to_string(a), o);
+      }
+  }
   Arena arena;
   variants.push_back(make_arena_sync(m, arena, opt));
   ms.push_back({"gradsync arena", [s = variants.back().get()] { s->synchronize(); }, {}});
@@ -200,6 +222,13 @@ void bench_model(const bench::Model& m, double budget, gradsync::Options opt, co
       o = opt;
       o.max_chunks_in_flight = k;
       variant("gradsync max_chunks_in_flight " + std::to_string(k), o);
+    }
+    for (std::size_t b : {std::size_t(1) << 20, std::size_t(2) << 20, std::size_t(8) << 20}) {
+      o = opt;
+      o.fusion_threshold_bytes = b;
+      variant("gradsync fusion " + size_label(b), o);
+      o.collectives = gradsync::Collectives::blocking;
+      variant("gradsync blocking fusion " + size_label(b), o);
     }
     for (int k : {1, 2, 4}) {
       o = opt;
@@ -302,7 +331,8 @@ void run_models(const std::string& dir, double budget, const std::string& only) 
   auto models = load_models(dir, &mlp);
   for (auto& m : models)
     if (only.empty() || m.name.find(only) != std::string::npos)
-      bench_model(m, budget, gradsync::Options{}, "models", m.name.rfind("DLRM", 0) == 0 ? mlp : 0);
+      bench_model(m, budget, gradsync::Options{}, std::getenv("BENCH_SECTION") ? std::getenv("BENCH_SECTION") : "models",
+                  m.name.rfind("DLRM", 0) == 0 ? mlp : 0);
 }
 
 // gradsync at several fusion thresholds beside raw at the same chunk sizes: the default's evidence.

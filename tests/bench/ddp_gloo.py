@@ -7,8 +7,12 @@ DDP's bucketed reducer (25 MiB buckets, reverse order, rebuilt after the first s
 them over gloo exactly as in training. The sync time is the median of (DDP backward) minus the
 median of (the same backward under no_sync()), interleaved repetitions, slowest rank.
 
-usage: ddp_gloo.py <models_dir> <out.csv> <ranks> [budget_s]
-Appends rows  models,<model>,DDP gloo,<bytes>,<tensors>,<ranks>,<median_s>,<reps>  (rank 0).
+usage: ddp_gloo.py <models_dir> <out.csv> <ranks> [budget_s] [section]
+       mpirun ... ddp_gloo.py <models_dir> <out.csv> mpi [budget_s] [section]
+The first spawns <ranks> local processes; the second takes rank and size from Open MPI's launcher
+(OMPI_COMM_WORLD_*) and the rendezvous from MASTER_ADDR / MASTER_PORT (across hosts: host 0's
+address; GLOO_SOCKET_IFNAME names the interface gloo uses).
+Appends rows  <section, default models>,<model>,DDP gloo,<bytes>,<tensors>,<ranks>,<median_s>,<reps>  (rank 0).
 """
 import json
 import os
@@ -74,8 +78,8 @@ def timed(fn):
     return dt.item()
 
 
-def worker(rank, world, port, models_dir, out, budget):
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
+def worker(rank, world, port, models_dir, out, budget, section="models"):
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ["MASTER_PORT"] = str(port)
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
@@ -98,18 +102,24 @@ def worker(rank, world, port, models_dir, out, budget):
         sync = statistics.median(t_ddp) - statistics.median(t_local)
         numel = sum(p.numel() for p in ddp.parameters())
         if rank == 0:
-            row = f"models,{name},DDP gloo,{4 * numel},{len(shapes)},{world},{sync:.9g},{reps}\n"
+            row = f"{section},{name},DDP gloo,{4 * numel},{len(shapes)},{world},{sync:.9g},{reps}\n"
             with open(out, "a") as f:
                 f.write(row)
-            print(f"  models     {name:<22} DDP gloo (backward {statistics.median(t_ddp) * 1e3:.3f} ms, "
+            print(f"  {section:<10} {name:<22} DDP gloo (backward {statistics.median(t_ddp) * 1e3:.3f} ms, "
                   f"no_sync {statistics.median(t_local) * 1e3:.3f} ms)  sync {sync * 1e3:10.3f} ms", flush=True)
         del ddp
     dist.destroy_process_group()
 
 
 def main():
-    models_dir, out, world = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    models_dir, out = sys.argv[1], sys.argv[2]
     budget = float(sys.argv[4]) if len(sys.argv) > 4 else 8.0
+    section = sys.argv[5] if len(sys.argv) > 5 else "models"
+    if sys.argv[3] == "mpi":
+        worker(int(os.environ["OMPI_COMM_WORLD_RANK"]), int(os.environ["OMPI_COMM_WORLD_SIZE"]),
+               int(os.environ.get("MASTER_PORT", "29500")), models_dir, out, budget, section)
+        return
+    world = int(sys.argv[3])
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

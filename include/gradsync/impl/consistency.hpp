@@ -50,6 +50,7 @@ struct ProtocolFacts {
   std::int64_t cuda_aware = -1;  // the backend hands device memory to MPI (MpiBackend); -1: no such setting
   std::int64_t blocking = 0;     // collectives as resolved (Collectives::automatic asks the backend)
   std::int64_t staged = 0;       // fused chunks staged through host memory, as resolved
+  std::int64_t plan = 0;         // the plan's candidates from the topology (chunk sizes, algorithms)
 };
 
 inline std::int64_t double_bits(double d) {
@@ -60,7 +61,7 @@ inline std::int64_t double_bits(double d) {
 
 // The options that must agree, as words, with their names for the message.
 struct OptionWords {
-  static constexpr int count = 22;
+  static constexpr int count = 24;
   static constexpr int calls = 10;  // the word that counts synchronize() calls
   std::int64_t w[count] = {};
   static const char* name(int i) {
@@ -73,6 +74,8 @@ struct OptionWords {
         "CUDA-aware MPI (GRADSYNC_CUDA_AWARE_MPI, or MpiBackend's CudaAwareMpi argument)",
         "collectives as resolved (Collectives::automatic follows the backend)",
         "host staging as resolved (host_staging, and whether the backend reaches the gradients' memory)",
+        "algorithm",
+        "the plan as resolved from the topology (nodes, ranks per node, chunk sizes, algorithms)",
         "compression", "error_feedback"};
     return names[i];
   }
@@ -90,6 +93,10 @@ struct OptionWords {
         std::memcpy(&d, &v, sizeof d);
         return cat(d);
       }
+      case 4:
+        return v == std::int64_t(fusion_threshold_auto)          ? "fusion_threshold_auto"
+               : v == std::int64_t(fusion_threshold_by_topology) ? "by topology (the default)"
+                                                                 : cat(v);
       case 6:
       case 8:
       case 11: return v ? "true" : "false";
@@ -100,8 +107,9 @@ struct OptionWords {
       case 17: return v < 0 ? "not a setting of this backend" : v ? "yes" : "no";
       case 18: return v ? "blocking" : "nonblocking";
       case 19: return v ? "staged through host" : "not staged";
-      case 20: return pick({"none", "fp16", "bf16"});
-      case 21: return v ? "true" : "false";
+      case 20: return pick({"automatic", "flat", "hierarchical"});
+      case 22: return pick({"none", "fp16", "bf16"});
+      case 23: return v ? "true" : "false";
       default: return cat(v);
     }
   }
@@ -139,8 +147,10 @@ struct OptionWords {
     w[17] = f.cuda_aware;                  // MpiBackend: blocking or not, ring or MPI, staging
     w[18] = f.blocking;
     w[19] = f.staged;
-    w[20] = std::int64_t(o.compression);  // the wire format, hence the bytes and the sums
-    w[21] = o.error_feedback;
+    w[20] = std::int64_t(o.algorithm);
+    w[21] = f.plan;
+    w[22] = std::int64_t(o.compression);  // the wire format, hence the bytes and the sums
+    w[23] = o.error_feedback;
   }
   // Every word but the call count, which the arrival check compares by itself.
   std::uint64_t hash_without_calls() const {

@@ -1,0 +1,419 @@
+// online_closure: one process's share of the simulation and of the closure's training.
+//
+// The periodic domain [0, 2 pi) has N = `cells` coarse cells; subdomain p of P (P = the number of
+// ranks) holds cells [N p / P, N (p + 1) / P). Rank r holds subdomain r: its coarse cells, the
+// `refine` fine cells under each, halos of width 2 (coarse) and 1 (fine) exchanged with its two
+// neighbours over MPI. Each step:
+//
+//   1. coarse state u = the fine state restricted (cell averages); halo exchange;
+//   2. plain coarse step ustar = u + dt * Burgers(u) on the coarse grid (under-resolved);
+//   3. the fine solver advances `substeps` steps (a halo exchange before each): the reference;
+//   4. target = the new fine state restricted; the closure adds a subgrid flux at every face,
+//      pred_i = ustar_i + dt/dx (G_p(i) - G_p(i+1)), G_p(f) = v_p . trunk(u[f-2 .. f+1]), p the
+//      subdomain of cell i (kernels.hpp);
+//   5. loss L = (1/N) sum over all N cells of (pred_i - target_i)^2 / 2: backward, synchronize().
+//
+// The trunk is data-parallel (its gradients averaged by GradientSync); the head v_p of
+// subdomain p lives on rank p only, a local group. Rank r differentiates L_r = (n/N) sum over its
+// cells, so L = (1/n) sum_r L_r: the trunk's average is dL/dW, and the head's gradient dL_r/dv_r =
+// n dL/dv_r is exact after KeepLocal<LocalScale::world_size> divides it by n.
+//
+// The same class is the single-process reference: one process holding all P subdomains (and all
+// P heads) with SelfBackend and a halo that wraps around in memory.
+#pragma once
+
+#include <mpi.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <gradsync/gradsync.hpp>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "config.hpp"
+#include "kernels.hpp"
+
+namespace closure {
+
+/// The data-parallel group: the trunk's parameters.
+struct Trunk {};
+
+/// Halo exchange on a periodic ring of processes, staged through host mirrors (no-ops on a host
+/// build) so that it needs no CUDA-aware MPI. One process: its own other end, in a kernel.
+class Halo {
+ public:
+  Halo(MPI_Comm comm, int width, const std::string& name) : comm_(comm), width_(width) {
+    MPI_Comm_rank(comm, &rank_);
+    MPI_Comm_size(comm, &size_);
+    left_ = (rank_ + size_ - 1) % size_;
+    right_ = (rank_ + 1) % size_;
+    send_ = View1(name + ".send", 2 * std::size_t(width));
+    recv_ = View1(name + ".recv", 2 * std::size_t(width));
+    send_h_ = Kokkos::create_mirror_view(send_);
+    recv_h_ = Kokkos::create_mirror_view(recv_);
+  }
+
+  /// Fills the halo of `u` (n interior cells).
+  void exchange(const View1& u, Index n) {
+    if (size_ == 1) {
+      Kokkos::parallel_for("closure::periodic_halo", range(width_), PeriodicHalo{u, n, width_});
+      return;
+    }
+    Kokkos::parallel_for("closure::pack_halo", range(width_), PackHalo{u, send_, n, width_});
+    Kokkos::deep_copy(send_h_, send_);  // fences: the packed values are complete before MPI reads them
+    // My last cells go right while the left neighbour's last cells arrive; then the reverse.
+    MPI_Sendrecv(send_h_.data() + width_, width_, MPI_DOUBLE, right_, 0, recv_h_.data(), width_, MPI_DOUBLE, left_, 0,
+                 comm_, MPI_STATUS_IGNORE);
+    MPI_Sendrecv(send_h_.data(), width_, MPI_DOUBLE, left_, 1, recv_h_.data() + width_, width_, MPI_DOUBLE, right_, 1,
+                 comm_, MPI_STATUS_IGNORE);
+    Kokkos::deep_copy(recv_, recv_h_);
+    Kokkos::parallel_for("closure::unpack_halo", range(width_), UnpackHalo{u, recv_, n, width_});
+    bytes_ += 2 * std::uint64_t(width_) * sizeof(Real);
+  }
+
+  std::uint64_t bytes_sent() const { return bytes_; }
+
+ private:
+  MPI_Comm comm_;
+  int width_, rank_ = 0, size_ = 1, left_ = 0, right_ = 0;
+  View1 send_, recv_;
+  View1::HostMirror send_h_, recv_h_;
+  std::uint64_t bytes_ = 0;
+};
+
+/// One step's global errors against the restricted fine solution (root mean square over all cells).
+struct StepErrors {
+  double corrected = 0, plain = 0;
+};
+
+/// A free-running evaluation window: the coarse solver with and without the closure, both started
+/// from the restricted fine state `steps` steps earlier, against the restricted fine state now.
+struct RolloutErrors {
+  int end_step = 0;
+  double corrected = 0, plain = 0, reference = 0;  // RMS errors, and the RMS of the reference itself
+};
+
+/// gradsync::Adam with a cosine learning-rate schedule, from lr down to lr / 100 over `updates`
+/// steps (then constant): a closure that stops moving at the end of training runs free more
+/// steadily. Any type with add() and step() (and for_each_state, for broadcast_parameters) can go
+/// into a DistributedOptimizer.
+class ScheduledAdam {
+ public:
+  ScheduledAdam(gradsync::AdamOptions o, int updates) : adam_(o), lr0_(o.lr), updates_(std::max(updates, 1)) {}
+  template <class P, class G>
+  std::size_t add(const P& param, const G& grad) {
+    return adam_.add(param, grad);
+  }
+  void step() {
+    const double x = std::min(1.0, double(done_++) / updates_);
+    adam_.options().lr = lr0_ * (0.01 + 0.99 * 0.5 * (1 + std::cos(pi * x)));
+    adam_.step();
+  }
+  template <class F>
+  void for_each_state(std::size_t slot, F&& f) {
+    adam_.for_each_state(slot, std::forward<F>(f));
+  }
+  double lr() const { return adam_.options().lr; }
+
+ private:
+  gradsync::Adam<View1> adam_;
+  double lr0_;
+  int updates_, done_ = 0;
+};
+
+template <class Backend, class HeadGroup>
+class Simulation {
+ public:
+  using Sync = gradsync::GradientSync<Backend, View1>;
+  using Optimizer = gradsync::DistributedOptimizer<ScheduledAdam, Sync>;
+
+  /// The global problem split into `subdomains` parts; this process holds parts
+  /// [first_sub, first_sub + num_sub) and exchanges halos over `halo_comm` (a ring of processes,
+  /// one per part, or a single process holding every part).
+  Simulation(const Config& c, Backend backend, MPI_Comm halo_comm, int subdomains, int first_sub, int num_sub)
+      : cfg_(c),
+        backend_(backend),
+        opt_(ScheduledAdam(adam_options(c), c.steps / c.passes), Sync(std::move(backend), sync_options(c))),
+        chalo_(halo_comm, coarse_halo, "closure::coarse_halo"),
+        fhalo_(halo_comm, 1, "closure::fine_halo"),
+        P_(subdomains),
+        p0_(first_sub),
+        np_(num_sub),
+        H_(c.hidden) {
+    if (cfg_.cells / P_ < coarse_halo)
+      throw std::runtime_error("--cells " + std::to_string(cfg_.cells) + " gives a subdomain fewer than " +
+                               std::to_string(coarse_halo) + " cells on " + std::to_string(P_) + " ranks");
+    lo_ = start(p0_);
+    n_ = start(p0_ + np_) - lo_;
+    nf_ = n_ * cfg_.refine;
+    dxc_ = 2 * pi / cfg_.cells;
+    dxf_ = dxc_ / cfg_.refine;
+    // Rank r's loss L_r = (n/N) sum over its cells: the global mean is L = (1/n) sum_r L_r.
+    weight_ = Real(backend_.size()) / Real(cfg_.cells);
+    force_ = Forcing{{0.6, 0.4, 0.3}, {0.3, 1.1, 2.0}, {0.5, -0.7, 0.9}};
+    allocate();
+    initialise();
+    opt_.template add<Trunk>(w1_, gw1_, "trunk.0.weight");
+    opt_.template add<Trunk>(b1_, gb1_, "trunk.0.bias");
+    opt_.template add<Trunk>(w2_, gw2_, "trunk.1.weight");
+    opt_.template add<Trunk>(b2_, gb2_, "trunk.1.bias");
+    opt_.template add<HeadGroup>(head_, ghead_, "head");  // this process's subdomain heads: local
+  }
+
+  /// Makes every rank's trunk rank 0's (they are equal here already: Horovod's workflow).
+  void broadcast_parameters() { opt_.broadcast_parameters(0); }
+  /// The sync's one-time costs (consistency check, plan, buffers) before the first step; collective.
+  void prepare_sync() { opt_.sync().prepare(); }
+
+  /// Advances both solvers by dt. With `train`, one backward pass of the corrected step's loss and
+  /// synchronize(); returns true when the gradients hold synchronized values (every `passes`-th
+  /// pass): call apply() then.
+  bool step(bool train) {
+    const Real t = Real(step_) * cfg_.dt;
+    Kokkos::parallel_for("closure::restrict", range(n_), Restrict{fine_, coarse_, 1, coarse_halo, cfg_.refine});
+    chalo_.exchange(coarse_, n_);
+    Kokkos::parallel_for("closure::coarse_step", range(n_),
+                         BurgersStep{coarse_, ustar_, coarse_halo, 0, lo_, dxc_, cfg_.dt, cfg_.nu, t, force_});
+    if (rollout_ > 0) advance_rollouts(t);
+
+    const Real dtf = cfg_.fine_dt();
+    for (int s = 0; s < cfg_.substeps; ++s) {
+      fhalo_.exchange(fine_, nf_);
+      Kokkos::parallel_for("closure::fine_step", range(nf_),
+                           BurgersStep{fine_, fine_next_, 1, 1, lo_ * cfg_.refine, dxf_, dtf, cfg_.nu,
+                                       t + Real(s) * dtf, force_});
+      std::swap(fine_, fine_next_);
+    }
+    Kokkos::parallel_for("closure::restrict", range(n_), Restrict{fine_, target_, 1, 0, cfg_.refine});
+
+    forward(coarse_, ustar_, pred_);
+    double sums[2] = {0, 0};
+    Kokkos::parallel_reduce("closure::error", range(n_), SquaredDistance{pred_, target_, 0, 0}, sums[0]);
+    Kokkos::parallel_reduce("closure::error", range(n_), SquaredDistance{ustar_, target_, 0, 0}, sums[1]);
+    bool synced = false;
+    if (train) {
+      backward();
+      Kokkos::fence();
+      synced = opt_.synchronize();
+    }
+    backend_.allreduce_sum(sums, 2);
+    last_ = StepErrors{std::sqrt(sums[0] / cfg_.cells), std::sqrt(sums[1] / cfg_.cells)};
+    loss_ = Real(0.5) * sums[0] / cfg_.cells;
+    ++step_;
+    if (rollout_ > 0 && --roll_left_ == 0) finish_rollout();
+    return synced;
+  }
+
+  /// The loss L of the last step's coarse state with the current parameters: the forward pass
+  /// alone, for finite-difference checks of the backward pass. Collective.
+  Real loss_now() {
+    forward(coarse_, ustar_, pred_);
+    Real s = 0;
+    Kokkos::parallel_reduce("closure::error", range(n_), SquaredDistance{pred_, target_, 0, 0}, s);
+    backend_.allreduce_sum(&s, 1);
+    return Real(0.5) * s / cfg_.cells;
+  }
+
+  /// Adds delta to value i of a parameter.
+  static void nudge(const View1& param, Index i, Real delta) {
+    Kokkos::parallel_for("closure::nudge", range(1), AddAt{param, i, delta});
+    Kokkos::fence();
+  }
+
+  /// The optimizer step on the synchronized gradients.
+  void apply() {
+    opt_.apply();
+    Kokkos::fence();
+  }
+
+  /// Runs free-running evaluation windows of `steps` steps back to back from the next step on
+  /// (0: none). Collective.
+  void enable_rollouts(int steps) {
+    rollout_ = steps;
+    roll_left_ = 0;
+  }
+
+  // ---- inspection ----
+  int step_count() const { return step_; }
+  Real loss() const { return loss_; }  // the global loss L of the last step (before its update)
+  const StepErrors& errors() const { return last_; }
+  const std::vector<RolloutErrors>& rollouts() const { return windows_; }
+  Index local_cells() const { return n_; }
+  Index first_cell() const { return lo_; }
+  int hidden() const { return H_; }
+  const Optimizer& optimizer() const { return opt_; }
+  const Sync& sync() const { return opt_.sync(); }
+  std::uint64_t halo_bytes() const { return chalo_.bytes_sent() + fhalo_.bytes_sent(); }
+
+  /// The trunk's parameters (grads = false) or gradients, by name, in registration order.
+  std::vector<std::pair<std::string, View1>> trunk(bool grads) const {
+    return {{"trunk.0.weight", grads ? gw1_ : w1_},
+            {"trunk.0.bias", grads ? gb1_ : b1_},
+            {"trunk.1.weight", grads ? gw2_ : w2_},
+            {"trunk.1.bias", grads ? gb2_ : b2_}};
+  }
+  /// Subdomain p's head (p among this process's parts): parameters or gradient, H values.
+  View1 head(int p, bool grads) const {
+    const Index h = H_, k = p - p0_;
+    return Kokkos::subview(grads ? ghead_ : head_, std::make_pair(k * h, (k + 1) * h));
+  }
+
+  /// The interior of the named field on the host: "fine", "target" (the fine one restricted),
+  /// "plain" and "corrected" (the rollouts).
+  std::vector<Real> field(const std::string& which) const {
+    const bool fine = which == "fine";
+    const View1 src = fine ? fine_ : which == "target" ? target_ : which == "plain" ? roll_plain_ : roll_corr_;
+    const int halo = fine ? 1 : which == "target" ? 0 : coarse_halo;
+    const Index n = fine ? nf_ : n_;
+    auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), src);
+    return std::vector<Real>(h.data() + halo, h.data() + halo + n);
+  }
+
+ private:
+  static gradsync::AdamOptions adam_options(const Config& c) {
+    gradsync::AdamOptions o;
+    o.lr = c.lr;
+    return o;
+  }
+  static gradsync::Options sync_options(const Config& c) {
+    gradsync::Options o;
+    o.backward_passes_per_step = c.passes;  // the gradient of `passes` solver steps per update
+    return o;
+  }
+
+  Index start(int p) const { return Index(cfg_.cells) * p / P_; }
+
+  void allocate() {
+    const std::size_t n = std::size_t(n_), H = std::size_t(H_), faces = n + 1;
+    fine_ = View1("closure::fine", std::size_t(nf_) + 2);
+    fine_next_ = View1("closure::fine_next", std::size_t(nf_) + 2);
+    coarse_ = View1("closure::coarse", n + 2 * coarse_halo);
+    ustar_ = View1("closure::ustar", n);
+    target_ = View1("closure::target", n);
+    pred_ = View1("closure::pred", n);
+    dc_ = View1("closure::dc", n);
+    roll_plain_ = View1("closure::rollout_plain", n + 2 * coarse_halo);
+    roll_corr_ = View1("closure::rollout_corrected", n + 2 * coarse_halo);
+    roll_tmp_ = View1("closure::rollout_step", n);
+    roll_pred_ = View1("closure::rollout_pred", n);
+    x_ = Matrix("closure::x", faces, std::size_t(face_stencil));
+    a1_ = Matrix("closure::a1", faces, H);
+    a2_ = Matrix("closure::a2", faces, H);
+    dz1_ = Matrix("closure::dz1", faces, H);
+    dz2_ = Matrix("closure::dz2", faces, H);
+    w1_ = View1("trunk.0.weight", H * face_stencil);
+    gw1_ = View1("trunk.0.weight.grad", H * face_stencil);
+    b1_ = View1("trunk.0.bias", H);
+    gb1_ = View1("trunk.0.bias.grad", H);
+    w2_ = View1("trunk.1.weight", H * H);
+    gw2_ = View1("trunk.1.weight.grad", H * H);
+    b2_ = View1("trunk.1.bias", H);
+    gb2_ = View1("trunk.1.bias.grad", H);
+    head_ = View1("closure::head", std::size_t(np_) * H);
+    ghead_ = View1("closure::head.grad", std::size_t(np_) * H);
+    sub_ = Kokkos::View<int*, Kokkos::LayoutRight, Mem>("closure::subdomain", n);
+    first_ = IndexView("closure::subdomain_first", std::size_t(np_) + 1);
+  }
+
+  void initialise() {
+    // Which local part each cell belongs to, and where each part starts.
+    auto sub = Kokkos::create_mirror_view(sub_);
+    auto first = Kokkos::create_mirror_view(first_);
+    for (int k = 0; k <= np_; ++k) first(k) = start(p0_ + k) - lo_;
+    for (int k = 0; k < np_; ++k)
+      for (Index i = first(k); i < first(k + 1); ++i) sub(i) = k;
+    Kokkos::deep_copy(sub_, sub);
+    Kokkos::deep_copy(first_, first);
+
+    Kokkos::parallel_for("closure::initial_state", range(nf_), InitialState{fine_, 1, lo_ * cfg_.refine, dxf_});
+    // Glorot-uniform trunk, small heads: the untrained closure barely changes the coarse step.
+    // Values come from (seed, tensor, global index): the same whichever process holds them.
+    const std::uint64_t s = cfg_.seed;
+    const double H = H_;
+    auto init = [&](const View1& v, std::uint64_t tag, Index offset, double bound) {
+      Kokkos::parallel_for("closure::init", range(Index(v.size())), InitUniform{v, s, tag, offset, Real(bound)});
+    };
+    init(w1_, 1, 0, std::sqrt(6.0 / (face_stencil + H)));
+    init(b1_, 2, 0, 0.1);
+    init(w2_, 3, 0, std::sqrt(6.0 / (2 * H)));
+    init(b2_, 4, 0, 0.1);
+    init(head_, 5, Index(p0_) * H_, 0.05);
+    Kokkos::fence();
+  }
+
+  void forward(const View1& u, const View1& ustar, const View1& pred) {
+    Kokkos::parallel_for("closure::trunk", range(n_ + 1), TrunkForward{u, w1_, b1_, w2_, b2_, x_, a1_, a2_, H_});
+    Kokkos::parallel_for("closure::flux_correction", range(n_),
+                         FluxCorrection{ustar, pred, head_, sub_, a2_, H_, cfg_.dt / dxc_});
+  }
+
+  // dL_proc / d(every parameter), L_proc = weight * sum over this process's cells of e^2 / 2.
+  void backward() {
+    const Index faces = n_ + 1;
+    Kokkos::parallel_for("closure::loss_seed", range(n_), LossSeed{pred_, target_, dc_, weight_, cfg_.dt / dxc_});
+    Kokkos::parallel_for("closure::head_gradient", range(Index(np_) * H_), HeadGradient{dc_, ghead_, a2_, first_, H_});
+    Kokkos::parallel_for("closure::head_backward", range(faces * H_),
+                         HeadBackward{dc_, head_, sub_, a2_, dz2_, n_, H_});
+    Kokkos::parallel_for("closure::dense_gradient", range(Index(H_) * (H_ + 1)),
+                         DenseWeightGradient{dz2_, a1_, gw2_, gb2_, H_, faces});
+    Kokkos::parallel_for("closure::hidden_backward", range(faces * H_), HiddenBackward{dz2_, a1_, dz1_, w2_, H_});
+    Kokkos::parallel_for("closure::dense_gradient", range(Index(H_) * (face_stencil + 1)),
+                         DenseWeightGradient{dz1_, x_, gw1_, gb1_, face_stencil, faces});
+  }
+
+  // The two free-running coarse solvers, one step from t (before the training pass: they use the
+  // forward's scratch).
+  void advance_rollouts(Real t) {
+    if (roll_left_ == 0) {  // a new window starts from the restricted fine state
+      Kokkos::parallel_for("closure::rollout_start", range(n_), CopyInterior{coarse_, roll_plain_, coarse_halo, coarse_halo});
+      Kokkos::parallel_for("closure::rollout_start", range(n_), CopyInterior{coarse_, roll_corr_, coarse_halo, coarse_halo});
+      roll_left_ = rollout_;
+    }
+    for (View1* u : {&roll_plain_, &roll_corr_}) {
+      chalo_.exchange(*u, n_);
+      Kokkos::parallel_for("closure::rollout_step", range(n_),
+                           BurgersStep{*u, roll_tmp_, coarse_halo, 0, lo_, dxc_, cfg_.dt, cfg_.nu, t, force_});
+      const View1 next = u == &roll_corr_ ? roll_pred_ : roll_tmp_;
+      if (u == &roll_corr_) forward(roll_corr_, roll_tmp_, roll_pred_);
+      Kokkos::parallel_for("closure::rollout_copy", range(n_), CopyInterior{next, *u, 0, coarse_halo});
+    }
+  }
+
+  void finish_rollout() {
+    double sums[3] = {0, 0, 0};
+    Kokkos::parallel_reduce("closure::rollout_error", range(n_), SquaredDistance{roll_corr_, target_, coarse_halo, 0},
+                            sums[0]);
+    Kokkos::parallel_reduce("closure::rollout_error", range(n_), SquaredDistance{roll_plain_, target_, coarse_halo, 0},
+                            sums[1]);
+    Kokkos::parallel_reduce("closure::rollout_error", range(n_), SquaredNorm{target_, 0}, sums[2]);
+    backend_.allreduce_sum(sums, 3);
+    windows_.push_back(RolloutErrors{step_, std::sqrt(sums[0] / cfg_.cells), std::sqrt(sums[1] / cfg_.cells),
+                                     std::sqrt(sums[2] / cfg_.cells)});
+  }
+
+  Config cfg_;
+  Backend backend_;  // a copy for the error sums (MpiBackend copies share one communicator)
+  Optimizer opt_;
+  Halo chalo_, fhalo_;
+  int P_, p0_, np_, H_;
+  Index lo_ = 0, n_ = 0, nf_ = 0;
+  Real dxc_ = 0, dxf_ = 0, weight_ = 1;
+  Forcing force_{};
+
+  View1 fine_, fine_next_, coarse_, ustar_, target_, pred_, dc_;
+  View1 roll_plain_, roll_corr_, roll_tmp_, roll_pred_;
+  Matrix x_, a1_, a2_, dz1_, dz2_;
+  View1 w1_, b1_, w2_, b2_, head_, gw1_, gb1_, gw2_, gb2_, ghead_;
+  Kokkos::View<int*, Kokkos::LayoutRight, Mem> sub_;
+  IndexView first_;
+
+  int step_ = 0, rollout_ = 0, roll_left_ = 0;
+  Real loss_ = 0;
+  StepErrors last_;
+  std::vector<RolloutErrors> windows_;
+};
+
+}  // namespace closure
