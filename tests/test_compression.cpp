@@ -179,6 +179,15 @@ struct Path {
   int passes;
   const char* name;
   bool mark = false;  // mark_ready every gradient, last first, before synchronize()
+  gradsync::Algorithm algorithm = gradsync::Algorithm::automatic;
+  int ranks_per_node = 0;  // made-up nodes (impl::mpi_ranks_per_node_override); 0: the real ones
+};
+// Made-up nodes for one sync: ranks r / k share a "node".
+struct RanksPerNode {
+  explicit RanksPerNode(int k) { gradsync::impl::mpi_ranks_per_node_override() = k; }
+  ~RanksPerNode() { gradsync::impl::mpi_ranks_per_node_override() = 0; }
+  RanksPerNode(const RanksPerNode&) = delete;
+  RanksPerNode& operator=(const RanksPerNode&) = delete;
 };
 const Path paths[] = {
     {gradsync::Collectives::nonblocking, gradsync::HostStaging::automatic, 1, "nonblocking"},
@@ -186,6 +195,12 @@ const Path paths[] = {
     {gradsync::Collectives::nonblocking, gradsync::HostStaging::always, 2, "nonblocking, staged, 2 passes"},
     {gradsync::Collectives::blocking, gradsync::HostStaging::always, 1, "blocking, staged"},
     {gradsync::Collectives::nonblocking, gradsync::HostStaging::automatic, 1, "nonblocking, mark_ready", true},
+    // Three stages with gradsync's op: reduce within each node, allreduce among nodes, broadcast.
+    {gradsync::Collectives::automatic, gradsync::HostStaging::automatic, 1, "hierarchical, nodes of 2 ranks", false,
+     gradsync::Algorithm::hierarchical, 2},
+    // Every rank its own node: the first steps time flat against hierarchical, compressed both ways.
+    {gradsync::Collectives::automatic, gradsync::HostStaging::automatic, 1, "automatic, nodes of 1 rank", false,
+     gradsync::Algorithm::automatic, 1},
 };
 
 template <class T>
@@ -197,7 +212,9 @@ void check_average(Compression c) {
   const std::vector<std::size_t> sizes = {1, 300, 4099, 70000};
   for (const Path& path : paths) {
     CAPTURE(path.name);
+    RanksPerNode nodes(path.ranks_per_node);
     gradsync::Options o = base_options();
+    o.algorithm = path.algorithm;
     o.compression = c;
     o.collectives = path.collectives;
     o.host_staging = path.staging;
@@ -213,7 +230,8 @@ void check_average(Compression c) {
     }
     std::size_t total = 0;
     for (std::size_t s : sizes) total += s;
-    for (int step = 0; step < 2; ++step) {
+    const int steps = 4;  // the automatic choice times its candidates on the first steps
+    for (int step = 0; step < steps; ++step) {
       for (int pass = 0; pass < path.passes; ++pass) {
         for (std::size_t k = 0; k < sizes.size(); ++k)
           gradsync_test::fill_host(views[k], [&](std::size_t i) { return value(k, i, r); });
@@ -230,8 +248,8 @@ void check_average(Compression c) {
       GRADSYNC_CHECK_ALL(e.worst_error > u / 8);
     }
     const gradsync::Stats s = sync.stats();
-    GRADSYNC_CHECK_ALL(s.bytes_allreduced == 2 * total * 2);  // 2 steps, 2 bytes a value
-    GRADSYNC_CHECK_ALL(s.bytes_uncompressed == 2 * total * sizeof(T));
+    GRADSYNC_CHECK_ALL(s.bytes_allreduced == steps * total * 2);  // 2 bytes a value
+    GRADSYNC_CHECK_ALL(s.bytes_uncompressed == steps * total * sizeof(T));
     GRADSYNC_CHECK_ALL(s.bytes_in_place == 0);
   }
 }
