@@ -306,7 +306,8 @@ class GradientSync {
     s.staged = staged_;
     s.chunks = chunks_.size();
     for (std::size_t c = 0; c < chunks_.size(); ++c) {
-      const std::size_t bytes = std::size_t(chunks_[c].size()) * sizeof(value_type);
+      const std::size_t bytes =
+          std::size_t(chunks_[c].size()) * (chunks_[c].kind != 0 ? sizeof(std::uint16_t) : sizeof(value_type));
       s.largest_chunk_bytes = std::max(s.largest_chunk_bytes, bytes);
       s.chunks_in_place += reduced_in_place(c);
       s.chunks_folded += reduced_in_place(c) && !blocking_ && impl::folds_factor(backend_, bytes);
@@ -508,10 +509,12 @@ class GradientSync {
 
   // Elements per chunk: the threshold in values (at least one), never more than one call can take.
   // A threshold of 0 means no fusion: chunks then follow tensor boundaries instead.
-  std::size_t chunk_limit() const {
+  // Compressed chunks (value_bytes 2) hold twice as many values: the threshold counts bytes handed to
+  // the backend.
+  std::size_t chunk_limit(std::size_t value_bytes = sizeof(value_type)) const {
     const std::size_t threshold = fusion_threshold_bytes();
     if (threshold == 0) return impl::max_chunk_elements();
-    const std::size_t by_bytes = threshold / sizeof(value_type);
+    const std::size_t by_bytes = threshold / value_bytes;
     return std::max<std::size_t>(1, std::min(by_bytes, impl::max_chunk_elements()));
   }
 
@@ -540,7 +543,7 @@ class GradientSync {
                                                          : std::numeric_limits<std::int64_t>::max();
     auto plan =
         impl::FusionPlan<value_type>::build(dp, std::int64_t(chunk_limit()), fusion_threshold_bytes() == 0, own_min,
-                                            merge_neighbours_);
+                                            merge_neighbours_, std::int64_t(chunk_limit(sizeof(std::uint16_t))));
     chunks_ = std::move(plan.chunks);
     const std::vector<Seg>& segs = plan.segments;
     std::vector<const void*> dp_data;

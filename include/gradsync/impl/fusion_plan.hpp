@@ -53,10 +53,14 @@ struct FusionPlan {
   // one region with `merge_neighbours` (the ranks agreed they all have the same neighbours): of at
   // least `own_min` elements, it is cut into pieces like one large tensor, so an arena of gradients
   // is reduced in place in as few calls as one contiguous buffer.
+  // Tensors of a compressed kind (kind != 0) use `wire_limit` instead of `limit` when it is given:
+  // the threshold counts bytes handed to the backend, and their values are 2 bytes there.
   static FusionPlan build(const std::vector<Tensor>& tensors, std::int64_t limit, bool per_tensor,
                           std::int64_t own_min = std::numeric_limits<std::int64_t>::max(),
-                          bool merge_neighbours = false) {
+                          bool merge_neighbours = false, std::int64_t wire_limit = 0) {
     FusionPlan p;
+    const std::int64_t plain_limit = limit;
+    auto limit_of = [&](int kind) { return kind != 0 && wire_limit > 0 ? wire_limit : plain_limit; };
     std::vector<Segment<T>> open;           // the packed chunk being filled, offsets from its start
     std::vector<std::size_t> open_tensors;  // the tensors it holds
     std::int64_t open_size = 0;
@@ -88,7 +92,7 @@ struct FusionPlan {
       if (merge && std::int64_t(i) > single_through) {
         const Region r = region_from(tensors, i);
         if (r.members.size() > 1 && r.total >= own_min) {
-          emit_region(r, tensors, limit, own, emit);
+          emit_region(r, tensors, limit_of(tensors[r.members.front()].kind), own, emit);
           i = r.last;
           continue;
         }
@@ -98,7 +102,7 @@ struct FusionPlan {
       const std::int64_t size = std::int64_t(t.size);
       if (size == 0) continue;
       if (per_tensor || size >= own_min) {  // a region of one tensor
-        emit_region(Region{{i}, t.data, size, false, i}, tensors, limit, own, emit);
+        emit_region(Region{{i}, t.data, size, false, i}, tensors, limit_of(t.kind), own, emit);
         continue;
       }
       if (open_size > 0 && tensors[open_tensors.back()].kind != t.kind) {  // formats never share a chunk
@@ -107,6 +111,7 @@ struct FusionPlan {
         open_tensors.clear();
         open_size = 0;
       }
+      limit = limit_of(t.kind);  // the open chunk holds this kind only
       for (std::int64_t done = 0; done < size;) {
         const std::int64_t len = std::min({size - done, limit - open_size, max_segment_elements});
         open.push_back(Segment<T>{t.data + done, open_size, len, T(1)});
