@@ -38,6 +38,7 @@ struct Config {
   bool scale_tables = true;   // --table-scale world_size (default) | none
   int replicas = 0;           // --replicas R: tables sharded over n/R ranks, replicated R times (0: off)
   double min_loss_drop = -1;  // --min-loss-drop F: fail unless the loss fell by the fraction F
+  std::string compression = "none";  // --compression none | fp16 | bf16: the MLP gradients on the wire
 
   int num_tables() const { return int(table_rows.size()); }
   int dense_features() const { return bottom.front(); }
@@ -63,6 +64,7 @@ inline void usage(const char* argv0) {
       "  --replicas R       2-D: tables sharded within groups of n/R ranks, replicated over the R groups\n"
       "                     (their gradients summed over each shard's replicas, a gradsync process set)\n"
       "  --min-loss-drop F  exit 1 unless the held-out loss fell by the fraction F\n"
+      "  --compression C    none (default), fp16 or bf16: the MLP gradients' format on the wire\n"
       "  --bottom-mlp L     e.g. 13-512-256-64-16 (first = 13 dense features, last = dim)\n"
       "  --top-mlp L        e.g. 367-512-256-1 (first = interaction width, last = 1)\n"
       "  --config FILE      read table_rows, embedding_dim, bottom_mlp, top_mlp from a DLRM JSON\n",
@@ -173,9 +175,13 @@ inline bool parse(Config& c, int argc, char** argv, bool print = true) {
         c.scale_tables = false;
       else
         throw std::runtime_error("--table-scale takes world_size or none, not " + m);
-    } else if (o == "--replicas")
+    } else if (o == "--replicas") {
       c.replicas = std::stoi(value());
-    else if (o == "--min-loss-drop")
+    } else if (o == "--compression") {
+      c.compression = value();
+      if (c.compression != "none" && c.compression != "fp16" && c.compression != "bf16")
+        throw std::runtime_error("--compression takes none, fp16 or bf16, not " + c.compression);
+    } else if (o == "--min-loss-drop")
       c.min_loss_drop = std::stod(value());
     else if (o == "--bottom-mlp")
       bottom = value();

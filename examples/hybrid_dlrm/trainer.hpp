@@ -67,6 +67,15 @@ struct AllToAllStats {
   std::uint64_t total() const { return ids + embeddings + gradients; }
 };
 
+// The sync's options: the defaults, with --compression (the environment still applies over them).
+inline gradsync::Options sync_options(const Config& c) {
+  gradsync::Options o;
+  o.compression = c.compression == "bf16"   ? gradsync::Compression::bf16
+                  : c.compression == "fp16" ? gradsync::Compression::fp16
+                                            : gradsync::Compression::none;
+  return o;
+}
+
 template <class Backend, class TableGroup>
 class Trainer {
  public:
@@ -84,7 +93,7 @@ class Trainer {
   /// holding the same shard in every group, over which TableGroup (a ReduceOver group) sums the
   /// table gradients. `world` (every rank) averages the MLPs and normalises the loss.
   Trainer(const Config& c, Backend world, Backend group, std::vector<int> table_set)
-      : cfg_(c), backend_(world), group_(std::move(group)), sync_(std::move(world), gradsync::Options{}), gen_(cfg_) {
+      : cfg_(c), backend_(world), group_(std::move(group)), sync_(std::move(world), sync_options(c)), gen_(cfg_) {
     n_ = backend_.size();
     r_ = backend_.rank();
     gn_ = group_.size();

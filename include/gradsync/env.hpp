@@ -48,6 +48,8 @@ inline const std::vector<EnvVar>& known_env_vars() {
       {"GRADSYNC_ALGORITHM", "algorithm", "auto, flat, hierarchical"},
       {"GRADSYNC_HOST_STAGING", "host_staging", "auto, always, never"},
       {"GRADSYNC_HUGE_PAGES", "huge_pages", "1/0, true/false, on/off, yes/no"},
+      {"GRADSYNC_COMPRESSION", "compression", "none, fp16, bf16"},
+      {"GRADSYNC_ERROR_FEEDBACK", "error_feedback", "1/0, true/false, on/off, yes/no"},
       {"GRADSYNC_LOG", "logging: describe(sync) on stderr at the first plan build",
        "off; info (rank 0 prints); info_all (every rank prints)"},
       {"GRADSYNC_CUDA_AWARE_MPI", "MpiBackend: hand device memory to MPI (overrides detection)", "0, 1"},
@@ -219,6 +221,8 @@ inline LogLevel env_log_level() {
 ///   GRADSYNC_CHECK_FINITE              check_finite: 1/0, true/false, on/off, yes/no
 ///   GRADSYNC_HOST_STAGING              host_staging: auto | always | never
 ///   GRADSYNC_HUGE_PAGES                huge_pages: 1/0, true/false, on/off, yes/no
+///   GRADSYNC_COMPRESSION               compression: none | fp16 | bf16
+///   GRADSYNC_ERROR_FEEDBACK            error_feedback: 1/0, true/false, on/off, yes/no
 /// Throws ConfigError naming the variable when a value is malformed.
 inline Options apply_env(Options o) {
   impl::env_parse_size("GRADSYNC_FUSION_THRESHOLD", o.fusion_threshold_bytes);
@@ -240,6 +244,10 @@ inline Options apply_env(Options o) {
   static const char* const staging[] = {"auto", "always", "never", nullptr};
   if (impl::env_parse_choice("GRADSYNC_HOST_STAGING", i, staging, "one of: auto, always, never"))
     o.host_staging = HostStaging(i);
+  static const char* const formats[] = {"none", "fp16", "bf16", nullptr};
+  if (impl::env_parse_choice("GRADSYNC_COMPRESSION", i, formats, "one of: none, fp16, bf16"))
+    o.compression = Compression(i);
+  impl::env_parse_bool("GRADSYNC_ERROR_FEEDBACK", o.error_feedback);
   return o;
 }
 

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "backend_traits.hpp"
+#include "compression.hpp"
 #include "config.hpp"
 #include "describe.hpp"
 #include "env.hpp"
@@ -138,6 +139,7 @@ class GradientSync {
     e.name = name.empty() ? impl::cat(e.group, "[", e.index_in_group, "]") : std::move(name);
     e.policy_local = is_local_v<Group>;
     e.policy_scale = local_scale_v<Group>;
+    e.compression = impl::group_compression<Group>();
     if (!UT::is_contiguous(tensor))
       throw Error(impl::cat("tensor '", e.name, "' (group ", e.group,
                             ") is not contiguous: register a contiguous View or copy it into one"));
@@ -251,6 +253,7 @@ class GradientSync {
     impl::fence(exec_, impl::label_fence_sync());
     pending_ = n_deferred_segs_ > 0;
     ++stats_.steps;
+    if (overflow_.extent(0) > 0) check_wire_overflow();
     if (tuner_.active()) tune(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     return true;
   }
@@ -339,6 +342,7 @@ class GradientSync {
       auto g = std::find_if(s.groups.begin(), s.groups.end(), [&](const SyncSummary::Group& x) { return x.name == e.group; });
       if (g == s.groups.end()) {
         s.groups.push_back({e.group, e.policy_local, e.policy_scale});
+        s.groups.back().compression = e.policy_local ? Compression::none : wire_of(e);
         g = s.groups.end() - 1;
       }
       const std::size_t bytes = e.size * sizeof(value_type);
@@ -362,10 +366,12 @@ class GradientSync {
     s.staged = staged_;
     s.chunks = chunks_.size();
     for (std::size_t c = 0; c < chunks_.size(); ++c) {
-      const std::size_t bytes = std::size_t(chunks_[c].size()) * sizeof(value_type);
+      const std::size_t bytes =
+          std::size_t(chunks_[c].size()) * (chunks_[c].kind != 0 ? sizeof(std::uint16_t) : sizeof(value_type));
       s.largest_chunk_bytes = std::max(s.largest_chunk_bytes, bytes);
       s.chunks_in_place += reduced_in_place(c);
       s.chunks_folded += reduced_in_place(c) && !blocking_ && impl::folds_factor(backend_, bytes);
+      s.chunks_compressed += chunks_[c].kind != 0;
     }
     s.buffer_bytes = stats_.buffer_bytes;
     s.bytes_on_huge_pages = stats_.bytes_on_huge_pages;
@@ -461,6 +467,7 @@ class GradientSync {
     bool runtime_local = false;
     bool defer_scale = false;  // defer_local_scale: the caller applies the local factor
     bool named = false;  // the name was given to add()
+    int compression = -1;  // its group's wire format (int(Compression)); -1: Options::compression
     std::shared_ptr<void> keepalive;  // a copy of a registered View keeps its memory alive
     std::function<std::pair<value_type*, std::size_t>()> requery;  // vectors: current data and size
     bool local() const { return policy_local || runtime_local; }
@@ -469,6 +476,12 @@ class GradientSync {
   using Seg = impl::Segment<value_type>;
   using SegView = impl::SegmentView<value_type, memory_space>;
   using Buffer = impl::BufferView<value_type, memory_space>;
+  using WireBuffer = impl::BufferView<std::uint16_t, memory_space>;
+
+  // A data-parallel tensor's wire format: its group's choice, else the options'.
+  Compression wire_of(const Entry& e) const {
+    return e.compression < 0 ? opt_.compression : Compression(e.compression);
+  }
 
   Entry& entry_of(const value_type* p, std::size_t n, const char* who) {
     return const_cast<Entry&>(static_cast<const GradientSync*>(this)->entry_of(p, n, who));
@@ -568,7 +581,8 @@ class GradientSync {
       std::vector<impl::RegDesc> regs;
       regs.reserve(entries_.size());
       for (const Entry& e : entries_)
-        regs.push_back({e.group, e.name, e.size, e.index_in_group, e.policy_local, e.runtime_local, e.named});
+        regs.push_back({e.group, e.name, e.size, e.index_in_group, e.policy_local, e.runtime_local, e.named,
+                        int(wire_of(e))});
       sparse_.describe(regs);
       impl::check_consistency(backend_, ctl_, opt_, regs, int(sizeof(value_type)), call,
                               impl::max_chunk_elements(), facts_);
@@ -610,7 +624,7 @@ class GradientSync {
   std::vector<typename impl::FusionPlan<value_type>::Tensor> data_parallel_in_fused_order() const {
     std::vector<typename impl::FusionPlan<value_type>::Tensor> dp;
     for (const Entry& e : entries_)
-      if (!e.local()) dp.push_back({e.data, e.size});
+      if (!e.local()) dp.push_back({e.data, e.size, int(wire_of(e))});
     if (opt_.fusion_order == FusionOrder::reverse) std::reverse(dp.begin(), dp.end());
     return dp;
   }
@@ -653,10 +667,12 @@ class GradientSync {
 
   // Elements per chunk: the threshold in values (at least one), never more than one call can take.
   // A threshold of 0 means no fusion: chunks then follow tensor boundaries instead.
-  std::size_t chunk_limit() const {
+  // Compressed chunks (value_bytes 2) hold twice as many values: the threshold counts bytes handed to
+  // the backend.
+  std::size_t chunk_limit(std::size_t value_bytes = sizeof(value_type)) const {
     const std::size_t threshold = fusion_threshold_bytes();
     if (threshold == 0) return impl::max_chunk_elements();
-    const std::size_t by_bytes = threshold / sizeof(value_type);
+    const std::size_t by_bytes = threshold / value_bytes;
     return std::max<std::size_t>(1, std::min(by_bytes, impl::max_chunk_elements()));
   }
 
@@ -685,7 +701,7 @@ class GradientSync {
                                                          : std::numeric_limits<std::int64_t>::max();
     auto plan =
         impl::FusionPlan<value_type>::build(dp, std::int64_t(chunk_limit()), fusion_threshold_bytes() == 0, own_min,
-                                            merge_neighbours_);
+                                            merge_neighbours_, std::int64_t(chunk_limit(sizeof(std::uint16_t))));
     chunks_ = std::move(plan.chunks);
     const std::vector<Seg>& segs = plan.segments;
     std::vector<const void*> dp_data;
@@ -703,7 +719,7 @@ class GradientSync {
       std::vector<std::int64_t> last(std::size_t(slots_), -1);
       std::int64_t packed = 0;
       for (std::size_t c = 0; c < chunks_.size(); ++c) {
-        if (in_place_ && chunks_[c].contiguous) continue;
+        if (reduced_in_place(c)) continue;
         const std::int64_t slot = packed++ % slots_;
         slot_of_[c] = slot;
         prev_in_slot_[c] = last[std::size_t(slot)];
@@ -716,6 +732,7 @@ class GradientSync {
     ensure_fusion_buffer(std::size_t(capacity));
     move_to_huge_pages(dp);
     if (staged_) ensure(staging_, std::size_t(capacity), "gradsync::host_staging");
+    plan_wire(std::size_t(capacity), plan.total, segs);
     upload(segs, dp_segs_, "gradsync::segments");
     plan_first_ptr_.assign(chunks_.size(), nullptr);
     for (std::size_t c = 0; c < chunks_.size(); ++c)
@@ -751,12 +768,16 @@ class GradientSync {
     pre_factor_ = value_type(opt_.prescale_factor);
     n_dp_segs_ = std::int64_t(segs.size());
     n_local_segs_ = std::int64_t(lsegs.size());
-    stats_.buffer_bytes = (buffer_.extent(0) + local_acc_.extent(0) + staging_.extent(0)) * sizeof(value_type);
+    stats_.buffer_bytes = (buffer_.extent(0) + local_acc_.extent(0) + staging_.extent(0) + residual_.extent(0)) *
+                              sizeof(value_type) +
+                          (wire_.extent(0) + wire_staging_.extent(0)) * sizeof(std::uint16_t);
     // What a collective left incomplete by a stall may still write into.
     // After a stall MPI may still write into the buffers and, for chunks reduced in place, into the
     // gradients themselves: a failure keeps all of them alive (registered Views hold a keepalive copy).
     std::vector<std::shared_ptr<void>> keep{std::make_shared<Buffer>(buffer_),
                                             std::make_shared<decltype(staging_)>(staging_),
+                                            std::make_shared<WireBuffer>(wire_),
+                                            std::make_shared<decltype(wire_staging_)>(wire_staging_),
                                             std::make_shared<Backend>(backend_)};
     for (const Entry& e : entries_)
       if (!e.local() && e.keepalive) keep.push_back(e.keepalive);
@@ -779,15 +800,17 @@ class GradientSync {
 
   // Host memory MPI copies from (impl/huge_pages.hpp): the fusion buffer starts on huge pages,
   // and gradients reduced where they are move onto them.
-  void ensure_fusion_buffer(std::size_t n) {
+  void ensure_fusion_buffer(std::size_t n) { ensure_on_huge_pages(buffer_, n, "gradsync::fusion_buffer"); }
+  template <class V>
+  void ensure_on_huge_pages(V& v, std::size_t n, const char* label) {
     if constexpr (std::is_same_v<memory_space, Kokkos::HostSpace>) {
-      if (opt_.huge_pages && buffer_.extent(0) < n && n * sizeof(value_type) >= impl::huge_page_bytes) {
-        buffer_ = impl::allocate_on_huge_pages<Buffer>("gradsync::fusion_buffer", n);
+      if (opt_.huge_pages && v.extent(0) < n && n * sizeof(typename V::value_type) >= impl::huge_page_bytes) {
+        v = impl::allocate_on_huge_pages<V>(label, n);
         ++stats_.allocations;
         return;
       }
     }
-    ensure(buffer_, n, "gradsync::fusion_buffer");
+    ensure(v, n, label);
   }
   template <class Tensors>
   void move_to_huge_pages(const Tensors& dp) {
@@ -821,7 +844,8 @@ class GradientSync {
   // Where chunk c lives in the buffer: its slot when windowed, its own place otherwise.
   std::int64_t buffer_pos(std::size_t c) const { return windowed_ ? slot_of_[c] * slot_size_ : chunks_[c].begin; }
 
-  bool reduced_in_place(std::size_t c) const { return in_place_ && chunks_[c].contiguous; }
+  // Compressed chunks never are: they need their 16-bit copy.
+  bool reduced_in_place(std::size_t c) const { return in_place_ && chunks_[c].contiguous && chunks_[c].kind == 0; }
 
   void scale_in_place(std::size_t c, value_type factor) {
     if (factor == value_type(1)) return;
@@ -836,18 +860,22 @@ class GradientSync {
     const impl::Chunk& ch = chunks_[c];
     impl::launch_segments(impl::label_pack(), exec_, ch.seg_end - ch.seg_begin,
                           impl::PackKernel<value_type, execution_space, memory_space>{
-                              dp_segs_, buffer_, ch.seg_begin, ch.begin - buffer_pos(c), pre_factor_, aggregated});
+                              dp_segs_, buffer_, ch.seg_begin, ch.begin - buffer_pos(c), pre_factor_, aggregated,
+                              wire_, residual_, Compression(ch.kind)});
   }
 
   void unpack_chunk(std::size_t c) {
     const impl::Chunk& ch = chunks_[c];
     impl::launch_segments(impl::label_unpack(), exec_, ch.seg_end - ch.seg_begin,
                           impl::UnpackKernel<value_type, execution_space, memory_space>{
-                              dp_segs_, buffer_, ch.seg_begin, ch.begin - buffer_pos(c), post_factor_});
+                              dp_segs_, buffer_, ch.seg_begin, ch.begin - buffer_pos(c), post_factor_, wire_,
+                              Compression(ch.kind),
+                              ch.kind == int(Compression::fp16) ? overflow_ : impl::BufferView<std::int64_t, memory_space>{}});
   }
 
   // Packs chunk c and hands it to the backend without waiting for the reduction.
   void launch_chunk(std::size_t c, bool aggregated) {
+    if (chunks_[c].kind != 0) return launch_compressed(c, aggregated);
     const std::int64_t pos = buffer_pos(c), len = chunks_[c].size();
     const std::size_t bytes = std::size_t(len) * sizeof(value_type);
     // In place, the factors go into the backend's reduction where it can take them (one pass over
@@ -875,6 +903,37 @@ class GradientSync {
       requests_[c] = start_sum(data, std::size_t(len), fold);
     ++stats_.allreduce_calls;
     stats_.bytes_allreduced += bytes;
+    stats_.bytes_uncompressed += bytes;
+  }
+
+  // A compressed chunk: packed into 16-bit values by the pack kernel, summed by the backend in its
+  // wire format (staged through host memory when the backend cannot sum it where it lives).
+  void launch_compressed(std::size_t c, bool aggregated) {
+    const std::int64_t pos = buffer_pos(c), len = chunks_[c].size();
+    pack_chunk(c, aggregated);
+    if (wire_staged_)
+      impl::copy_buffer(exec_, wire_staging_, std::size_t(pos), wire_, std::size_t(pos), std::size_t(len));
+    std::uint16_t* data = (wire_staged_ ? wire_staging_.data() : wire_.data()) + pos;
+    if (wire_staged_ || !impl::ordered_on(backend_, exec_)) impl::fence(exec_, impl::label_fence_pack());
+    if (chunks_[c].kind == int(Compression::fp16))
+      sum_wire(c, reinterpret_cast<WireFp16*>(data), std::size_t(len));
+    else
+      sum_wire(c, reinterpret_cast<WireBf16*>(data), std::size_t(len));
+    ++stats_.allreduce_calls;
+    stats_.bytes_allreduced += std::size_t(len) * sizeof(std::uint16_t);
+    stats_.bytes_uncompressed += std::size_t(len) * sizeof(value_type);
+  }
+  template <class W>
+  void sum_wire([[maybe_unused]] std::size_t c, [[maybe_unused]] W* data, [[maybe_unused]] std::size_t n) {
+    if constexpr (impl::sums_wire<Backend>::value) {  // else plan_wire refused the plan
+      if (blocking_ && hierarchical_) {
+        if constexpr (impl::has_hierarchical_sum<Backend>::value) backend_.hierarchical_allreduce_sum(data, n);
+      } else if (blocking_) {
+        backend_.allreduce_sum(data, n);
+      } else {
+        requests_[c] = backend_.iallreduce_sum(data, n);
+      }
+    }
   }
 
   typename Backend::Request start_sum(value_type* data, std::size_t n, bool fold) {
@@ -890,8 +949,11 @@ class GradientSync {
       impl::wait_for(backend_, requests_[c], ctl_, opt_,
                      impl::WaitSite{"allreduce", std::int64_t(stats_.passes), std::int64_t(c), std::int64_t(chunks_.size())});
     if (reduced_in_place(c)) return;  // scaled before the reduction
-    if (staged_) {
-      const std::int64_t pos = buffer_pos(c), len = chunks_[c].size();
+    const std::int64_t pos = buffer_pos(c), len = chunks_[c].size();
+    if (chunks_[c].kind != 0) {
+      if (wire_staged_)
+        impl::copy_buffer(exec_, wire_, std::size_t(pos), wire_staging_, std::size_t(pos), std::size_t(len));
+    } else if (staged_) {
       impl::copy_buffer(exec_, buffer_, std::size_t(pos), staging_, std::size_t(pos), std::size_t(len));
     }
     unpack_chunk(c);
@@ -1073,6 +1135,68 @@ class GradientSync {
     return staging_wanted();
   }
 
+  // Buffers of compressed chunks, when the plan has any: the 16-bit copy (the fusion buffer's
+  // layout), its host staging when the backend cannot sum 16-bit values where they live
+  // (MpiBackend on device memory: its op runs on the CPU), the residuals (zero at every plan build:
+  // fused positions may have moved) and, for fp16, the overflow flag.
+  void plan_wire(std::size_t capacity, std::int64_t total, const std::vector<Seg>& segs) {
+    bool any = false, fp16 = false;
+    for (const impl::Chunk& ch : chunks_) {
+      any = any || ch.kind != 0;
+      fp16 = fp16 || ch.kind == int(Compression::fp16);
+    }
+    wire_staged_ = false;
+    host_segs_.clear();
+    if (!any) {
+      wire_ = WireBuffer();
+      wire_staging_ = {};
+      residual_ = Buffer();
+      overflow_ = {};
+      return;
+    }
+    if (!impl::sums_wire<Backend>::value)  // every rank has the same backend type: all throw here
+      throw ConfigError(impl::cat("compression (Options::compression or a group's CompressWith) needs a backend that "
+                                  "sums 16-bit values; backend '", Backend::name(), "' does not declare "
+                                  "sums_wire_values (backend_traits.hpp): use Compression::none with it"));
+    wire_staged_ = staged_ || !impl::reduces_wire_in<memory_space>(backend_);
+    ensure_on_huge_pages(wire_, capacity, "gradsync::wire_buffer");  // MPI copies from it (huge_pages.hpp)
+    if (wire_staged_) ensure(wire_staging_, capacity, "gradsync::wire_staging");
+    if (opt_.error_feedback) {
+      ensure(residual_, std::size_t(total), "gradsync::residual");
+      const std::vector<value_type> zeros(residual_.extent(0), value_type(0));
+      impl::upload_buffer(residual_, zeros.data(), zeros.size());
+    }
+    if (fp16) {
+      ensure(overflow_, 1, "gradsync::overflow");
+      ensure(overflow_host_, 1, "gradsync::overflow_host");
+      const std::int64_t zero = 0;
+      impl::upload_buffer(overflow_, &zero, 1);
+      host_segs_ = segs;
+    }
+  }
+
+  // fp16: a sum that is not finite fails the step on every rank (each holds the same sums, so each
+  // finds the same flag: no message is needed), naming a tensor; the sync stays usable.
+  void check_wire_overflow() {
+    impl::copy_buffer(exec_, overflow_host_, 0, overflow_, 0, 1);
+    impl::fence(exec_, impl::label_fence_sync());
+    const std::int64_t k = overflow_host_.data()[0];
+    if (k == 0) return;
+    const std::int64_t zero = 0;
+    impl::upload_buffer(overflow_, &zero, 1);
+    const value_type* p = host_segs_[std::size_t(k - 1)].ptr;
+    std::string which = "a data-parallel gradient";
+    for (const Entry& e : entries_)
+      if (!e.local() && p >= e.data && p < e.data + e.size)
+        which = impl::cat("gradient '", e.name, "' (group ", e.group, ", ", e.size, " values)");
+    throw Error(impl::cat(
+        "the fp16 sum of ", which, " is not finite in synchronize() call ", stats_.passes,
+        " (on every rank): a value or a partial sum beyond fp16's largest, 65504, or a NaN/Inf gradient. "
+        "The gradients of this step are not usable; skip it, or use Compression::bf16 (fp32's range), a smaller "
+        "prescale_factor, or keep this group in full precision (CompressWith<Compression::none>); "
+        "see docs/COMPRESSION.md"));
+  }
+
   void finish_local(bool aggregated) {
     impl::launch_segments(impl::label_local(), exec_, n_local_segs_,
                           impl::LocalKernel<value_type, execution_space, memory_space>{
@@ -1127,6 +1251,15 @@ class GradientSync {
       finite_;
   std::int64_t n_dp_segs_ = 0, n_local_segs_ = 0;
   Buffer buffer_, local_acc_;
+  // Compression (plan_wire): the 16-bit chunks, their host staging, this rank's rounding residuals
+  // (error feedback, by fused position), the fp16 overflow flag and the segments, to name a tensor.
+  WireBuffer wire_;
+  impl::BufferView<std::uint16_t, impl::staging_space_t<memory_space>> wire_staging_;
+  bool wire_staged_ = false;
+  Buffer residual_;
+  impl::BufferView<std::int64_t, memory_space> overflow_;
+  impl::BufferView<std::int64_t, impl::staging_space_t<memory_space>> overflow_host_;
+  std::vector<Seg> host_segs_;
   value_type pre_factor_ = 1, post_factor_ = 1;
   bool need_check_ = true;  // registrations changed since the ranks last compared them
   bool merge_neighbours_ = false;  // every rank has the same neighbours in memory (agree_on_neighbours)

@@ -14,6 +14,7 @@ class SelfBackend {
   struct Request {};
 
   static constexpr const char* name() { return "self"; }
+  static constexpr bool sums_wire_values = true;  ///< 16-bit wire values too (the identity)
   int rank() const { return 0; }
   int size() const { return 1; }
 

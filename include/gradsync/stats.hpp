@@ -8,7 +8,9 @@
 namespace gradsync {
 
 struct Stats {
-  std::uint64_t bytes_allreduced = 0;   ///< bytes this rank handed to the backend's allreduce
+  std::uint64_t bytes_allreduced = 0;   ///< bytes this rank handed to the backend's allreduce (on the wire:
+                                        ///< 2 per value of a compressed chunk)
+  std::uint64_t bytes_uncompressed = 0; ///< the same chunks' bytes of gradient (bytes_allreduced without compression)
   std::uint64_t allreduce_calls = 0;    ///< backend allreduce calls (one per fused chunk)
   std::uint64_t bytes_in_place = 0;     ///< of bytes_allreduced, those reduced in the gradients' own memory
   std::uint64_t passes = 0;             ///< synchronize() calls

@@ -7,6 +7,7 @@
 //   bench_sync chunks  <models_dir> <out.csv> [budget_s]   gradsync and raw over chunk sizes
 //   bench_sync growth  <out.csv> [max_mib] [budget_s]      tensor count and byte sweeps
 //   bench_sync overlap <models_dir> <out.csv> [budget_s]   mark_ready during a simulated backward
+//   bench_sync compression <models_dir> <out.csv> [budget_s] [model]  fp32 vs bf16/fp16 on the wire
 //   bench_sync hostpath <tensors> <reps>                   host path only (for callgrind)
 //   bench_sync tablesize <models_dir> <out.csv> [budget_s] DLRM's sync at 1x and 10x the table rows
 //   bench_sync smoke                                       a few tiny runs of every path (ctest)
@@ -306,6 +307,51 @@ void bench_model(const bench::Model& m, double budget, gradsync::Options opt, co
   for (auto& mm : ms) row(section, m.name, mm.name, bytes, m.dp_tensors(), bench::median(mm.times), mm.times.size());
 }
 
+// Wire compression (issue 19): the same gradients synchronized in fp32 and as bf16 / fp16 on the wire,
+// interleaved, same run. fp32 reduces large tensors in place; a compressed chunk always goes through
+// the 16-bit buffer, so "fp32 packed" (nothing in place) shows what the conversion itself costs.
+// Run it over a shaped link (the namespace test bed) for the bandwidth win; `model` picks models by
+// name ("ResNet-50", "ViT-B/16", ...; default both of those). BENCH_METHOD=bf16 keeps the methods whose
+// label has "bf16", beside the fp32 baseline.
+void run_compression(const std::string& dir, double budget, const std::string& only) {
+  std::size_t mlp = 0;
+  for (auto& m : load_models(dir, &mlp)) {
+    const bool picked = only.empty() ? (m.name == "ResNet-50" || m.name == "ViT-B/16") : m.name.find(only) != std::string::npos;
+    if (!picked) continue;
+    Tensors t(m);
+    std::vector<std::unique_ptr<Sync>> syncs;
+    std::vector<bench::Method> ms;
+    const char* only_method = std::getenv("BENCH_METHOD");  // e.g. "bf16": only the methods whose label has it
+    auto method = [&](const std::string& label, gradsync::Options o) {
+      if (only_method && label.find(only_method) == std::string::npos && label != "gradsync fp32") return;
+      syncs.push_back(make_sync(m, t, o));
+      Sync* s = syncs.back().get();
+      ms.push_back({label, [s] { s->synchronize(); }, {}});
+    };
+    gradsync::Options o;
+    method("gradsync fp32", o);
+    o.in_place_min_fraction = HUGE_VAL;
+    method("gradsync fp32 packed", o);
+    o = {};
+    o.compression = gradsync::Compression::bf16;
+    method("gradsync bf16", o);
+    o.compression = gradsync::Compression::fp16;
+    method("gradsync fp16", o);
+    o.compression = gradsync::Compression::bf16;
+    o.error_feedback = true;
+    method("gradsync bf16 + error feedback", o);
+    bench::measure_within(ms, budget, 7, 301);
+    const std::size_t bytes = m.dp_elements() * sizeof(float);
+    for (auto& mm : ms) row("compression", m.name, mm.name, bytes, m.dp_tensors(), bench::median(mm.times), mm.times.size());
+    if (bench::rank() == 0) {
+      const double base = bench::median(ms[0].times);
+      for (std::size_t k = 1; k < ms.size(); ++k)
+        std::printf("  %s: %s / gradsync fp32 = %.3f\n", m.name.c_str(), ms[k].name.c_str(), bench::median(ms[k].times) / base);
+      std::fflush(stdout);
+    }
+  }
+}
+
 void run_models(const std::string& dir, double budget, const std::string& only) {
   std::size_t mlp = 0;
   auto models = load_models(dir, &mlp);
@@ -503,7 +549,8 @@ int main(int argc, char** argv) {
     const std::string mode = argc > 1 ? argv[1] : "smoke";
     auto arg = [&](int i, const char* dflt) { return std::string(argc > i ? argv[i] : dflt); };
     std::string out = "/dev/stdout";
-    if (mode == "models" || mode == "chunks" || mode == "overlap" || mode == "tablesize") out = arg(3, "/dev/null");
+    if (mode == "models" || mode == "chunks" || mode == "overlap" || mode == "tablesize" || mode == "compression")
+      out = arg(3, "/dev/null");
     if (mode == "growth") out = arg(2, "/dev/null");
     if (bench::rank() == 0) {
       out_file = std::fopen(out.c_str(), "a");
@@ -511,6 +558,8 @@ int main(int argc, char** argv) {
     }
     if (mode == "models")
       run_models(arg(2, "."), std::stod(arg(4, "8")), arg(5, ""));
+    else if (mode == "compression")
+      run_compression(arg(2, "."), std::stod(arg(4, "8")), arg(5, ""));
     else if (mode == "chunks")
       run_chunks(arg(2, "."), std::stod(arg(4, "8")));
     else if (mode == "growth")
