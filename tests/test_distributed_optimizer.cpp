@@ -149,8 +149,13 @@ TEST_CASE("Horovod's partial-optimizer check: 0, 1 or 2 local layers") {
       for (std::size_t i = 0; i < 2; ++i) avg.w2[i] += g.w2[i] / size;
     }
     double err = 0;
-    const std::vector<double> g1_h = host_values(g1), w1_h = host_values(w1), g2_h = host_values(g2),
-                              w2_h = host_values(w2);
+    std::vector<double> g1_h = host_values(g1), w1_h = host_values(w1), g2_h = host_values(g2), w2_h = host_values(w2);
+    // The optimizer took the local layers' 1/size (test_local_scale.cpp): their gradients hold the
+    // unscaled sums and the factor is pending.
+    GRADSYNC_CHECK_ALL(dopt.folds_local_scale());
+    GRADSYNC_CHECK_ALL(dopt.sync().pending_scale(g1) == (num_local >= 1 ? 1.0 / size : 1.0));
+    for (double& g : g1_h) g *= dopt.sync().pending_scale(g1);
+    for (double& g : g2_h) g *= dopt.sync().pending_scale(g2);
     for (std::size_t i = 0; i < 6; ++i) {
       const double got = g1_h[i];
       err = std::max(err, num_local >= 1 ? rel_err(got * size, mine.w1[i]) : rel_err(got, avg.w1[i]));
@@ -381,11 +386,16 @@ TEST_CASE("global_norm of a hybrid model equals the single-process norm on the g
     GRADSYNC_CHECK_ALL(dopt.sync().backend().values - values_before == 1);
     GRADSYNC_CHECK_ALL(rel_err(gradsync::global_norm(dopt.sync()), expect) < 1e-14);
 
-    // Clipping above the norm changes nothing; below it scales every gradient by one factor.
-    const std::vector<double> gw0 = host_values(gw), ga0 = host_values(ga);
-    const double gc0 = host_values(gc)[0];
+    // Clipping above the norm changes nothing; below it scales every gradient by one factor. The
+    // local gradients hold unscaled sums (the optimizer takes the factor): clipping applies it first.
+    const std::vector<double> gw0 = host_values(gw), ga_raw = host_values(ga);
+    const double gc_raw = host_values(gc)[0];
     GRADSYNC_CHECK_ALL(rel_err(dopt.clip_grad_norm(2 * expect), expect) < 1e-14);
-    GRADSYNC_CHECK_ALL(host_values(gw) == gw0 && host_values(gc)[0] == gc0);
+    GRADSYNC_CHECK_ALL(host_values(gw) == gw0 && host_values(gc)[0] == gc_raw);
+    GRADSYNC_CHECK_ALL(dopt.sync().local_scale_pending() == (size > 1 || N > 1));  // a factor other than 1
+    std::vector<double> ga0 = ga_raw;
+    for (double& g : ga0) g *= dopt.sync().pending_scale(ga);
+    const double gc0 = gc_raw * dopt.sync().pending_scale(gc);
     const double max_norm = 0.25 * expect, coef = max_norm / (expect + 1e-6);
     GRADSYNC_CHECK_ALL(rel_err(dopt.clip_grad_norm(max_norm), expect) < 1e-14);
     const std::vector<double> gw1 = host_values(gw), ga1 = host_values(ga);

@@ -582,3 +582,37 @@ TEST_CASE("the trace of an aborted job" * doctest::skip()) {
   CHECK(named(doc, "allreduce").size() == 1);
 }
 #endif
+
+TEST_CASE("compressed chunks: their spans start at their launch and count wire bytes") {
+  const std::string dir = temp_dir();
+  const std::string base = dir + "/bf16.json";
+  gradsync::Options o = base_opts();
+  o.timeline = base.c_str();
+  o.compression = gradsync::Compression::bf16;
+  o.fusion_threshold_bytes = 4096;
+  Model m(world_rank());
+  std::uint64_t bytes = 0;
+  {
+    Sync sync(gradsync::MpiBackend(MPI_COMM_WORLD), o);
+    m.add_to(sync);
+    sync.synchronize();
+    sync.synchronize();
+    bytes = sync.stats().bytes_allreduced;
+    GRADSYNC_CHECK_ALL(bytes < sync.stats().bytes_uncompressed);  // the wire format was used
+  }
+  Json doc;
+  std::string why;
+  GRADSYNC_CHECK_ALL(well_formed(read_file(rank_file(base)), doc, why));
+  const double first = named(doc, "plan build")[0]->get("ts")->num;
+  std::uint64_t sum = 0;
+  bool after_plan = true;
+  for (const Json* e : named(doc, "allreduce")) {
+    sum += std::uint64_t(e->get("args")->get("bytes")->num);
+    after_plan = after_plan && e->get("ts")->num >= first;
+  }
+  GRADSYNC_CHECK_ALL(sum == bytes);
+  GRADSYNC_CHECK_ALL(after_plan);
+  std::remove(rank_file(base).c_str());
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (world_rank() == 0) ::rmdir(dir.c_str());
+}

@@ -36,7 +36,9 @@ struct Config {
   int log_every = 10;
   bool check = false;
   bool scale_tables = true;   // --table-scale world_size (default) | none
+  int replicas = 0;           // --replicas R: tables sharded over n/R ranks, replicated R times (0: off)
   double min_loss_drop = -1;  // --min-loss-drop F: fail unless the loss fell by the fraction F
+  std::string compression = "none";  // --compression none | fp16 | bf16: the MLP gradients on the wire
 
   int num_tables() const { return int(table_rows.size()); }
   int dense_features() const { return bottom.front(); }
@@ -59,7 +61,10 @@ inline void usage(const char* argv0) {
       "  --log-every N      progress line every N steps (default 10)\n"
       "  --check            prove n ranks == 1 process on the same global batches (exit 1 if not)\n"
       "  --table-scale M    world_size (default) or none: the LocalScale of the table group\n"
+      "  --replicas R       2-D: tables sharded within groups of n/R ranks, replicated over the R groups\n"
+      "                     (their gradients summed over each shard's replicas, a gradsync process set)\n"
       "  --min-loss-drop F  exit 1 unless the held-out loss fell by the fraction F\n"
+      "  --compression C    none (default), fp16 or bf16: the MLP gradients' format on the wire\n"
       "  --bottom-mlp L     e.g. 13-512-256-64-16 (first = 13 dense features, last = dim)\n"
       "  --top-mlp L        e.g. 367-512-256-1 (first = interaction width, last = 1)\n"
       "  --config FILE      read table_rows, embedding_dim, bottom_mlp, top_mlp from a DLRM JSON\n",
@@ -128,6 +133,8 @@ inline void validate(const Config& c) {
   if (c.batch < 1) fail("--batch must be >= 1");
   if (c.steps < 0) fail("--steps must be >= 0");
   if (c.log_every < 1) fail("--log-every must be >= 1");
+  if (c.replicas < 0) fail("--replicas must be >= 1");
+  if (c.replicas > 0 && !c.scale_tables) fail("--replicas takes the default --table-scale world_size");
 }
 
 /// Parses the command line, skipping Kokkos' --kokkos-* options; returns false for --help (after
@@ -168,6 +175,12 @@ inline bool parse(Config& c, int argc, char** argv, bool print = true) {
         c.scale_tables = false;
       else
         throw std::runtime_error("--table-scale takes world_size or none, not " + m);
+    } else if (o == "--replicas") {
+      c.replicas = std::stoi(value());
+    } else if (o == "--compression") {
+      c.compression = value();
+      if (c.compression != "none" && c.compression != "fp16" && c.compression != "bf16")
+        throw std::runtime_error("--compression takes none, fp16 or bf16, not " + c.compression);
     } else if (o == "--min-loss-drop")
       c.min_loss_drop = std::stod(value());
     else if (o == "--bottom-mlp")

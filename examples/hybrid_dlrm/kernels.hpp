@@ -278,4 +278,19 @@ struct SparseRowUpdate {
   }
 };
 
+// SGD on the rows a table's RowSparse gradient holds after the sync: tables(offset + id(k), d) -= lr g(k, d).
+struct TableRowUpdate {
+  Matrix tables;
+  Cube grad;
+  Kokkos::View<int**, Kokkos::LayoutRight, Mem> ids;
+  Index table, offset;
+  Real lr;
+  int dim;
+  KOKKOS_INLINE_FUNCTION void operator()(Index idx) const {
+    const Index k = idx / dim;
+    const int d = int(idx % dim);
+    tables(offset + ids(table, k), d) -= lr * grad(table, k, d);
+  }
+};
+
 }  // namespace dlrm

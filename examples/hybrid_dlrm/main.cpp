@@ -24,10 +24,14 @@
 // trait of the group type.
 struct Tables {};
 struct TablesUnscaled {};
+struct Replicas {};          // a kind of process set: the replicas of one table shard
+struct TablesReplicated {};  // --replicas R: summed over the shard's replicas, / world size
 template <>
 struct gradsync::LocalVarPolicy<Tables> : gradsync::KeepLocal<gradsync::LocalScale::world_size> {};
 template <>
 struct gradsync::LocalVarPolicy<TablesUnscaled> : gradsync::KeepLocal<gradsync::LocalScale::none> {};
+template <>
+struct gradsync::LocalVarPolicy<TablesReplicated> : gradsync::ReduceOver<Replicas> {};
 
 namespace {
 
@@ -62,8 +66,33 @@ std::string mib(double bytes) {
 
 template <class Group>
 const char* scale_name() {
-  return gradsync::local_scale_v<Group> == gradsync::LocalScale::world_size ? "LocalScale::world_size"
-                                                                            : "LocalScale::none";
+  if constexpr (gradsync::is_set_reduced_v<Group>)
+    return "ReduceOver<Replicas> (summed over each shard's replicas, / world size)";
+  else
+    return gradsync::local_scale_v<Group> == gradsync::LocalScale::world_size ? "LocalScale::world_size"
+                                                                              : "LocalScale::none";
+}
+
+// The distributed trainer: tables over every rank, or (--replicas R) sharded within groups of n/R
+// consecutive ranks and replicated over the R groups; a shard's replicas form its process set.
+template <class Group>
+dlrm::Trainer<gradsync::MpiBackend, Group> make_trainer(const Config& c) {
+  using Tr = dlrm::Trainer<gradsync::MpiBackend, Group>;
+  if (c.replicas == 0) return Tr(c, gradsync::MpiBackend(MPI_COMM_WORLD));
+  int n = 1, r = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  if (n % c.replicas != 0)
+    throw std::runtime_error("--replicas " + std::to_string(c.replicas) + " does not divide the " + std::to_string(n) +
+                             " ranks");
+  const int m = n / c.replicas;
+  MPI_Comm group = MPI_COMM_NULL;
+  MPI_Comm_split(MPI_COMM_WORLD, r / m, r, &group);
+  gradsync::MpiBackend group_backend(group);  // works on a duplicate
+  MPI_Comm_free(&group);
+  std::vector<int> shard_set;
+  for (int q = 0; q < c.replicas; ++q) shard_set.push_back(q * m + r % m);
+  return Tr(c, gradsync::MpiBackend(MPI_COMM_WORLD), group_backend, shard_set);
 }
 
 template <class T>
@@ -140,7 +169,7 @@ template <class Group>
 int run_check(const Config& c) {
   using Dist = dlrm::Trainer<gradsync::MpiBackend, Group>;
   using Ref = dlrm::Trainer<gradsync::SelfBackend, Group>;
-  Dist dist(c, gradsync::MpiBackend(MPI_COMM_WORLD));
+  Dist dist = make_trainer<Group>(c);
   // The reference: every rank also builds the single-process model (all tables, the whole global
   // batch, SelfBackend) from the same seed and trains it on the same batches, in this process.
   Ref ref(c, gradsync::SelfBackend());
@@ -238,7 +267,7 @@ double mean(const std::vector<double>& v, std::size_t k) {
 
 template <class Group>
 int run_train(const Config& c) {
-  dlrm::Trainer<gradsync::MpiBackend, Group> tr(c, gradsync::MpiBackend(MPI_COMM_WORLD));
+  dlrm::Trainer<gradsync::MpiBackend, Group> tr = make_trainer<Group>(c);
   const int me = tr.rank();
   print_model(c, tr);
   tr.prepare_sync();  // the first step then builds nothing
@@ -341,7 +370,7 @@ int main(int argc, char** argv) {
   Kokkos::initialize(argc, argv);
   int status = 0;
   try {
-    status = c.scale_tables ? run<Tables>(c) : run<TablesUnscaled>(c);
+    status = c.replicas > 0 ? run<TablesReplicated>(c) : c.scale_tables ? run<Tables>(c) : run<TablesUnscaled>(c);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "hybrid_dlrm (rank %d): %s\n", world_rank(), e.what());
     MPI_Abort(MPI_COMM_WORLD, 2);

@@ -12,7 +12,9 @@
 // divides evenly), so the global mean loss is L = (1/n) sum_r L_r for any split of the batch.
 // GradientSync then averages the MLP gradients (the gradient of L) and scales the table
 // gradients (which hold sum_r dL_r/dE = n dL/dE) by 1/n when the table group says
-// KeepLocal<LocalScale::world_size>. With SelfBackend the same code is the single-process model.
+// KeepLocal<LocalScale::world_size>. Each table's gradient is a gradsync::RowSparse (the rows the
+// batch touched and their row numbers), so that scale costs the rows touched, never the table's
+// size. With SelfBackend the same code is the single-process model.
 #pragma once
 
 #include <algorithm>
@@ -65,25 +67,57 @@ struct AllToAllStats {
   std::uint64_t total() const { return ids + embeddings + gradients; }
 };
 
+// The sync's options: the defaults, with --compression (the environment still applies over them).
+inline gradsync::Options sync_options(const Config& c) {
+  gradsync::Options o;
+  o.compression = c.compression == "bf16"   ? gradsync::Compression::bf16
+                  : c.compression == "fp16" ? gradsync::Compression::fp16
+                                            : gradsync::Compression::none;
+  return o;
+}
+
 template <class Backend, class TableGroup>
 class Trainer {
  public:
   using Sync = gradsync::GradientSync<Backend, View1<Real>>;
   using HostReal = typename View1<Real>::HostMirror;
+  using RowIds = Kokkos::View<int**, Kokkos::LayoutRight, Mem>;  // [owned table][slot]: row numbers
+  using TableRows =
+      gradsync::RowSparse<decltype(Kokkos::subview(std::declval<const Cube&>(), Index(0), Kokkos::ALL(), Kokkos::ALL())),
+                          decltype(Kokkos::subview(std::declval<const RowIds&>(), Index(0), Kokkos::ALL()))>;
 
-  Trainer(const Config& c, Backend backend)
-      : cfg_(c), backend_(backend), sync_(std::move(backend), gradsync::Options{}), gen_(cfg_) {
+  Trainer(const Config& c, Backend backend) : Trainer(c, backend, backend, {}) {}
+
+  /// 2-D hybrid parallelism (--replicas R): `group` is this rank's replica group (n/R consecutive
+  /// ranks), over which the tables are sharded and the all-to-alls run; `table_set` the ranks
+  /// holding the same shard in every group, over which TableGroup (a ReduceOver group) sums the
+  /// table gradients. `world` (every rank) averages the MLPs and normalises the loss.
+  Trainer(const Config& c, Backend world, Backend group, std::vector<int> table_set)
+      : cfg_(c), backend_(world), group_(std::move(group)), sync_(std::move(world), sync_options(c)), gen_(cfg_) {
     n_ = backend_.size();
     r_ = backend_.rank();
+    gn_ = group_.size();
+    gr_ = group_.rank();
     T_ = cfg_.num_tables();
     B_ = cfg_.batch;
     dim_ = cfg_.dim;
     if (B_ < n_)
       throw std::runtime_error("the global batch (" + std::to_string(B_) +
                                ") must hold at least one sample per rank (" + std::to_string(n_) + " ranks)");
-    for (int p = 0; p <= n_; ++p) lo_.push_back(Index(B_) * p / n_);
-    for (int p = 0; p < n_; ++p) cnt_.push_back(lo_[std::size_t(p) + 1] - lo_[std::size_t(p)]);
-    b_ = cnt_[std::size_t(r_)];
+    if (n_ % gn_ != 0 || r_ % gn_ != gr_)
+      throw std::runtime_error("a replica group must be " + std::to_string(gn_) + " consecutive ranks of the " +
+                               std::to_string(n_));
+    std::vector<Index> lo;  // the global batch over every rank; the group's part, from its first sample
+    for (int p = 0; p <= n_; ++p) lo.push_back(Index(B_) * p / n_);
+    const int first = r_ - gr_;
+    for (int p = 0; p <= gn_; ++p) lo_.push_back(lo[std::size_t(first + p)] - lo[std::size_t(first)]);
+    for (int p = 0; p < gn_; ++p) cnt_.push_back(lo_[std::size_t(p) + 1] - lo_[std::size_t(p)]);
+    GB_ = lo_[std::size_t(gn_)];
+    sample0_ = lo[std::size_t(r_)];
+    b_ = cnt_[std::size_t(gr_)];
+    if constexpr (gradsync::is_set_reduced_v<TableGroup>)
+      sync_.template bind_process_set<typename gradsync::LocalVarPolicy<TableGroup>::set_tag>(
+          table_set.empty() ? std::vector<int>{r_} : table_set);
     plan_tables();
     build_mlps();
     build_interaction();
@@ -94,7 +128,7 @@ class Trainer {
   /// Generates this rank's share of global batch `step`, runs forward and backward, synchronizes
   /// the gradients. Returns the global mean loss of the batch (before the update).
   Real compute_gradients(std::uint64_t step) {
-    Real sums[3] = {0, gen_.fill(step, lo_[std::size_t(r_)], b_, dense_h_, ids_local_h_, label_h_), 0};
+    Real sums[3] = {0, gen_.fill(step, sample0_, b_, dense_h_, ids_local_h_, label_h_), 0};
     for (Index s = 0; s < b_; ++s) sums[2] += label_h_(s);
     Kokkos::deep_copy(dense_, dense_h_);
     Kokkos::deep_copy(label_, label_h_);
@@ -102,8 +136,8 @@ class Trainer {
     build_sparse_rows();
 
     // Lookup for the global batch, then the forward all-to-all.
-    Kokkos::parallel_for("dlrm::lookup", range(Index(my_.size()) * B_ * dim_),
-                         EmbeddingLookup{tables_, ids_my_, row_offset_, pos_, emb_send_, B_, dim_});
+    Kokkos::parallel_for("dlrm::lookup", range(Index(my_.size()) * GB_ * dim_),
+                         EmbeddingLookup{tables_, ids_my_, row_offset_, pos_, emb_send_, GB_, dim_});
     alltoallv(emb_send_, emb_send_h_, emb_scount_, emb_sdispl_, emb_recv_, emb_recv_h_, emb_rcount_, emb_rdispl_,
               stats_.embeddings);
     Kokkos::parallel_for("dlrm::unpack_embeddings", range(b_ * T_ * dim_),
@@ -130,8 +164,8 @@ class Trainer {
     alltoallv(emb_recv_, emb_recv_h_, emb_rcount_, emb_rdispl_, emb_send_, emb_send_h_, emb_scount_, emb_sdispl_,
               stats_.gradients);
     Kokkos::parallel_for(
-        "dlrm::sparse_row_gradient", range(Index(my_.size()) * B_ * dim_),
-        SparseRowGradient{emb_send_, pos_, uniq_first_, uniq_count_, csr_begin_, csr_sample_, table_grad_, B_, dim_});
+        "dlrm::sparse_row_gradient", range(Index(my_.size()) * GB_ * dim_),
+        SparseRowGradient{emb_send_, pos_, uniq_first_, uniq_count_, csr_begin_, csr_sample_, table_grad_, GB_, dim_});
     Kokkos::fence();
     sync_.synchronize();
 
@@ -150,9 +184,11 @@ class Trainer {
         Kokkos::parallel_for("dlrm::sgd", range(Index(l.w.size())), AxpyUpdate{l.w.data(), l.gw.data(), cfg_.lr});
         Kokkos::parallel_for("dlrm::sgd", range(Index(l.b.size())), AxpyUpdate{l.b.data(), l.gb.data(), cfg_.lr});
       }
-    Kokkos::parallel_for(
-        "dlrm::sgd_sparse_rows", range(uniq_total_ * dim_),
-        SparseRowUpdate{tables_, table_grad_, row_offset_, uniq_first_, uniq_table_, uniq_row_, cfg_.lr, dim_});
+    // The rows the sync left in each table's RowSparse: this batch's rows, or with replicas the
+    // union of every replica's rows (summed over the table's process set).
+    for (std::size_t i = 0; i < table_rows_.size(); ++i)
+      Kokkos::parallel_for("dlrm::sgd_sparse_rows", range(table_rows_[i].rows() * dim_),
+                           TableRowUpdate{tables_, table_grad_, row_ids_, Index(i), row_offset_h_(Index(i)), cfg_.lr, dim_});
     Kokkos::fence();
   }
 
@@ -185,9 +221,10 @@ class Trainer {
     // Only table t's slots come to the host (on a device build, not every owned table's).
     auto g = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(),
                                                  Kokkos::subview(table_grad_, i, Kokkos::ALL(), Kokkos::ALL()));
+    auto ids = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), Kokkos::subview(row_ids_, i, Kokkos::ALL()));
     std::pair<std::vector<int>, std::vector<Real>> out;
-    for (Index k = 0; k < uniq_count_h_(i); ++k) {
-      out.first.push_back(uniq_row_h_(uniq_first_h_(i) + k));
+    for (Index k = 0; k < table_rows_[std::size_t(i)].rows(); ++k) {
+      out.first.push_back(ids(k));
       for (int d = 0; d < dim_; ++d) out.second.push_back(g(k, d));
     }
     return out;
@@ -211,15 +248,15 @@ class Trainer {
   }
 
   void plan_tables() {
-    owner_ = assign_tables(cfg_, n_);
-    tables_of_.assign(std::size_t(n_), {});
+    owner_ = assign_tables(cfg_, gn_);  // over the replica group (every rank without replicas)
+    tables_of_.assign(std::size_t(gn_), {});
     slot_.assign(std::size_t(T_), 0);
     for (int t = 0; t < T_; ++t) {
       auto& list = tables_of_[std::size_t(owner_[std::size_t(t)])];
       slot_[std::size_t(t)] = int(list.size());
       list.push_back(t);
     }
-    my_ = tables_of_[std::size_t(r_)];
+    my_ = tables_of_[std::size_t(gr_)];
     const Index m = Index(my_.size());
     row_offset_ = View1<Index>("dlrm::row_offset", m + 1);
     row_offset_h_ = Kokkos::create_mirror_view(row_offset_);
@@ -237,6 +274,8 @@ class Trainer {
                                        Real(1.0 / std::sqrt(double(rows)))});
     }
     table_grad_ = Cube("dlrm::table_grad", std::size_t(m), std::size_t(B_), std::size_t(dim_));
+    row_ids_ = RowIds("dlrm::row_ids", std::size_t(m), std::size_t(B_));
+    row_ids_h_ = Kokkos::create_mirror_view(row_ids_);
   }
 
   void build_mlp(std::vector<Layer>& mlp, const std::vector<int>& widths, const char* name, std::uint64_t tag,
@@ -303,30 +342,30 @@ class Trainer {
   // split and the table assignment, so they are computed once.
   void build_exchange() {
     const Index m = Index(my_.size());
-    id_scount_.assign(std::size_t(n_), 0);
+    id_scount_.assign(std::size_t(gn_), 0);
     id_rcount_ = id_sdispl_ = id_rdispl_ = emb_scount_ = emb_rcount_ = emb_sdispl_ = emb_rdispl_ = id_scount_;
-    for (int p = 0; p < n_; ++p) {
+    for (int p = 0; p < gn_; ++p) {
       id_scount_[std::size_t(p)] = int(Index(tables_of_[std::size_t(p)].size()) * b_);  // my samples' ids of p's tables
       id_rcount_[std::size_t(p)] = int(m * cnt_[std::size_t(p)]);                       // p's samples' ids of my tables
       emb_scount_[std::size_t(p)] = id_rcount_[std::size_t(p)] * dim_;
       emb_rcount_[std::size_t(p)] = id_scount_[std::size_t(p)] * dim_;
     }
-    for (int p = 1; p < n_; ++p) {
+    for (int p = 1; p < gn_; ++p) {
       id_sdispl_[std::size_t(p)] = id_sdispl_[std::size_t(p) - 1] + id_scount_[std::size_t(p) - 1];
       id_rdispl_[std::size_t(p)] = id_rdispl_[std::size_t(p) - 1] + id_rcount_[std::size_t(p) - 1];
       emb_sdispl_[std::size_t(p)] = emb_sdispl_[std::size_t(p) - 1] + emb_scount_[std::size_t(p) - 1];
       emb_rdispl_[std::size_t(p)] = emb_rdispl_[std::size_t(p) - 1] + emb_rcount_[std::size_t(p) - 1];
     }
     ids_send_.assign(std::size_t(T_ * b_), 0);
-    ids_recv_.assign(std::size_t(m * B_), 0);
+    ids_recv_.assign(std::size_t(m * GB_), 0);
 
     // pos: where owned table i's vector for global sample s sits in the buffer exchanged with s's rank.
-    pos_ = View1<Index>("dlrm::pos", m * B_);
+    pos_ = View1<Index>("dlrm::pos", m * GB_);
     auto pos = Kokkos::create_mirror_view(pos_);
-    for (int p = 0; p < n_; ++p)
+    for (int p = 0; p < gn_; ++p)
       for (Index i = 0; i < m; ++i)
         for (Index s = 0; s < cnt_[std::size_t(p)]; ++s)
-          pos(i * B_ + lo_[std::size_t(p)] + s) = emb_sdispl_[std::size_t(p)] + (i * cnt_[std::size_t(p)] + s) * dim_;
+          pos(i * GB_ + lo_[std::size_t(p)] + s) = emb_sdispl_[std::size_t(p)] + (i * cnt_[std::size_t(p)] + s) * dim_;
     Kokkos::deep_copy(pos_, pos);
     // table_offset: where table t's vectors for my samples start in what its owner sent me.
     table_offset_ = View1<Index>("dlrm::table_offset", T_);
@@ -335,26 +374,26 @@ class Trainer {
       off(t) = emb_rdispl_[std::size_t(owner_[std::size_t(t)])] + Index(slot_[std::size_t(t)]) * b_ * dim_;
     Kokkos::deep_copy(table_offset_, off);
 
-    emb_send_ = View1<Real>("dlrm::emb_send", std::size_t(m * B_ * dim_));
+    emb_send_ = View1<Real>("dlrm::emb_send", std::size_t(m * GB_ * dim_));
     emb_recv_ = View1<Real>("dlrm::emb_recv", std::size_t(b_ * T_ * dim_));
     emb_send_h_ = Kokkos::create_mirror_view(emb_send_);
     emb_recv_h_ = Kokkos::create_mirror_view(emb_recv_);
 
-    ids_my_ = View1<int>("dlrm::ids", m * B_);
+    ids_my_ = View1<int>("dlrm::ids", m * GB_);
     ids_my_h_ = Kokkos::create_mirror_view(ids_my_);
     uniq_first_ = View1<Index>("dlrm::uniq_first", m);
     uniq_count_ = View1<Index>("dlrm::uniq_count", m);
-    uniq_table_ = View1<Index>("dlrm::uniq_table", m * B_);
-    uniq_row_ = View1<int>("dlrm::uniq_row", m * B_);
-    csr_begin_ = View1<Index>("dlrm::csr_begin", m * B_ + 1);
-    csr_sample_ = View1<Index>("dlrm::csr_sample", m * B_);
+    uniq_table_ = View1<Index>("dlrm::uniq_table", m * GB_);
+    uniq_row_ = View1<int>("dlrm::uniq_row", m * GB_);
+    csr_begin_ = View1<Index>("dlrm::csr_begin", m * GB_ + 1);
+    csr_sample_ = View1<Index>("dlrm::csr_sample", m * GB_);
     uniq_first_h_ = Kokkos::create_mirror_view(uniq_first_);
     uniq_count_h_ = Kokkos::create_mirror_view(uniq_count_);
     uniq_table_h_ = Kokkos::create_mirror_view(uniq_table_);
     uniq_row_h_ = Kokkos::create_mirror_view(uniq_row_);
     csr_begin_h_ = Kokkos::create_mirror_view(csr_begin_);
     csr_sample_h_ = Kokkos::create_mirror_view(csr_sample_);
-    sort_buf_.resize(std::size_t(B_));
+    sort_buf_.resize(std::size_t(GB_));
   }
 
   void register_gradients() {
@@ -363,10 +402,13 @@ class Trainer {
         sync_.template add<Mlp>(l.gw, l.name + ".weight");
         sync_.template add<Mlp>(l.gb, l.name + ".bias");
       }
-    // Each table's sparse-row gradient: local to its owner, scaled by the group's policy.
-    for (std::size_t i = 0; i < my_.size(); ++i)
-      sync_.template add<TableGroup>(Kokkos::subview(table_grad_, i, Kokkos::ALL(), Kokkos::ALL()),
-                                     "table " + std::to_string(my_[i]));
+    // Each table's sparse-row gradient: local to its owner, its touched rows scaled by the group's
+    // policy. Up to B rows (one per sample), of a table of rows(t) rows.
+    for (std::size_t i = 0; i < my_.size(); ++i) {
+      table_rows_.emplace_back(Kokkos::subview(table_grad_, Index(i), Kokkos::ALL(), Kokkos::ALL()),
+                               Kokkos::subview(row_ids_, Index(i), Kokkos::ALL()), cfg_.rows(my_[i]));
+      sync_.template add<TableGroup>(table_rows_.back(), "table " + std::to_string(my_[i]));
+    }
   }
 
   // ---- one step's pieces ----
@@ -396,19 +438,19 @@ class Trainer {
 
   // Each table's ids go from the ranks holding the samples to the rank holding the table.
   void exchange_ids() {
-    for (int q = 0; q < n_; ++q) {
+    for (int q = 0; q < gn_; ++q) {
       int* out = ids_send_.data() + id_sdispl_[std::size_t(q)];
       for (int t : tables_of_[std::size_t(q)])
         for (Index s = 0; s < b_; ++s) *out++ = ids_local_h_(s, t);
     }
-    backend_.alltoallv(ids_send_.data(), id_scount_.data(), id_sdispl_.data(), ids_recv_.data(), id_rcount_.data(),
+    group_.alltoallv(ids_send_.data(), id_scount_.data(), id_sdispl_.data(), ids_recv_.data(), id_rcount_.data(),
                        id_rdispl_.data());
     count_sent(id_scount_, sizeof(int), stats_.ids);
     const Index m = Index(my_.size());
-    for (int p = 0; p < n_; ++p)
+    for (int p = 0; p < gn_; ++p)
       for (Index i = 0; i < m; ++i)
         for (Index s = 0; s < cnt_[std::size_t(p)]; ++s)
-          ids_my_h_(i * B_ + lo_[std::size_t(p)] + s) =
+          ids_my_h_(i * GB_ + lo_[std::size_t(p)] + s) =
               ids_recv_[std::size_t(id_rdispl_[std::size_t(p)] + i * cnt_[std::size_t(p)] + s)];
     Kokkos::deep_copy(ids_my_, ids_my_h_);
   }
@@ -419,10 +461,10 @@ class Trainer {
     const Index m = Index(my_.size());
     Index u = 0, q = 0;
     for (Index i = 0; i < m; ++i) {
-      for (Index s = 0; s < B_; ++s) sort_buf_[std::size_t(s)] = {ids_my_h_(i * B_ + s), s};
+      for (Index s = 0; s < GB_; ++s) sort_buf_[std::size_t(s)] = {ids_my_h_(i * GB_ + s), s};
       std::sort(sort_buf_.begin(), sort_buf_.end());
       uniq_first_h_(i) = u;
-      for (Index k = 0; k < B_; ++k) {
+      for (Index k = 0; k < GB_; ++k) {
         if (k == 0 || sort_buf_[std::size_t(k)].first != sort_buf_[std::size_t(k) - 1].first) {
           uniq_table_h_(u) = i;
           uniq_row_h_(u) = sort_buf_[std::size_t(k)].first;
@@ -432,7 +474,10 @@ class Trainer {
         csr_sample_h_(q++) = sort_buf_[std::size_t(k)].second;
       }
       uniq_count_h_(i) = u - uniq_first_h_(i);
+      for (Index k = 0; k < uniq_count_h_(i); ++k) row_ids_h_(i, k) = uniq_row_h_(uniq_first_h_(i) + k);
+      table_rows_[std::size_t(i)].set_rows(uniq_count_h_(i));
     }
+    Kokkos::deep_copy(row_ids_, row_ids_h_);
     csr_begin_h_(u) = q;
     uniq_total_ = u;
     Kokkos::deep_copy(uniq_first_, uniq_first_h_);
@@ -450,24 +495,27 @@ class Trainer {
                  const std::vector<int>& rcount, const std::vector<int>& rdispl, std::uint64_t& bytes) {
     Kokkos::fence();
     Kokkos::deep_copy(send_h, send);
-    backend_.alltoallv(send_h.data(), scount.data(), sdispl.data(), recv_h.data(), rcount.data(), rdispl.data());
+    group_.alltoallv(send_h.data(), scount.data(), sdispl.data(), recv_h.data(), rcount.data(), rdispl.data());
     Kokkos::deep_copy(recv, recv_h);
     count_sent(scount, sizeof(Real), bytes);
   }
 
   void count_sent(const std::vector<int>& scount, std::size_t elem, std::uint64_t& bytes) {
-    for (int p = 0; p < n_; ++p)
-      if (p != r_) bytes += std::uint64_t(scount[std::size_t(p)]) * elem;
+    for (int p = 0; p < gn_; ++p)
+      if (p != gr_) bytes += std::uint64_t(scount[std::size_t(p)]) * elem;
     ++stats_.calls;
   }
 
   Config cfg_;
-  Backend backend_;  // a copy for the all-to-alls (MpiBackend copies share one communicator)
+  Backend backend_;  // every rank: the loss (MpiBackend copies share one communicator)
+  Backend group_;    // the replica group: the all-to-alls (backend_ itself without replicas)
   Sync sync_;
   Generator gen_;
-  int n_ = 1, r_ = 0, T_ = 0, dim_ = 0;
+  int n_ = 1, r_ = 0, gn_ = 1, gr_ = 0, T_ = 0, dim_ = 0;
   Index B_ = 0, b_ = 0;
-  std::vector<Index> lo_, cnt_;
+  Index GB_ = 0;      // the replica group's samples (B_ without replicas)
+  Index sample0_ = 0; // this rank's first sample in the global batch
+  std::vector<Index> lo_, cnt_;  // per member of the replica group: first sample (from the group's), count
 
   std::vector<int> owner_, slot_, my_;
   std::vector<std::vector<int>> tables_of_;
@@ -475,6 +523,9 @@ class Trainer {
   typename View1<Index>::HostMirror row_offset_h_;
   Matrix tables_;
   Cube table_grad_;
+  RowIds row_ids_;
+  typename RowIds::HostMirror row_ids_h_;
+  std::vector<TableRows> table_rows_;  // table_grad_'s slices as RowSparse, shared with the sync
 
   std::vector<Layer> bottom_, top_;
   Matrix dense_, inter_, dinter_;

@@ -72,9 +72,22 @@ int main(int argc, char** argv) {
     gradsync::AdamWOptions ao;
     ao.lr = 0.02;
     ao.weight_decay = 0;
-    gradsync::DistributedOptimizer dopt(gradsync::AdamW<View>(ao), Sync(gradsync::MpiBackend(MPI_COMM_WORLD)));
+    // Arguments: [steps] [--compression none|fp16|bf16] (the trunk's gradients on the wire).
+    int steps = 400;
+    gradsync::Options so;
+    for (int i = 1; i < argc; ++i) {
+      const std::string a = argv[i];
+      if (a == "--compression" && i + 1 < argc) {
+        const std::string f = argv[++i];
+        so.compression = f == "bf16" ? gradsync::Compression::bf16
+                         : f == "fp16" ? gradsync::Compression::fp16
+                                       : gradsync::Compression::none;
+      } else if (a.rfind("--kokkos", 0) != 0) {
+        steps = std::atoi(argv[i]);
+      }
+    }
+    gradsync::DistributedOptimizer dopt(gradsync::AdamW<View>(ao), Sync(gradsync::MpiBackend(MPI_COMM_WORLD), so));
     const int rank = dopt.sync().backend().rank(), size = dopt.sync().backend().size();
-    const int steps = argc > 1 ? std::atoi(argv[1]) : 400;
     const int width = 2 + rank;  // every rank's tower has its own size
 
     // The planted answer: a teacher trunk shared by all ranks and a teacher tower per rank.

@@ -49,6 +49,30 @@ bool prefers_blocking(const Backend& b) {
     return prefers_blocking_allreduce_v<Backend>;
 }
 
+// A backend that sums arrays of WireFp16 / WireBf16 (compression.hpp) says so with a public
+// `static constexpr bool sums_wire_values = true;` (MpiBackend, NcclBackend, SelfBackend). Others
+// are never handed 16-bit values: a compressed sync over them is a ConfigError.
+template <class B, class = void>
+struct sums_wire : std::false_type {};
+template <class B>
+struct sums_wire<B, std::void_t<decltype(B::sums_wire_values)>> : std::bool_constant<B::sums_wire_values> {};
+
+template <class B, class M, class = void>
+struct has_can_reduce_wire : std::false_type {};
+template <class B, class M>
+struct has_can_reduce_wire<B, M, std::void_t<decltype(bool(std::declval<const B&>().template can_reduce_wire<M>()))>>
+    : std::true_type {};
+
+/// Whether the backend sums 16-bit wire values (compression.hpp) held in MemorySpace: its answer
+/// where it has one (MpiBackend: host memory only), else wherever it can access.
+template <class MemorySpace, class Backend>
+bool reduces_wire_in(const Backend& b) {
+  if constexpr (has_can_reduce_wire<Backend, MemorySpace>::value)
+    return b.template can_reduce_wire<MemorySpace>();
+  else
+    return b.template can_access<MemorySpace>();
+}
+
 /// Whether `b.iallreduce_sum(buf, n, factor)` multiplies a sum of `bytes` by factor inside the
 /// reduction (an optional capability: backends without folds_factor() never do, and the sync
 /// scales in its own kernels).

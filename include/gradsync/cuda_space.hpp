@@ -243,6 +243,32 @@ __global__ void scale(const Segment<T>* segs, std::int64_t first_seg, T f) {
   for (std::int64_t i = std::int64_t(blockIdx.y) * blockDim.x + threadIdx.x; i < s.count; i += stride) s.ptr[i] *= f;
 }
 
+// Compressed chunks (gradsync's PackKernel / UnpackKernel with a wire format): the same per-value
+// functions as the Kokkos kernels; an unpacked value that is not finite records 1 + its segment.
+template <class T, class W>
+__global__ void pack_wire(const Segment<T>* segs, const T* buf, std::uint16_t* wire, T* res, std::int64_t first_seg,
+                          std::int64_t base, T pre, bool acc) {
+  const Segment<T> s = segs[first_seg + blockIdx.x];
+  const T* const sums = acc ? buf + (s.off - base) : nullptr;
+  std::uint16_t* const w = wire + (s.off - base);
+  T* const r = res ? res + s.off : nullptr;
+  const std::int64_t stride = std::int64_t(gridDim.y) * blockDim.x;
+  for (std::int64_t i = std::int64_t(blockIdx.y) * blockDim.x + threadIdx.x; i < s.count; i += stride)
+    pack_to_wire<W>(s.ptr, sums, w, r, pre, i);
+}
+
+template <class T, class W>
+__global__ void unpack_wire(const Segment<T>* segs, const std::uint16_t* wire, std::int64_t first_seg,
+                            std::int64_t base, T f, std::int64_t* overflow) {
+  const std::int64_t k = first_seg + blockIdx.x;
+  const Segment<T> s = segs[k];
+  const std::uint16_t* const w = wire + (s.off - base);
+  const std::int64_t stride = std::int64_t(gridDim.y) * blockDim.x;
+  for (std::int64_t i = std::int64_t(blockIdx.y) * blockDim.x + threadIdx.x; i < s.count; i += stride)
+    if (unpack_from_wire<W>(w, s.ptr, f, i) && overflow)
+      atomicMax(reinterpret_cast<unsigned long long*>(overflow), static_cast<unsigned long long>(k + 1));
+}
+
 inline dim3 grid(std::int64_t nsegs) {
   constexpr std::int64_t per_block = std::int64_t(threads_per_block) * values_per_thread;
   const std::int64_t y = (max_segment_elements + per_block - 1) / per_block;
@@ -251,12 +277,26 @@ inline dim3 grid(std::int64_t nsegs) {
 
 template <class T, class M>
 void launch(cudaStream_t s, std::int64_t nsegs, const PackKernel<T, CudaStream, M>& k) {
-  pack<T><<<grid(nsegs), threads_per_block, 0, s>>>(k.segs.data(), k.buf.data(), k.first_seg, k.base, k.prescale,
-                                                   k.accumulate);
+  if (k.format == Compression::fp16)
+    pack_wire<T, WireFp16><<<grid(nsegs), threads_per_block, 0, s>>>(
+        k.segs.data(), k.buf.data(), k.wire.data(), k.residual.data(), k.first_seg, k.base, k.prescale, k.accumulate);
+  else if (k.format == Compression::bf16)
+    pack_wire<T, WireBf16><<<grid(nsegs), threads_per_block, 0, s>>>(
+        k.segs.data(), k.buf.data(), k.wire.data(), k.residual.data(), k.first_seg, k.base, k.prescale, k.accumulate);
+  else
+    pack<T><<<grid(nsegs), threads_per_block, 0, s>>>(k.segs.data(), k.buf.data(), k.first_seg, k.base, k.prescale,
+                                                     k.accumulate);
 }
 template <class T, class M>
 void launch(cudaStream_t s, std::int64_t nsegs, const UnpackKernel<T, CudaStream, M>& k) {
-  unpack<T><<<grid(nsegs), threads_per_block, 0, s>>>(k.segs.data(), k.buf.data(), k.first_seg, k.base, k.factor);
+  if (k.format == Compression::fp16)
+    unpack_wire<T, WireFp16><<<grid(nsegs), threads_per_block, 0, s>>>(
+        k.segs.data(), k.wire.data(), k.first_seg, k.base, k.factor, k.overflow.data());
+  else if (k.format == Compression::bf16)
+    unpack_wire<T, WireBf16><<<grid(nsegs), threads_per_block, 0, s>>>(
+        k.segs.data(), k.wire.data(), k.first_seg, k.base, k.factor, k.overflow.data());
+  else
+    unpack<T><<<grid(nsegs), threads_per_block, 0, s>>>(k.segs.data(), k.buf.data(), k.first_seg, k.base, k.factor);
 }
 template <class T, class M>
 void launch(cudaStream_t s, std::int64_t nsegs, const LocalKernel<T, CudaStream, M>& k) {

@@ -29,6 +29,7 @@ struct SyncSummary {
     LocalScale scale = LocalScale::none;   ///< its policy's scale (when policy_local)
     std::size_t tensors = 0, bytes = 0;    ///< every tensor registered in it
     std::size_t runtime_local_tensors = 0, runtime_local_bytes = 0;  ///< made local by register_local_var
+    Compression compression = Compression::none;  ///< its wire format (its policy's, else the options')
   };
   std::string backend;  ///< Backend::name()
   int rank = 0, ranks = 1;
@@ -47,6 +48,7 @@ struct SyncSummary {
   std::size_t chunks = 0;                  ///< backend calls per step
   std::size_t chunks_in_place = 0;         ///< of which reduced in the gradients' own memory
   std::size_t chunks_folded = 0;           ///< of which the backend's sum applies the scale (MpiBackend: its ring)
+  std::size_t chunks_compressed = 0;       ///< of which travel as 16-bit values (Options::compression, policies)
   std::size_t largest_chunk_bytes = 0;
   std::size_t buffer_bytes = 0;            ///< fusion buffer, accumulators and staging held now
   std::size_t bytes_on_huge_pages = 0;     ///< gradient bytes moved onto 2 MiB pages at the last build
@@ -113,6 +115,7 @@ inline std::string describe(const SyncSummary& s) {
       os << "local, " << (g.scale == LocalScale::world_size ? "scaled by 1/" + std::to_string(s.ranks) : "not scaled");
     } else {
       os << "data-parallel";
+      if (g.compression != Compression::none) os << ", " << to_string(g.compression) << " on the wire";
       if (g.runtime_local_tensors > 0)
         os << " (" << plural(g.runtime_local_tensors, "tensor", "tensors") << ", "
            << bytes_text(g.runtime_local_bytes) << " local by register_local_var, "
@@ -152,6 +155,7 @@ inline std::string describe(const SyncSummary& s) {
     else
       os << "nonblocking, up to " << s.chunks_in_flight << " chunks in flight, " << s.chunks_folded
          << " with the scale folded into the backend's sum";
+    if (s.chunks_compressed > 0) os << "; " << s.chunks_compressed << " compressed (16 bits on the wire, added in fp32)";
     os << "; " << (s.staged ? "staged through host memory" : "no host staging") << "; buffers "
        << bytes_text(s.buffer_bytes) << "; " << bytes_text(s.bytes_on_huge_pages) << " of gradients on huge pages";
   }
@@ -163,7 +167,8 @@ inline std::string describe(const SyncSummary& s) {
      << ", huge_pages " << impl::to_text(o.huge_pages) << ", consistency_check " << impl::to_text(o.consistency_check)
      << ", check_finite " << impl::to_text(o.check_finite) << ", stall_timeout " << o.stall_timeout
      << " s, stall_warning " << o.stall_warning << " s, stall_action "
-     << (o.stall_action == StallAction::abort ? "abort" : "throw");
+     << (o.stall_action == StallAction::abort ? "abort" : "throw") << ", compression " << to_string(o.compression)
+     << ", error_feedback " << impl::to_text(o.error_feedback);
   return os.str();
 }
 

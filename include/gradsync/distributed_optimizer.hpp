@@ -14,6 +14,13 @@
 // reference type (DistributedOptimizer<Opt, GradientSync<B, T>&>), which shares a sync the caller
 // keeps (for example one sync under two optimizers). The optimizer interface is documented at the
 // top of optimizers.hpp; any type providing it can be wrapped.
+//
+// When it owns the sync and the optimizer takes a gradient factor (set_grad_scale, as Sgd, Adam and
+// AdamW do), the local groups' 1/world_size (and 1/N) is not a pass of the sync's: it goes into
+// the optimizer's update kernel (GradientSync::defer_local_scale), with the same result to the last
+// bit. Local gradients then hold the unscaled sums between synchronize() and apply();
+// global_norm() and clip_grad_norm() account for the factor. fold_local_scale(false) restores the
+// pass (a shared sync, Sync a reference, starts that way: its gradients may have other readers).
 #pragma once
 
 #include <algorithm>
@@ -45,6 +52,12 @@ struct has_state_visitor : std::false_type {};
 template <class O>
 struct has_state_visitor<
     O, std::void_t<decltype(std::declval<O&>().for_each_state(std::size_t(0), std::declval<StateProbe&>()))>>
+    : std::true_type {};
+
+template <class O, class T, class = void>
+struct has_grad_scale : std::false_type {};
+template <class O, class T>
+struct has_grad_scale<O, T, std::void_t<decltype(std::declval<O&>().set_grad_scale(std::size_t(0), std::declval<T>()))>>
     : std::true_type {};
 
 template <class O, class = void>
@@ -124,8 +137,25 @@ class DistributedOptimizer {
     if (!PT::is_contiguous(param)) throw Error(impl::cat(what, " is not contiguous"));
     sync().template add<Group>(grad, name);
     e.slot = opt_.add(param, grad);
+    if (fold_) sync().defer_local_scale(Span<value_type, memory_space>(e.grad, e.size));
     entries_.push_back(std::move(e));
+    factors_valid_ = false;
   }
+
+  /// Whether the local groups' scale goes into the optimizer's update (true by default when this
+  /// object owns the sync and the optimizer has set_grad_scale) or is the sync's own pass. Between
+  /// steps only.
+  void fold_local_scale(bool on) {
+    if constexpr (!folds) {
+      if (on)
+        throw ConfigError(impl::cat("DistributedOptimizer::fold_local_scale: the optimizer ",
+                                    impl::type_name<Optimizer>(), " has no set_grad_scale(slot, factor)"));
+    }
+    for (const Entry& e : entries_) sync().defer_local_scale(Span<value_type, memory_space>(e.grad, e.size), on);
+    fold_ = on;
+    factors_valid_ = false;
+  }
+  bool folds_local_scale() const { return fold_; }
 
   /// Horovod parity: the parameter's gradient becomes local (never communicated; scaled by
   /// 1/world_size when Options::scale_local_gradients is set). The parameter keeps its own values
@@ -148,8 +178,11 @@ class DistributedOptimizer {
   /// Synchronizes the gradients; true on the passes where they hold synchronized values.
   bool synchronize() { return sync().synchronize(); }
 
-  /// Runs the wrapped optimizer on the current gradients.
-  void apply() { opt_.step(); }
+  /// Runs the wrapped optimizer on the current gradients (and their pending local factors).
+  void apply() {
+    if constexpr (folds) hand_factors();
+    opt_.step();
+  }
 
   /// synchronize(), then apply() when it returned true. Returns whether the parameters changed.
   bool step() {
@@ -219,7 +252,29 @@ class DistributedOptimizer {
     std::size_t size = 0;
     std::size_t slot = 0;
     std::string name, group;
+    value_type deferred = 1;  // the factor its gradient needs while the sync's scale is pending
   };
+
+  static constexpr bool folds = impl::has_grad_scale<Optimizer, value_type>::value;
+
+  // Each slot's factor for this apply(): the deferred local scale while pending (1 after
+  // clip_grad_norm applied it, or for data-parallel gradients). Looked up again only when the
+  // sync rebuilt its plan (registrations changed); otherwise a loop over the slots.
+  void hand_factors() {
+    if (!fold_ && !factors_set_) return;
+    const std::size_t builds = sync().stats().plan_builds;
+    if (!factors_valid_ || builds != factors_plan_) {
+      std::unordered_map<const value_type*, value_type> by_grad;
+      sync().for_each_gradient(
+          [&](const value_type* d, std::size_t, bool, value_type deferred) { by_grad[d] = deferred; });
+      for (Entry& e : entries_) e.deferred = fold_ ? by_grad.at(e.grad) : value_type(1);
+      factors_plan_ = builds;
+      factors_valid_ = true;
+    }
+    const bool pending = sync().local_scale_pending();
+    for (const Entry& e : entries_) opt_.set_grad_scale(e.slot, pending ? e.deferred : value_type(1));
+    factors_set_ = fold_;
+  }
 
   const Entry& find(const value_type* param, const char* who) const {
     for (const Entry& e : entries_)
@@ -291,6 +346,9 @@ class DistributedOptimizer {
 
   Optimizer opt_;
   Sync sync_;
+  bool fold_ = folds && !std::is_reference_v<Sync>;
+  bool factors_valid_ = false, factors_set_ = false;
+  std::size_t factors_plan_ = 0;
   GlobalNorm<sync_type> norm_;
   std::vector<Entry> entries_;
 };

@@ -49,6 +49,8 @@ inline const std::vector<EnvVar>& known_env_vars() {
       {"GRADSYNC_HOST_STAGING", "host_staging", "auto, always, never"},
       {"GRADSYNC_HUGE_PAGES", "huge_pages", "1/0, true/false, on/off, yes/no"},
       {"GRADSYNC_TIMELINE", "timeline", "a file path (one file per rank: .rank<r> before the extension)"},
+      {"GRADSYNC_COMPRESSION", "compression", "none, fp16, bf16"},
+      {"GRADSYNC_ERROR_FEEDBACK", "error_feedback", "1/0, true/false, on/off, yes/no"},
       {"GRADSYNC_LOG", "logging: describe(sync) on stderr at the first plan build",
        "off; info (rank 0 prints); info_all (every rank prints)"},
       {"GRADSYNC_CUDA_AWARE_MPI", "MpiBackend: hand device memory to MPI (overrides detection)", "0, 1"},
@@ -221,6 +223,8 @@ inline LogLevel env_log_level() {
 ///   GRADSYNC_HOST_STAGING              host_staging: auto | always | never
 ///   GRADSYNC_HUGE_PAGES                huge_pages: 1/0, true/false, on/off, yes/no
 ///   GRADSYNC_TIMELINE                  timeline: a path (docs/TIMELINE.md)
+///   GRADSYNC_COMPRESSION               compression: none | fp16 | bf16
+///   GRADSYNC_ERROR_FEEDBACK            error_feedback: 1/0, true/false, on/off, yes/no
 /// Throws ConfigError naming the variable when a value is malformed.
 inline Options apply_env(Options o) {
   impl::env_parse_size("GRADSYNC_FUSION_THRESHOLD", o.fusion_threshold_bytes);
@@ -243,6 +247,10 @@ inline Options apply_env(Options o) {
   if (impl::env_parse_choice("GRADSYNC_HOST_STAGING", i, staging, "one of: auto, always, never"))
     o.host_staging = HostStaging(i);
   if (const char* v = impl::env_value("GRADSYNC_TIMELINE")) o.timeline = v;
+  static const char* const formats[] = {"none", "fp16", "bf16", nullptr};
+  if (impl::env_parse_choice("GRADSYNC_COMPRESSION", i, formats, "one of: none, fp16, bf16"))
+    o.compression = Compression(i);
+  impl::env_parse_bool("GRADSYNC_ERROR_FEEDBACK", o.error_feedback);
   return o;
 }
 

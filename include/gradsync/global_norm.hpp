@@ -26,6 +26,7 @@ struct NormSegment {
   T* ptr = nullptr;
   std::int64_t count = 0;
   double weight = 1;  // 1 for local tensors, 1/n for data-parallel ones
+  T factor = T(1);    // a deferred local scale (GradientSync::defer_local_scale)
 };
 
 template <class T, class MemorySpace>
@@ -39,14 +40,16 @@ struct SquaredNormKernel {
   using member_type = typename Kokkos::TeamPolicy<ExecutionSpace>::member_type;
   NormSegmentView<T, MemorySpace> segs;
   Kokkos::View<double*, MemorySpace> partial;
+  bool scaled;  // deferred scales are pending: the values the pass would have left, rounded as it would
 
   KOKKOS_INLINE_FUNCTION void operator()(const member_type& team) const {
     const NormSegment<T> s = segs(team.league_rank());
+    const T f = scaled ? s.factor : T(1);
     double part = 0;
     Kokkos::parallel_reduce(
         Kokkos::TeamThreadRange(team, s.count),
         [&](std::int64_t i, double& acc) {
-          const double x = double(s.ptr[i]);
+          const double x = double(T(s.ptr[i] * f));
           acc += x * x;
         },
         part);
@@ -90,7 +93,8 @@ class GlobalNorm {
     const std::int64_t nsegs = std::int64_t(segs_.extent(0));
     if (nsegs > 0) {
       impl::launch_per_segment(impl::label_norm(), exec_, nsegs,
-                               impl::SquaredNormKernel<value_type, execution_space, memory_space>{segs_, partial_});
+                               impl::SquaredNormKernel<value_type, execution_space, memory_space>{
+                                   segs_, partial_, sync.local_scale_pending()});
       Kokkos::deep_copy(exec_, partial_host_, partial_);  // the same View when memory_space is the host's
       impl::fence(exec_, impl::label_fence_reduce());
       for (std::int64_t k = 0; k < nsegs; ++k) local_part += partial_host_(k);
@@ -120,6 +124,7 @@ class GlobalNorm {
                             " (and every other rank)"));
     const double coef = max_norm / (total + 1e-6);
     if (!(coef >= 1)) {  // also NaN, as torch.clamp(NaN, max=1) is NaN
+      sync.apply_local_scale();  // deferred scales first: the same two roundings as without deferral
       impl::launch_per_segment(impl::label_clip(), exec_, std::int64_t(segs_.extent(0)),
                                impl::ScaleKernel<value_type, execution_space, memory_space>{segs_, value_type(coef)});
       impl::fence(exec_, impl::label_fence_clip());
@@ -132,13 +137,18 @@ class GlobalNorm {
     const value_type* data;
     std::size_t size;
     bool local;
-    bool operator==(const Key& o) const { return data == o.data && size == o.size && local == o.local; }
+    value_type factor;
+    bool operator==(const Key& o) const {
+      return data == o.data && size == o.size && local == o.local && factor == o.factor;
+    }
   };
 
   // Rebuilds the segment table when the sync's tensors or their local flags changed.
   void refresh(const Sync& sync) {
     scratch_.clear();
-    sync.for_each_tensor([&](const value_type* d, std::size_t n, bool local) { scratch_.push_back(Key{d, n, local}); });
+    sync.for_each_gradient([&](const value_type* d, std::size_t n, bool local, value_type factor) {
+      scratch_.push_back(Key{d, n, local, factor});
+    });
     const int n = sync.backend().size();
     if (n == world_ && scratch_ == keys_) return;
     std::vector<impl::NormSegment<value_type>> host;
@@ -147,7 +157,7 @@ class GlobalNorm {
       // for_each_tensor hands out const pointers; clip() scales these same gradients in place.
       value_type* const data = const_cast<value_type*>(k.data);
       impl::for_each_segment(k.size, [&](std::int64_t off, std::int64_t count) {
-        host.push_back(impl::NormSegment<value_type>{data + off, count, weight});
+        host.push_back(impl::NormSegment<value_type>{data + off, count, weight, k.factor});
       });
     }
     impl::upload_segments(host, segs_, "gradsync::norm_segments");

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "backend_traits.hpp"
+#include "compression.hpp"
 #include "config.hpp"
 #include "describe.hpp"
 #include "env.hpp"
@@ -33,10 +34,13 @@
 #include "impl/huge_pages.hpp"
 #include "impl/plan_tuner.hpp"
 #include "impl/ready_tracker.hpp"
+#include "impl/segment_table.hpp"
 #include "impl/stall.hpp"
 #include "impl/timeline.hpp"
 #include "local_var_policy.hpp"
 #include "options.hpp"
+#include "process_set.hpp"
+#include "row_sparse.hpp"
 #include "stats.hpp"
 #include "tensor_traits.hpp"
 #include "topology.hpp"
@@ -137,6 +141,7 @@ class GradientSync {
     e.name = name.empty() ? impl::cat(e.group, "[", e.index_in_group, "]") : std::move(name);
     e.policy_local = is_local_v<Group>;
     e.policy_scale = local_scale_v<Group>;
+    e.compression = impl::group_compression<Group>();
     if (!UT::is_contiguous(tensor))
       throw Error(impl::cat("tensor '", e.name, "' (group ", e.group,
                             ") is not contiguous: register a contiguous View or copy it into one"));
@@ -151,8 +156,58 @@ class GradientSync {
         throw Error(impl::cat("tensor '", e.name, "' (group ", e.group, ") overlaps tensor '", o.name,
                               "' (group ", o.group, ") already registered",
                               e.data == o.data ? " (the same tensor registered twice)" : ""));
+    sparse_.for_each_values([&](const value_type* p, std::size_t n, const std::string& on, const std::string& og) {
+      if (impl::overlaps(e.data, e.size, p, n))
+        throw Error(impl::cat("tensor '", e.name, "' (group ", e.group, ") overlaps row-sparse gradient '", on,
+                              "' (group ", og, ") already registered"));
+    });
+    if constexpr (is_set_reduced_v<Group>)
+      sets_.add(impl::type_name<typename LocalVarPolicy<Group>::set_tag>(), e.data, e.size, e.name, e.group,
+                LocalVarPolicy<Group>::set_scale, backend_.rank());
     begin_change();
     entries_.push_back(std::move(e));
+  }
+
+  /// Binds this rank's process set for the groups whose policy is ReduceOver<Tag>
+  /// (process_set.hpp): the ranks it reduces those groups with, itself included. Between steps;
+  /// the communicator is created, collectively, at the next synchronize() or prepare().
+  template <class Tag>
+  void bind_process_set(std::vector<int> ranks) {
+    static_assert(impl::has_split<Backend>::value,
+                  "gradsync::GradientSync::bind_process_set: the backend cannot split its communicator "
+                  "(MpiBackend and SelfBackend can)");
+    begin_change();
+    sets_.bind(impl::type_name<Tag>(), std::move(ranks), backend_.rank(), backend_.size());
+  }
+
+  /// Registers a row-sparse gradient (row_sparse.hpp): only its rows are scaled (local group) or
+  /// exchanged (data-parallel group), after the dense chunks. Needs backward_passes_per_step == 1.
+  template <class Group, class V, class I>
+  void add(const RowSparse<V, I>& rows, std::string name = {}) {
+    static_assert(std::is_same_v<typename RowSparse<V, I>::value_type, value_type>,
+                  "gradsync::GradientSync::add: the RowSparse values' type differs from the sync's");
+    static_assert(std::is_same_v<typename RowSparse<V, I>::memory_space, memory_space>,
+                  "gradsync::GradientSync::add: the RowSparse lives in another memory space than the sync's");
+    const std::string group = impl::type_name<Group>();
+    const std::size_t index = std::size_t(std::count_if(entries_.begin(), entries_.end(),
+                                                        [&](const Entry& o) { return o.group == group; })) +
+                              sparse_.count_in_group(group);
+    const std::string shown = name.empty() ? impl::cat(group, "[", index, "]") : name;
+    if (opt_.backward_passes_per_step != 1)
+      throw ConfigError(impl::cat("row-sparse gradient '", shown, "' (group ", group,
+                                  "): backward_passes_per_step must be 1 for RowSparse gradients (got ",
+                                  opt_.backward_passes_per_step, ")"));
+    const value_type* p = rows.values().data();
+    const std::size_t n = std::size_t(rows.capacity() * rows.row_width());
+    for (const Entry& o : entries_)
+      if (impl::overlaps(p, n, o.data, o.size))
+        throw Error(impl::cat("row-sparse gradient '", shown, "' (group ", group, ") overlaps tensor '", o.name,
+                              "' (group ", o.group, ") already registered"));
+    if constexpr (is_set_reduced_v<Group>)
+      sets_.set_of(impl::type_name<typename LocalVarPolicy<Group>::set_tag>(), shown, group, backend_.rank())
+          .sparse.push_back(rows.table_rows() * rows.row_width());
+    begin_change();
+    sparse_.template add<Group>(rows, std::move(name), index, backend_.size(), backend_.rank());
   }
 
   /// Horovod parity: at run time, makes a registered gradient local (never communicated). It is
@@ -176,6 +231,7 @@ class GradientSync {
   /// (every Nth call, N = backward_passes_per_step); otherwise they are accumulated internally.
   bool synchronize() {
     const std::int64_t t_begin = timeline_ ? impl::Timeline::now() : 0;  // no RAII here: keeps the inlining of the timeline-off path
+    pending_ = false;  // the tensors are about to hold this pass's values
     if (!step_open_) checks_before_pass();  // else mark_ready ran them when it opened the step
     const auto t0 = std::chrono::steady_clock::now();
     if (dirty_ && !step_open_) build_plan();
@@ -193,8 +249,15 @@ class GradientSync {
     pass_ = 0;
     reduce_data_parallel(n_passes > 1);
     finish_local(n_passes > 1);
+    if constexpr (sets_supported) {
+      if (sets_.has_tensors())
+        sets_.reduce(exec_, opt_, ctl_, backend_.size(), std::int64_t(stats_.passes), stats_);
+    }
+    if (!sparse_.empty()) finish_row_sparse();
     impl::fence(exec_, impl::label_fence_sync());
+    pending_ = n_deferred_segs_ > 0;
     ++stats_.steps;
+    if (overflow_.extent(0) > 0) check_wire_overflow();
     if (tuner_.active()) tune(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     if (timeline_) timeline_->step_span(t_begin, stats_.passes);
     return true;
@@ -285,6 +348,7 @@ class GradientSync {
       auto g = std::find_if(s.groups.begin(), s.groups.end(), [&](const SyncSummary::Group& x) { return x.name == e.group; });
       if (g == s.groups.end()) {
         s.groups.push_back({e.group, e.policy_local, e.policy_scale});
+        s.groups.back().compression = e.policy_local ? Compression::none : wire_of(e);
         g = s.groups.end() - 1;
       }
       const std::size_t bytes = e.size * sizeof(value_type);
@@ -308,10 +372,12 @@ class GradientSync {
     s.staged = staged_;
     s.chunks = chunks_.size();
     for (std::size_t c = 0; c < chunks_.size(); ++c) {
-      const std::size_t bytes = std::size_t(chunks_[c].size()) * sizeof(value_type);
+      const std::size_t bytes =
+          std::size_t(chunks_[c].size()) * (chunks_[c].kind != 0 ? sizeof(std::uint16_t) : sizeof(value_type));
       s.largest_chunk_bytes = std::max(s.largest_chunk_bytes, bytes);
       s.chunks_in_place += reduced_in_place(c);
       s.chunks_folded += reduced_in_place(c) && !blocking_ && impl::folds_factor(backend_, bytes);
+      s.chunks_compressed += chunks_[c].kind != 0;
     }
     s.buffer_bytes = stats_.buffer_bytes;
     s.bytes_on_huge_pages = stats_.bytes_on_huge_pages;
@@ -334,6 +400,60 @@ class GradientSync {
     for (const Entry& e : entries_) f(e.data, e.size, e.local());
   }
 
+  /// Leaves the local scale of this tensor (1/world_size and 1/N, see local_scale_of) to the caller
+  /// instead of a pass of its own: after synchronize() returns true the tensor holds the unscaled
+  /// sum, and pending_scale(tensor) is the factor the caller must apply (DistributedOptimizer folds
+  /// it into the optimizer's update). Takes effect only while the tensor is local; rank-local (the
+  /// ranks need not agree). Not inside an aggregation cycle.
+  template <class U>
+  void defer_local_scale(const U& tensor, bool defer = true) {
+    Entry& e = entry_of(TensorTraits<U>::data(tensor), TensorTraits<U>::size(tensor), "defer_local_scale");
+    if (e.defer_scale == defer) return;
+    if (pass_ != 0)
+      throw Error(impl::cat("defer_local_scale('", e.name, "', group ", e.group, ") called after pass ", pass_, " of ",
+                            opt_.backward_passes_per_step, " of an aggregation cycle; call it between steps"));
+    e.defer_scale = defer;
+    dirty_ = true;  // the local segments change; nothing the ranks compare does
+  }
+
+  /// The factor synchronize() applies to a local tensor (or leaves to the caller when deferred):
+  /// 1/world_size by its policy (or scale_local_gradients), times 1/N with
+  /// average_aggregated_gradients; 1 for a data-parallel tensor, whose factors go into the unpack.
+  template <class U>
+  value_type local_scale_of(const U& tensor) const {
+    return local_factor(entry_of(TensorTraits<U>::data(tensor), TensorTraits<U>::size(tensor), "local_scale_of"));
+  }
+
+  /// The factor the tensor's values still need: local_scale_of(tensor) for a deferred local tensor
+  /// after synchronize() returned true (until apply_local_scale()), 1 otherwise.
+  template <class U>
+  value_type pending_scale(const U& tensor) const {
+    const Entry& e = entry_of(TensorTraits<U>::data(tensor), TensorTraits<U>::size(tensor), "pending_scale");
+    return pending_ ? deferred_factor(e) : value_type(1);
+  }
+
+  /// Whether deferred local scales are pending (synchronize() returned true, apply_local_scale() not
+  /// called since).
+  bool local_scale_pending() const { return pending_; }
+
+  /// Applies the pending deferred scales in place (one pass over the deferred tensors, the values
+  /// synchronize() would have left without deferral), after which nothing is pending.
+  void apply_local_scale() {
+    if (!pending_) return;
+    impl::launch_segments(impl::label_local(), exec_, n_deferred_segs_,
+                          impl::LocalKernel<value_type, execution_space, memory_space>{deferred_segs_, local_acc_,
+                                                                                       impl::LocalMode::scale});
+    impl::fence(exec_, impl::label_fence_sync());
+    pending_ = false;
+  }
+
+  /// Calls f(data, size, is_local, deferred) for every registered gradient in registration order;
+  /// `deferred` is the factor its values need while local_scale_pending() (1 when not deferred).
+  template <class F>
+  void for_each_gradient(F&& f) const {
+    for (const Entry& e : entries_) f(e.data, e.size, e.local(), deferred_factor(e));
+  }
+
   /// Bytes of data-parallel gradient one synchronize() hands to the backend.
   std::size_t data_parallel_bytes() const {
     std::size_t n = 0;
@@ -351,7 +471,9 @@ class GradientSync {
     bool policy_local = false;
     LocalScale policy_scale = LocalScale::none;
     bool runtime_local = false;
+    bool defer_scale = false;  // defer_local_scale: the caller applies the local factor
     bool named = false;  // the name was given to add()
+    int compression = -1;  // its group's wire format (int(Compression)); -1: Options::compression
     std::shared_ptr<void> keepalive;  // a copy of a registered View keeps its memory alive
     std::function<std::pair<value_type*, std::size_t>()> requery;  // vectors: current data and size
     bool local() const { return policy_local || runtime_local; }
@@ -360,6 +482,52 @@ class GradientSync {
   using Seg = impl::Segment<value_type>;
   using SegView = impl::SegmentView<value_type, memory_space>;
   using Buffer = impl::BufferView<value_type, memory_space>;
+  using WireBuffer = impl::BufferView<std::uint16_t, memory_space>;
+
+  // A data-parallel tensor's wire format: its group's choice, else the options'.
+  Compression wire_of(const Entry& e) const {
+    return e.compression < 0 ? opt_.compression : Compression(e.compression);
+  }
+
+  Entry& entry_of(const value_type* p, std::size_t n, const char* who) {
+    return const_cast<Entry&>(static_cast<const GradientSync*>(this)->entry_of(p, n, who));
+  }
+  const Entry& entry_of(const value_type* p, std::size_t n, const char* who) const {
+    for (const Entry& e : entries_)
+      if (e.data == p && e.size == n) return e;
+    throw Error(impl::cat(who, ": the tensor (", n, " elements) is not registered with add<Group>() on rank ",
+                          backend_.rank()));
+  }
+
+  // A local tensor's factor: 1/n by its policy (or scale_local_gradients), 1/N when averaging passes.
+  value_type local_factor(const Entry& e) const {
+    if (!e.local()) return value_type(1);
+    const int N = opt_.backward_passes_per_step;
+    const value_type inv_agg = opt_.average_aggregated_gradients ? value_type(1) / value_type(N) : value_type(1);
+    const bool by_world = e.policy_local ? e.policy_scale == LocalScale::world_size : opt_.scale_local_gradients;
+    return (by_world ? value_type(1) / value_type(backend_.size()) : value_type(1)) * inv_agg;
+  }
+  value_type deferred_factor(const Entry& e) const {
+    return e.defer_scale && e.local() ? local_factor(e) : value_type(1);
+  }
+
+  static constexpr bool sets_supported =
+      impl::has_split<Backend>::value && Kokkos::is_execution_space<execution_space>::value;
+  using set_backend_type = typename impl::split_result<Backend>::type;
+
+  // RowSparse gradients, after the dense exchange: world, then process sets in binding order.
+  void finish_row_sparse() {
+    std::vector<std::string> tags;
+    if constexpr (sets_supported) tags = sets_.tags_in_order();
+    sparse_.finish(backend_, exec_, value_type(pre_factor_ * post_factor_), stats_, tags,
+                   [&](const std::string& tag, SetScale scale) -> std::pair<const set_backend_type*, value_type> {
+                     if constexpr (sets_supported)
+                       return {&sets_.backend_of(tag),
+                               sets_.factor(scale, opt_, backend_.size(), sets_.set_size(tag))};
+                     else
+                       return {nullptr, value_type(1)};  // never asked: no sets without split()
+                   });
+  }
 
   // Environment overrides applied, then validated, before anything collective starts.
   static Options prepare_options(const Options& given) {
@@ -413,13 +581,17 @@ class GradientSync {
   // when the options differ (`force`: every rank knows it, whatever its check mode says).
   void check_consistency(bool needed, bool force) {
     const std::int64_t call = std::int64_t(stats_.passes) + 1;
+    if constexpr (sets_supported)
+      if (needed) sets_.connect(backend_);  // every rank: `needed` is agreed (any rank changed)
     if (force || (needed && opt_.consistency_check != CheckMode::off) ||
         opt_.consistency_check == CheckMode::every_step) {
       impl::TimelineScope span(timeline_.get(), impl::Timeline::Kind::call, "consistency check", call);
       std::vector<impl::RegDesc> regs;
       regs.reserve(entries_.size());
       for (const Entry& e : entries_)
-        regs.push_back({e.group, e.name, e.size, e.index_in_group, e.policy_local, e.runtime_local, e.named});
+        regs.push_back({e.group, e.name, e.size, e.index_in_group, e.policy_local, e.runtime_local, e.named,
+                        int(wire_of(e))});
+      sparse_.describe(regs);
       impl::check_consistency(backend_, ctl_, opt_, regs, int(sizeof(value_type)), call,
                               impl::max_chunk_elements(), facts_);
       agree_on_neighbours(call);
@@ -461,7 +633,7 @@ class GradientSync {
   std::vector<typename impl::FusionPlan<value_type>::Tensor> data_parallel_in_fused_order() const {
     std::vector<typename impl::FusionPlan<value_type>::Tensor> dp;
     for (const Entry& e : entries_)
-      if (!e.local()) dp.push_back({e.data, e.size});
+      if (!e.local()) dp.push_back({e.data, e.size, int(wire_of(e))});
     if (opt_.fusion_order == FusionOrder::reverse) std::reverse(dp.begin(), dp.end());
     return dp;
   }
@@ -504,10 +676,12 @@ class GradientSync {
 
   // Elements per chunk: the threshold in values (at least one), never more than one call can take.
   // A threshold of 0 means no fusion: chunks then follow tensor boundaries instead.
-  std::size_t chunk_limit() const {
+  // Compressed chunks (value_bytes 2) hold twice as many values: the threshold counts bytes handed to
+  // the backend.
+  std::size_t chunk_limit(std::size_t value_bytes = sizeof(value_type)) const {
     const std::size_t threshold = fusion_threshold_bytes();
     if (threshold == 0) return impl::max_chunk_elements();
-    const std::size_t by_bytes = threshold / sizeof(value_type);
+    const std::size_t by_bytes = threshold / value_bytes;
     return std::max<std::size_t>(1, std::min(by_bytes, impl::max_chunk_elements()));
   }
 
@@ -537,7 +711,7 @@ class GradientSync {
                                                          : std::numeric_limits<std::int64_t>::max();
     auto plan =
         impl::FusionPlan<value_type>::build(dp, std::int64_t(chunk_limit()), fusion_threshold_bytes() == 0, own_min,
-                                            merge_neighbours_);
+                                            merge_neighbours_, std::int64_t(chunk_limit(sizeof(std::uint16_t))));
     chunks_ = std::move(plan.chunks);
     const std::vector<Seg>& segs = plan.segments;
     std::vector<const void*> dp_data;
@@ -555,7 +729,7 @@ class GradientSync {
       std::vector<std::int64_t> last(std::size_t(slots_), -1);
       std::int64_t packed = 0;
       for (std::size_t c = 0; c < chunks_.size(); ++c) {
-        if (in_place_ && chunks_[c].contiguous) continue;
+        if (reduced_in_place(c)) continue;
         const std::int64_t slot = packed++ % slots_;
         slot_of_[c] = slot;
         prev_in_slot_[c] = last[std::size_t(slot)];
@@ -568,27 +742,35 @@ class GradientSync {
     ensure_fusion_buffer(std::size_t(capacity));
     move_to_huge_pages(dp);
     if (staged_) ensure(staging_, std::size_t(capacity), "gradsync::host_staging");
+    plan_wire(std::size_t(capacity), plan.total, segs);
     upload(segs, dp_segs_, "gradsync::segments");
     plan_first_ptr_.assign(chunks_.size(), nullptr);
     for (std::size_t c = 0; c < chunks_.size(); ++c)
       if (chunks_[c].seg_end > chunks_[c].seg_begin) plan_first_ptr_[c] = segs[std::size_t(chunks_[c].seg_begin)].ptr;
 
     // Local tensors: scaled in place, accumulated beside the buffer when N > 1.
-    std::vector<Seg> lsegs;
+    // Deferred tensors (defer_local_scale) keep their sums; their factor goes to dsegs, which
+    // apply_local_scale() runs when the caller wants the pass after all.
+    std::vector<Seg> lsegs, dsegs;
     std::int64_t local_total = 0;
     for (const Entry& e : entries_) {
       if (!e.local() || e.size == 0) continue;
-      const bool by_world = e.policy_local ? e.policy_scale == LocalScale::world_size : opt_.scale_local_gradients;
-      const value_type s = (by_world ? value_type(1) / value_type(n) : value_type(1)) * inv_agg;
-      if (N == 1 && s == value_type(1)) continue;  // nothing to do for this tensor
-      for (std::int64_t done = 0; done < std::int64_t(e.size); done += impl::max_segment_elements) {
-        const std::int64_t len = std::min(std::int64_t(e.size) - done, impl::max_segment_elements);
-        lsegs.push_back(Seg{e.data + done, local_total + done, len, s});
-      }
+      const value_type s = local_factor(e);
+      if (e.defer_scale && s != value_type(1))
+        impl::for_each_segment(e.size, [&](std::int64_t off, std::int64_t len) {
+          dsegs.push_back(Seg{e.data + off, 0, len, s});
+        });
+      const value_type applied = e.defer_scale ? value_type(1) : s;
+      if (N == 1 && applied == value_type(1)) continue;  // nothing to do for this tensor
+      impl::for_each_segment(e.size, [&](std::int64_t off, std::int64_t len) {
+        lsegs.push_back(Seg{e.data + off, local_total + off, len, applied});
+      });
       local_total += std::int64_t(e.size);
     }
     if (N > 1) ensure(local_acc_, std::size_t(local_total), "gradsync::local_accumulator");
     upload(lsegs, local_segs_, "gradsync::local_segments");
+    upload(dsegs, deferred_segs_, "gradsync::deferred_segments");
+    n_deferred_segs_ = std::int64_t(dsegs.size());
 
     double post = opt_.postscale_factor * double(inv_agg);
     if (opt_.op == ReduceOp::average) post /= double(n);
@@ -596,12 +778,16 @@ class GradientSync {
     pre_factor_ = value_type(opt_.prescale_factor);
     n_dp_segs_ = std::int64_t(segs.size());
     n_local_segs_ = std::int64_t(lsegs.size());
-    stats_.buffer_bytes = (buffer_.extent(0) + local_acc_.extent(0) + staging_.extent(0)) * sizeof(value_type);
+    stats_.buffer_bytes = (buffer_.extent(0) + local_acc_.extent(0) + staging_.extent(0) + residual_.extent(0)) *
+                              sizeof(value_type) +
+                          (wire_.extent(0) + wire_staging_.extent(0)) * sizeof(std::uint16_t);
     // What a collective left incomplete by a stall may still write into.
     // After a stall MPI may still write into the buffers and, for chunks reduced in place, into the
     // gradients themselves: a failure keeps all of them alive (registered Views hold a keepalive copy).
     std::vector<std::shared_ptr<void>> keep{std::make_shared<Buffer>(buffer_),
                                             std::make_shared<decltype(staging_)>(staging_),
+                                            std::make_shared<WireBuffer>(wire_),
+                                            std::make_shared<decltype(wire_staging_)>(wire_staging_),
                                             std::make_shared<Backend>(backend_)};
     for (const Entry& e : entries_)
       if (!e.local() && e.keepalive) keep.push_back(e.keepalive);
@@ -631,21 +817,26 @@ class GradientSync {
     if (opt_.fusion_order == FusionOrder::reverse) std::reverse(names.begin(), names.end());
     timeline_->plan(
         names, tensor_chunks, chunks_.size(),
-        [&](std::size_t c) { return std::make_pair(std::size_t(chunks_[c].size()) * sizeof(value_type), reduced_in_place(c)); },
+        [&](std::size_t c) {  // the bytes on the wire, as stats().bytes_allreduced counts them
+          const std::size_t b = chunks_[c].kind != 0 ? sizeof(std::uint16_t) : sizeof(value_type);
+          return std::make_pair(std::size_t(chunks_[c].size()) * b, reduced_in_place(c));
+        },
         to_string(algorithm()), blocking_ ? 1 : in_flight_);
   }
 
   // Host memory MPI copies from (impl/huge_pages.hpp): the fusion buffer starts on huge pages,
   // and gradients reduced where they are move onto them.
-  void ensure_fusion_buffer(std::size_t n) {
+  void ensure_fusion_buffer(std::size_t n) { ensure_on_huge_pages(buffer_, n, "gradsync::fusion_buffer"); }
+  template <class V>
+  void ensure_on_huge_pages(V& v, std::size_t n, const char* label) {
     if constexpr (std::is_same_v<memory_space, Kokkos::HostSpace>) {
-      if (opt_.huge_pages && buffer_.extent(0) < n && n * sizeof(value_type) >= impl::huge_page_bytes) {
-        buffer_ = impl::allocate_on_huge_pages<Buffer>("gradsync::fusion_buffer", n);
+      if (opt_.huge_pages && v.extent(0) < n && n * sizeof(typename V::value_type) >= impl::huge_page_bytes) {
+        v = impl::allocate_on_huge_pages<V>(label, n);
         ++stats_.allocations;
         return;
       }
     }
-    ensure(buffer_, n, "gradsync::fusion_buffer");
+    ensure(v, n, label);
   }
   template <class Tensors>
   void move_to_huge_pages(const Tensors& dp) {
@@ -679,7 +870,8 @@ class GradientSync {
   // Where chunk c lives in the buffer: its slot when windowed, its own place otherwise.
   std::int64_t buffer_pos(std::size_t c) const { return windowed_ ? slot_of_[c] * slot_size_ : chunks_[c].begin; }
 
-  bool reduced_in_place(std::size_t c) const { return in_place_ && chunks_[c].contiguous; }
+  // Compressed chunks never are: they need their 16-bit copy.
+  bool reduced_in_place(std::size_t c) const { return in_place_ && chunks_[c].contiguous && chunks_[c].kind == 0; }
 
   void scale_in_place(std::size_t c, value_type factor) {
     if (factor == value_type(1)) return;
@@ -695,7 +887,8 @@ class GradientSync {
     const impl::Chunk& ch = chunks_[c];
     impl::launch_segments(impl::label_pack(), exec_, ch.seg_end - ch.seg_begin,
                           impl::PackKernel<value_type, execution_space, memory_space>{
-                              dp_segs_, buffer_, ch.seg_begin, ch.begin - buffer_pos(c), pre_factor_, aggregated});
+                              dp_segs_, buffer_, ch.seg_begin, ch.begin - buffer_pos(c), pre_factor_, aggregated,
+                              wire_, residual_, Compression(ch.kind)});
   }
 
   void unpack_chunk(std::size_t c) {
@@ -703,11 +896,14 @@ class GradientSync {
     const impl::Chunk& ch = chunks_[c];
     impl::launch_segments(impl::label_unpack(), exec_, ch.seg_end - ch.seg_begin,
                           impl::UnpackKernel<value_type, execution_space, memory_space>{
-                              dp_segs_, buffer_, ch.seg_begin, ch.begin - buffer_pos(c), post_factor_});
+                              dp_segs_, buffer_, ch.seg_begin, ch.begin - buffer_pos(c), post_factor_, wire_,
+                              Compression(ch.kind),
+                              ch.kind == int(Compression::fp16) ? overflow_ : impl::BufferView<std::int64_t, memory_space>{}});
   }
 
   // Packs chunk c and hands it to the backend without waiting for the reduction.
   void launch_chunk(std::size_t c, bool aggregated) {
+    if (chunks_[c].kind != 0) return launch_compressed(c, aggregated);
     const std::int64_t pos = buffer_pos(c), len = chunks_[c].size();
     const std::size_t bytes = std::size_t(len) * sizeof(value_type);
     // In place, the factors go into the backend's reduction where it can take them (one pass over
@@ -736,6 +932,38 @@ class GradientSync {
       requests_[c] = start_sum(data, std::size_t(len), fold);
     ++stats_.allreduce_calls;
     stats_.bytes_allreduced += bytes;
+    stats_.bytes_uncompressed += bytes;
+  }
+
+  // A compressed chunk: packed into 16-bit values by the pack kernel, summed by the backend in its
+  // wire format (staged through host memory when the backend cannot sum it where it lives).
+  void launch_compressed(std::size_t c, bool aggregated) {
+    const std::int64_t pos = buffer_pos(c), len = chunks_[c].size();
+    pack_chunk(c, aggregated);
+    if (wire_staged_)
+      impl::copy_buffer(exec_, wire_staging_, std::size_t(pos), wire_, std::size_t(pos), std::size_t(len));
+    std::uint16_t* data = (wire_staged_ ? wire_staging_.data() : wire_.data()) + pos;
+    if (wire_staged_ || !impl::ordered_on(backend_, exec_)) impl::fence(exec_, impl::label_fence_pack());
+    if (timeline_) timeline_->reduce_begin(c);
+    if (chunks_[c].kind == int(Compression::fp16))
+      sum_wire(c, reinterpret_cast<WireFp16*>(data), std::size_t(len));
+    else
+      sum_wire(c, reinterpret_cast<WireBf16*>(data), std::size_t(len));
+    ++stats_.allreduce_calls;
+    stats_.bytes_allreduced += std::size_t(len) * sizeof(std::uint16_t);
+    stats_.bytes_uncompressed += std::size_t(len) * sizeof(value_type);
+  }
+  template <class W>
+  void sum_wire([[maybe_unused]] std::size_t c, [[maybe_unused]] W* data, [[maybe_unused]] std::size_t n) {
+    if constexpr (impl::sums_wire<Backend>::value) {  // else plan_wire refused the plan
+      if (blocking_ && hierarchical_) {
+        if constexpr (impl::has_hierarchical_sum<Backend>::value) backend_.hierarchical_allreduce_sum(data, n);
+      } else if (blocking_) {
+        backend_.allreduce_sum(data, n);
+      } else {
+        requests_[c] = backend_.iallreduce_sum(data, n);
+      }
+    }
   }
 
   typename Backend::Request start_sum(value_type* data, std::size_t n, bool fold) {
@@ -753,8 +981,11 @@ class GradientSync {
                      impl::WaitSite{"allreduce", std::int64_t(stats_.passes), std::int64_t(c), std::int64_t(chunks_.size())});
     if (timeline_) timeline_->reduce_end(c, waited_from);
     if (reduced_in_place(c)) return;  // scaled before the reduction
-    if (staged_) {
-      const std::int64_t pos = buffer_pos(c), len = chunks_[c].size();
+    const std::int64_t pos = buffer_pos(c), len = chunks_[c].size();
+    if (chunks_[c].kind != 0) {
+      if (wire_staged_)
+        impl::copy_buffer(exec_, wire_, std::size_t(pos), wire_staging_, std::size_t(pos), std::size_t(len));
+    } else if (staged_) {
       impl::copy_buffer(exec_, buffer_, std::size_t(pos), staging_, std::size_t(pos), std::size_t(len));
     }
     unpack_chunk(c);
@@ -938,6 +1169,68 @@ class GradientSync {
     return staging_wanted();
   }
 
+  // Buffers of compressed chunks, when the plan has any: the 16-bit copy (the fusion buffer's
+  // layout), its host staging when the backend cannot sum 16-bit values where they live
+  // (MpiBackend on device memory: its op runs on the CPU), the residuals (zero at every plan build:
+  // fused positions may have moved) and, for fp16, the overflow flag.
+  void plan_wire(std::size_t capacity, std::int64_t total, const std::vector<Seg>& segs) {
+    bool any = false, fp16 = false;
+    for (const impl::Chunk& ch : chunks_) {
+      any = any || ch.kind != 0;
+      fp16 = fp16 || ch.kind == int(Compression::fp16);
+    }
+    wire_staged_ = false;
+    host_segs_.clear();
+    if (!any) {
+      wire_ = WireBuffer();
+      wire_staging_ = {};
+      residual_ = Buffer();
+      overflow_ = {};
+      return;
+    }
+    if (!impl::sums_wire<Backend>::value)  // every rank has the same backend type: all throw here
+      throw ConfigError(impl::cat("compression (Options::compression or a group's CompressWith) needs a backend that "
+                                  "sums 16-bit values; backend '", Backend::name(), "' does not declare "
+                                  "sums_wire_values (backend_traits.hpp): use Compression::none with it"));
+    wire_staged_ = staged_ || !impl::reduces_wire_in<memory_space>(backend_);
+    ensure_on_huge_pages(wire_, capacity, "gradsync::wire_buffer");  // MPI copies from it (huge_pages.hpp)
+    if (wire_staged_) ensure(wire_staging_, capacity, "gradsync::wire_staging");
+    if (opt_.error_feedback) {
+      ensure(residual_, std::size_t(total), "gradsync::residual");
+      const std::vector<value_type> zeros(residual_.extent(0), value_type(0));
+      impl::upload_buffer(residual_, zeros.data(), zeros.size());
+    }
+    if (fp16) {
+      ensure(overflow_, 1, "gradsync::overflow");
+      ensure(overflow_host_, 1, "gradsync::overflow_host");
+      const std::int64_t zero = 0;
+      impl::upload_buffer(overflow_, &zero, 1);
+      host_segs_ = segs;
+    }
+  }
+
+  // fp16: a sum that is not finite fails the step on every rank (each holds the same sums, so each
+  // finds the same flag: no message is needed), naming a tensor; the sync stays usable.
+  void check_wire_overflow() {
+    impl::copy_buffer(exec_, overflow_host_, 0, overflow_, 0, 1);
+    impl::fence(exec_, impl::label_fence_sync());
+    const std::int64_t k = overflow_host_.data()[0];
+    if (k == 0) return;
+    const std::int64_t zero = 0;
+    impl::upload_buffer(overflow_, &zero, 1);
+    const value_type* p = host_segs_[std::size_t(k - 1)].ptr;
+    std::string which = "a data-parallel gradient";
+    for (const Entry& e : entries_)
+      if (!e.local() && p >= e.data && p < e.data + e.size)
+        which = impl::cat("gradient '", e.name, "' (group ", e.group, ", ", e.size, " values)");
+    throw Error(impl::cat(
+        "the fp16 sum of ", which, " is not finite in synchronize() call ", stats_.passes,
+        " (on every rank): a value or a partial sum beyond fp16's largest, 65504, or a NaN/Inf gradient. "
+        "The gradients of this step are not usable; skip it, or use Compression::bf16 (fp32's range), a smaller "
+        "prescale_factor, or keep this group in full precision (CompressWith<Compression::none>); "
+        "see docs/COMPRESSION.md"));
+  }
+
   void finish_local(bool aggregated) {
     impl::TimelineScope span(n_local_segs_ ? timeline_.get() : nullptr, impl::Timeline::Kind::local, "local scaling",
                              n_local_segs_);
@@ -985,18 +1278,31 @@ class GradientSync {
   std::vector<typename Backend::Request> requests_;   // per chunk
   std::vector<std::int64_t> slot_of_, prev_in_slot_;  // per chunk: its slot (-1: in place), the slot's previous chunk
   impl::BufferView<value_type, impl::staging_space_t<memory_space>> staging_;
-  SegView dp_segs_, local_segs_;
+  SegView dp_segs_, local_segs_, deferred_segs_;
+  std::int64_t n_deferred_segs_ = 0;
+  bool pending_ = false;  // deferred local scales not yet applied (local_scale_pending)
   // Options::check_finite's per-segment flags (Kokkos execution spaces only).
   std::conditional_t<Kokkos::is_execution_space<execution_space>::value, impl::FiniteScratch<memory_space>,
                      impl::NoFiniteScratch>
       finite_;
   std::int64_t n_dp_segs_ = 0, n_local_segs_ = 0;
   Buffer buffer_, local_acc_;
+  // Compression (plan_wire): the 16-bit chunks, their host staging, this rank's rounding residuals
+  // (error feedback, by fused position), the fp16 overflow flag and the segments, to name a tensor.
+  WireBuffer wire_;
+  impl::BufferView<std::uint16_t, impl::staging_space_t<memory_space>> wire_staging_;
+  bool wire_staged_ = false;
+  Buffer residual_;
+  impl::BufferView<std::int64_t, memory_space> overflow_;
+  impl::BufferView<std::int64_t, impl::staging_space_t<memory_space>> overflow_host_;
+  std::vector<Seg> host_segs_;
   value_type pre_factor_ = 1, post_factor_ = 1;
   bool need_check_ = true;  // registrations changed since the ranks last compared them
   bool merge_neighbours_ = false;  // every rank has the same neighbours in memory (agree_on_neighbours)
   impl::Control<Backend> ctl_;  // side channel: consistency check, stall reports, peer failures
   std::unique_ptr<impl::Timeline> timeline_;  // Options::timeline; null when off
+  impl::row_sparse_set_t<value_type, memory_space, execution_space> sparse_;  // RowSparse gradients
+  impl::ProcessSets<Backend, value_type, execution_space> sets_;  // ReduceOver groups' sets
 };
 
 }  // namespace gradsync

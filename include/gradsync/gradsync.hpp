@@ -2,6 +2,7 @@
 #pragma once
 
 #include "backend_traits.hpp"
+#include "compression.hpp"
 #include "config.hpp"
 #include "describe.hpp"
 #include "distributed_optimizer.hpp"

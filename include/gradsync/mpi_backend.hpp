@@ -10,6 +10,7 @@
 #include <memory>
 #include <type_traits>
 
+#include "compression.hpp"
 #include "config.hpp"
 #include "error.hpp"
 #include "impl/cuda_aware.hpp"
@@ -28,6 +29,7 @@ MPI_Datatype mpi_type() {
   else if constexpr (std::is_same_v<T, unsigned char>) return MPI_UNSIGNED_CHAR;
   else if constexpr (std::is_same_v<T, std::int64_t>) return MPI_INT64_T;
   else if constexpr (std::is_same_v<T, std::uint64_t>) return MPI_UINT64_T;
+  else if constexpr (is_wire_v<T>) return MPI_UINT16_T;  // summed by mpi_wire_op<T>(), never MPI_SUM
   else static_assert(sizeof(T) == 0, "gradsync: no built-in MPI datatype for this type");
 }
 
@@ -37,6 +39,51 @@ inline void mpi_check(int rc, const char* what) {
   int len = 0;
   MPI_Error_string(rc, msg, &len);
   throw Error(cat(what, " failed: ", std::string(msg, std::size_t(len))));
+}
+
+// The sum of 16-bit wire values: each pair added in fp32 and rounded once to the format. MPI has no
+// built-in 16-bit float sum; this user-defined op runs on the host (device buffers are staged).
+template <class W>
+void mpi_wire_sum(void* in, void* inout, int* len, MPI_Datatype*) {
+  const auto* a = static_cast<const std::uint16_t*>(in);
+  auto* b = static_cast<std::uint16_t*>(inout);
+  const int n = *len;
+  for (int i = 0; i < n; ++i) b[i] = wire_add<W>(a[i], b[i]);
+}
+
+// One op per format and process, created at first use and freed inside MPI_Finalize (an attribute of
+// MPI_COMM_SELF, whose delete callback MPI runs first thing there).
+template <class W>
+struct MpiWireOp {
+  MPI_Op op = MPI_OP_NULL;
+  MpiWireOp() {
+    mpi_check(MPI_Op_create(&mpi_wire_sum<W>, 1, &op), "MPI_Op_create (gradsync's 16-bit sum)");
+    int key = MPI_KEYVAL_INVALID;
+    if (MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, &release, &key, nullptr) == MPI_SUCCESS) {
+      MPI_Comm_set_attr(MPI_COMM_SELF, key, this);
+      MPI_Comm_free_keyval(&key);
+    }
+  }
+  static int release(MPI_Comm, int, void* self, void*) {
+    auto* h = static_cast<MpiWireOp*>(self);
+    if (h->op != MPI_OP_NULL) MPI_Op_free(&h->op);
+    return MPI_SUCCESS;
+  }
+};
+
+template <class W>
+MPI_Op mpi_wire_op() {
+  static MpiWireOp<W> holder;
+  return holder.op;
+}
+
+/// The sum of T's: MPI_SUM, or gradsync's op for 16-bit wire values.
+template <class T>
+MPI_Op mpi_sum_op() {
+  if constexpr (is_wire_v<T>)
+    return mpi_wire_op<T>();
+  else
+    return MPI_SUM;
 }
 
 // Ranks per node as the backend sees them, for tests: 0 (the default) asks MPI which ranks share
@@ -80,6 +127,8 @@ class MpiBackend {
   }
 
   static constexpr const char* name() { return "mpi"; }
+  /// Sums WireFp16 / WireBf16 arrays (a user-defined MPI_Op that adds in fp32), on host memory.
+  static constexpr bool sums_wire_values = true;
   int rank() const { return rank_; }
   int size() const { return size_; }
   MPI_Comm comm() const { return comm_->comm; }
@@ -99,7 +148,7 @@ class MpiBackend {
   template <class T>
   void allreduce_sum(T* buf, std::size_t n) const {
     for_pieces(n, [&](std::size_t off, int cnt) {
-      impl::mpi_check(MPI_Allreduce(MPI_IN_PLACE, buf + off, cnt, impl::mpi_type<T>(), MPI_SUM, comm()),
+      impl::mpi_check(MPI_Allreduce(MPI_IN_PLACE, buf + off, cnt, impl::mpi_type<T>(), impl::mpi_sum_op<T>(), comm()),
                       "MPI_Allreduce");
     });
   }
@@ -116,10 +165,10 @@ class MpiBackend {
       T* p = buf + off;
       if (c.topology.local_size > 1)
         impl::mpi_check(MPI_Reduce(c.topology.local_rank == 0 ? MPI_IN_PLACE : p, c.topology.local_rank == 0 ? p : nullptr,
-                                   cnt, type, MPI_SUM, 0, c.node),
+                                   cnt, type, impl::mpi_sum_op<T>(), 0, c.node),
                         "MPI_Reduce (within the node)");
       if (c.leaders != MPI_COMM_NULL && c.topology.nodes > 1)
-        impl::mpi_check(MPI_Allreduce(MPI_IN_PLACE, p, cnt, type, MPI_SUM, c.leaders), "MPI_Allreduce (among nodes)");
+        impl::mpi_check(MPI_Allreduce(MPI_IN_PLACE, p, cnt, type, impl::mpi_sum_op<T>(), c.leaders), "MPI_Allreduce (among nodes)");
       if (c.topology.local_size > 1)
         impl::mpi_check(MPI_Bcast(p, cnt, type, 0, c.node), "MPI_Bcast (within the node)");
     });
@@ -129,20 +178,14 @@ class MpiBackend {
   /// layer splits chunks). Host buffers of at least ring_min_bytes go through gradsync's own ring
   /// (impl/ring_allreduce.hpp), which folds the factor into the reduction; the rest go to
   /// MPI_Iallreduce and take no factor (folds_factor() says which).
+  /// 16-bit wire values (WireFp16, WireBf16) are summed the same way, added in fp32 and never scaled.
   template <class T>
-  Request iallreduce_sum(T* buf, std::size_t n, T factor = T(1)) const {
-    Request r;
-    const int count = checked_count(n);
-    if (folds_factor(n * sizeof(T))) {
-      r.ring = comm_->rings.start(buf, count, factor, impl::mpi_type<T>(), comm(), rank_, size_);
-      return r;
-    }
-    if (factor != T(1))
-      throw Error(impl::cat("MpiBackend::iallreduce_sum: a factor is folded only into ring sums (",
-                            n * sizeof(T), " bytes given; see folds_factor)"));
-    impl::mpi_check(MPI_Iallreduce(MPI_IN_PLACE, buf, count, impl::mpi_type<T>(), MPI_SUM, comm(), &r.req),
-                    "MPI_Iallreduce");
-    return r;
+  Request iallreduce_sum(T* buf, std::size_t n) const {
+    return start_sum(buf, n, 1.0);
+  }
+  template <class T>
+  Request iallreduce_sum(T* buf, std::size_t n, T factor) const {
+    return start_sum(buf, n, double(factor));
   }
   /// The sync's automatic choice (gradsync::prefers_blocking_allreduce): nonblocking, so that
   /// chunks pipeline and overlap backward, unless MPI is CUDA-aware. Then sums go to libnbc, whose
@@ -153,6 +196,12 @@ class MpiBackend {
   /// buffers stay with MPI (MPI_Reduce_local works on host memory), as do small sums.
   bool folds_factor(std::size_t bytes) const {
     return size_ > 1 && !cuda_aware_.aware && bytes >= ring_min_bytes;
+  }
+  /// Where 16-bit wire values can be summed: host memory (the op runs on the CPU); device chunks
+  /// are staged through host memory for it.
+  template <class MemorySpace>
+  bool can_reduce_wire() const {
+    return impl::host_accessible_v<MemorySpace>;
   }
   void wait(Request& r) const {
     if (r.ring) {
@@ -217,6 +266,16 @@ class MpiBackend {
   }
 
   void barrier() const { impl::mpi_check(MPI_Barrier(comm()), "MPI_Barrier"); }
+
+  /// A backend over the ranks that give the same `color` (MPI_Comm_split; collective over this
+  /// backend's ranks), ordered by `key`: the communicator of a process set.
+  MpiBackend split(int color, int key) const {
+    MPI_Comm sub = MPI_COMM_NULL;
+    impl::mpi_check(MPI_Comm_split(comm(), color, key, &sub), "MPI_Comm_split");
+    MpiBackend b(sub, cuda_aware_.aware ? CudaAwareMpi::yes : CudaAwareMpi::no);  // works on a duplicate
+    MPI_Comm_free(&sub);
+    return b;
+  }
 
  private:
   // Owns the duplicate; shared so that copies of the backend use one communicator.
@@ -284,6 +343,22 @@ class MpiBackend {
   static void for_pieces(std::size_t n, F&& f) {
     const std::size_t step = impl::mpi_max_count();
     for (std::size_t off = 0; off < n; off += step) f(off, int(n - off < step ? n - off : step));
+  }
+
+  template <class T>
+  Request start_sum(T* buf, std::size_t n, double factor) const {
+    Request r;
+    const int count = checked_count(n);
+    if (folds_factor(n * sizeof(T))) {
+      r.ring = comm_->rings.start(buf, count, factor, impl::mpi_type<T>(), impl::mpi_sum_op<T>(), comm(), rank_, size_);
+      return r;
+    }
+    if (factor != 1.0)
+      throw Error(impl::cat("MpiBackend::iallreduce_sum: a factor is folded only into ring sums (",
+                            n * sizeof(T), " bytes given; see folds_factor)"));
+    impl::mpi_check(MPI_Iallreduce(MPI_IN_PLACE, buf, count, impl::mpi_type<T>(), impl::mpi_sum_op<T>(), comm(), &r.req),
+                    "MPI_Iallreduce");
+    return r;
   }
 
   template <class T>

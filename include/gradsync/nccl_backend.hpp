@@ -22,6 +22,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "compression.hpp"
 #include "config.hpp"
 #include "cuda_space.hpp"
 #include "error.hpp"
@@ -40,6 +41,11 @@ ncclDataType_t nccl_type() {
   else if constexpr (std::is_same_v<T, std::uint64_t>) return ncclUint64;
   else if constexpr (std::is_same_v<T, char> || std::is_same_v<T, signed char>) return ncclInt8;
   else if constexpr (std::is_same_v<T, unsigned char>) return ncclUint8;
+  // 16-bit wire values (compression.hpp): NCCL sums them itself, each addition rounded once.
+  else if constexpr (std::is_same_v<T, WireFp16>) return ncclFloat16;
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 10, 0)
+  else if constexpr (std::is_same_v<T, WireBf16>) return ncclBfloat16;
+#endif
   else static_assert(sizeof(T) == 0, "gradsync: no NCCL datatype for this type");
 }
 
@@ -83,6 +89,8 @@ class NcclBackend {
 #endif
 
   static constexpr const char* name() { return "nccl"; }
+  /// Sums WireFp16 / WireBf16 arrays as ncclFloat16 / ncclBfloat16 (bf16 needs NCCL 2.10+).
+  static constexpr bool sums_wire_values = true;
   int rank() const { return state_->rank; }
   int size() const { return state_->size; }
   cudaStream_t stream() const { return state_->stream; }

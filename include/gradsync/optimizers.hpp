@@ -14,6 +14,11 @@
 //       Calls f(value_type* data, std::size_t n) for each state buffer of a slot (memory space of the
 //       parameters) and f(std::int64_t* data, std::size_t n) for its host-side counters (the step
 //       count). broadcast_parameters() uses it to send the optimizer state along with parameters.
+//   void set_grad_scale(std::size_t slot, value_type factor);                  (optional)
+//       The slot's gradient is read as factor * grad by the next step()s. DistributedOptimizer hands
+//       it the local groups' 1/world_size this way (GradientSync::defer_local_scale) instead of a
+//       pass of its own; factor * grad is rounded as the pass would round it, so the update is the
+//       same to the last bit (with FMA contraction of the kernel, as on GPUs, within 1 ulp).
 //
 // One kernel launch updates every parameter whose step count is the same (all of them, except
 // after a broadcast gave local and data-parallel parameters different counts): a team per segment
@@ -86,6 +91,7 @@ struct OptSegment {
   T* s1 = nullptr;
   T* s2 = nullptr;
   std::int64_t count = 0;
+  const T* grad_scale = nullptr;  // the slot's gradient factor (set_grad_scale), one value
 };
 
 template <class T, class MemorySpace>
@@ -105,11 +111,13 @@ struct SgdKernel {
 
   KOKKOS_INLINE_FUNCTION void operator()(const member_type& team) const {
     const OptSegment<T> s = segs(first_seg + team.league_rank());
-    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, s.count), [&](std::int64_t i) { update(s, i); });
+    const T gs = *s.grad_scale;
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, s.count), [&](std::int64_t i) { update(s, i, gs); });
   }
 
-  KOKKOS_INLINE_FUNCTION void update(const OptSegment<T>& s, std::int64_t i) const {
-    T d = maximize ? -s.grad[i] : s.grad[i];
+  KOKKOS_INLINE_FUNCTION void update(const OptSegment<T>& s, std::int64_t i, T gs) const {
+    const T g = s.grad[i] * gs;  // exact when gs == 1
+    T d = maximize ? -g : g;
     if (weight_decay != T(0)) d = d + weight_decay * s.param[i];
     if (use_momentum) {
       T b = first_step ? d : s.s0[i] * momentum + keep * d;
@@ -138,11 +146,13 @@ struct AdamKernel {
 
   KOKKOS_INLINE_FUNCTION void operator()(const member_type& team) const {
     const OptSegment<T> s = segs(first_seg + team.league_rank());
-    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, s.count), [&](std::int64_t i) { update(s, i); });
+    const T gs = *s.grad_scale;
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, s.count), [&](std::int64_t i) { update(s, i, gs); });
   }
 
-  KOKKOS_INLINE_FUNCTION void update(const OptSegment<T>& s, std::int64_t i) const {
-    T g = maximize ? -s.grad[i] : s.grad[i];
+  KOKKOS_INLINE_FUNCTION void update(const OptSegment<T>& s, std::int64_t i, T gs) const {
+    const T g0 = s.grad[i] * gs;  // exact when gs == 1
+    T g = maximize ? -g0 : g0;
     T p = s.param[i];
     if (decoupled)
       p = p * decay_factor;
@@ -183,6 +193,16 @@ class OptimizerSlots {
   /// Steps taken by a slot's parameter (PyTorch's state['step']).
   std::int64_t step_count(std::size_t slot) const { return slots_.at(slot).step; }
 
+  /// The optimizer interface's gradient factor: step() reads the slot's gradient as factor * grad
+  /// (1 until set). Setting it allocates nothing; a changed value is copied at the next step().
+  void set_grad_scale(std::size_t slot, value_type factor) {
+    Slot& s = slots_.at(slot);
+    if (s.grad_scale == factor) return;
+    s.grad_scale = factor;
+    scales_dirty_ = true;
+  }
+  value_type grad_scale(std::size_t slot) const { return slots_.at(slot).grad_scale; }
+
   /// The optimizer interface's state visitor (see the top of this file).
   template <class F>
   void for_each_state(std::size_t slot, F&& f) {
@@ -204,6 +224,7 @@ class OptimizerSlots {
     int nstate = 0;
     std::array<View, MaxState> state;
     std::int64_t step = 0;
+    value_type grad_scale = 1;
     std::int64_t seg_begin = 0, seg_end = 0;
     std::shared_ptr<void> keep_param, keep_grad;  // copies of registered Views keep them alive
   };
@@ -247,6 +268,7 @@ class OptimizerSlots {
   template <class Launch>
   void for_each_run(Launch&& launch) {
     if (dirty_) build_table();
+    if (scales_dirty_) upload_scales();
     for (std::size_t a = 0; a < slots_.size();) {
       std::size_t b = a + 1;
       while (b < slots_.size() && slots_[b].step == slots_[a].step) ++b;
@@ -264,15 +286,20 @@ class OptimizerSlots {
 
  private:
   void build_table() {
+    scales_ = View(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("gradsync::optimizer_grad_scales")),
+                   slots_.size());
+    scales_host_ = Kokkos::create_mirror_view(scales_);
+    upload_scales();
     std::vector<OptSegment<value_type>> host;
-    for (Slot& s : slots_) {
+    for (std::size_t slot = 0; slot < slots_.size(); ++slot) {
+      Slot& s = slots_[slot];
       s.seg_begin = std::int64_t(host.size());
       const auto state = [&](int k, std::int64_t off) {
         return k < s.nstate ? s.state[std::size_t(k)].data() + off : nullptr;
       };
       for_each_segment(s.size, [&](std::int64_t off, std::int64_t count) {
         host.push_back(OptSegment<value_type>{s.param + off, s.grad + off, state(0, off), state(1, off),
-                                              state(2, off), count});
+                                              state(2, off), count, scales_.data() + slot});
       });
       s.seg_end = std::int64_t(host.size());
     }
@@ -280,7 +307,16 @@ class OptimizerSlots {
     dirty_ = false;
   }
 
+  void upload_scales() {
+    for (std::size_t k = 0; k < slots_.size(); ++k) scales_host_(k) = slots_[k].grad_scale;
+    if (scales_host_.data() != scales_.data()) Kokkos::deep_copy(scales_, scales_host_);
+    scales_dirty_ = false;
+  }
+
   bool dirty_ = true;
+  bool scales_dirty_ = false;
+  View scales_;  // per slot, the gradient factor the kernels read
+  typename View::HostMirror scales_host_;
 };
 
 inline void check_finite_nonneg(const char* who, const char* what, double x) {

@@ -50,6 +50,17 @@ enum class FusionOrder {
   registration,  ///< as registered
 };
 
+/// The format data-parallel gradients take on the wire (compression.hpp, docs/COMPRESSION.md).
+enum class Compression {
+  none,  ///< the gradients' own type (float or double)
+  fp16,  ///< IEEE half: 11-bit significand, largest finite 65504 (a larger sum is an Error)
+  bf16,  ///< bfloat16: 8-bit significand, fp32's range
+};
+
+inline const char* to_string(Compression c) {
+  return c == Compression::fp16 ? "fp16" : c == Compression::bf16 ? "bf16" : "none";
+}
+
 /// Options::fusion_threshold_bytes = fusion_threshold_auto times a few chunk sizes during the first
 /// steps (all ranks agree on the timings) and keeps the fastest.
 inline constexpr std::size_t fusion_threshold_auto = ~std::size_t(0);
@@ -127,6 +138,13 @@ struct Options {
   /// A pointer, not a std::string, so that Options stays trivially copyable. May differ between
   /// ranks. Environment: GRADSYNC_TIMELINE.
   const char* timeline = nullptr;
+  /// Data-parallel gradients travel as 16-bit floats, added in fp32 (docs/COMPRESSION.md): half the
+  /// bytes on the wire. A group's policy may choose otherwise (CompressWith<>). Environment:
+  /// GRADSYNC_COMPRESSION.
+  Compression compression = Compression::none;
+  /// Compressed groups: each rank keeps what rounding to the wire format dropped and adds it to its
+  /// next step's gradient. Environment: GRADSYNC_ERROR_FEEDBACK.
+  bool error_feedback = false;
 };
 
 }  // namespace gradsync

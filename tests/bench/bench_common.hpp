@@ -32,6 +32,7 @@ struct Model {
   std::string name;
   std::vector<std::size_t> numel;
   std::vector<bool> local;
+  std::size_t row_width = 0;  // DLRM: local tensors are tables of rows this wide, synced as RowSparse
   std::size_t dp_elements() const {
     std::size_t n = 0;
     for (std::size_t i = 0; i < numel.size(); ++i)
@@ -85,6 +86,7 @@ inline Model read_dlrm_model(const std::string& path, std::size_t row_cap, std::
   const std::string t = ss.str();
   const std::size_t dim = json_int(t, "embedding_dim");
   Model m;
+  m.row_width = dim;
   m.name = "DLRM (MLP)";
   std::size_t mlp = 0;
   for (const char* key : {"bottom_mlp", "top_mlp"}) {

@@ -9,7 +9,9 @@
 //   bench_sync overlap <models_dir> <out.csv> [budget_s]   mark_ready during a simulated backward
 //   bench_sync timeline <models_dir> <out_dir>            the traces of docs/TIMELINE.md (ResNet-50)
 //   bench_sync timeline_cost <models_dir> <reps>          ResNet-50 with Options::timeline off and on
+//   bench_sync compression <models_dir> <out.csv> [budget_s] [model]  fp32 vs bf16/fp16 on the wire
 //   bench_sync hostpath <tensors> <reps>                   host path only (for callgrind)
+//   bench_sync tablesize <models_dir> <out.csv> [budget_s] DLRM's sync at 1x and 10x the table rows
 //   bench_sync smoke                                       a few tiny runs of every path (ctest)
 #include <chrono>
 #include <cmath>
@@ -32,6 +34,8 @@ namespace {
 using Grad = Kokkos::View<float*, Kokkos::HostSpace>;
 using Arena = gradsync::GradientArena<float, Kokkos::HostSpace>;
 using Sync = gradsync::GradientSync<gradsync::MpiBackend, Grad>;
+using Ids = Kokkos::View<int*, Kokkos::HostSpace>;
+using TableRows = gradsync::RowSparse<Grad, Ids>;
 struct Dense {};
 struct Tables {};
 
@@ -57,13 +61,28 @@ void row(const std::string& section, const std::string& cas, const std::string& 
   std::fflush(stdout);
 }
 
-// The gradients of a model, each its own allocation (as a framework would hold them).
+// DLRM's embedding tables: a step touches at most one row per sample of the global batch (128),
+// so each table's gradient is a RowSparse of that many rows (all distinct: the most work).
+constexpr std::size_t dlrm_rows_per_step = 128;
+
+TableRows table_rows(const Grad& rows, std::size_t table_rows_total) {
+  Ids ids("ids", dlrm_rows_per_step);
+  for (std::size_t k = 0; k < dlrm_rows_per_step; ++k) ids(k) = int((k * 7919) % table_rows_total);
+  return TableRows(rows, ids, std::int64_t(table_rows_total), std::int64_t(std::min(dlrm_rows_per_step, table_rows_total)));
+}
+
+// The gradients of a model, each its own allocation (as a framework would hold them). A table
+// (m.row_width > 0) holds only the rows a step touches.
 struct Tensors {
   std::vector<Grad> g;
+  std::vector<TableRows> rows;  // per tensor; used for tables only
   explicit Tensors(const bench::Model& m) {
     for (std::size_t i = 0; i < m.numel.size(); ++i) {
-      g.emplace_back(Kokkos::view_alloc(Kokkos::WithoutInitializing, "g"), m.numel[i]);
+      const bool table = m.local[i] && m.row_width > 0;
+      const std::size_t n = table ? dlrm_rows_per_step * m.row_width : m.numel[i];
+      g.emplace_back(Kokkos::view_alloc(Kokkos::WithoutInitializing, "g"), n);
       Kokkos::deep_copy(g.back(), 1e-3f);
+      rows.push_back(table ? table_rows(g.back(), m.numel[i] / m.row_width) : TableRows());
     }
   }
 };
@@ -77,7 +96,9 @@ void settle(Sync& s) {
 std::unique_ptr<Sync> make_sync(const bench::Model& m, Tensors& t, gradsync::Options opt) {
   auto s = std::make_unique<Sync>(gradsync::MpiBackend(MPI_COMM_WORLD), opt);
   for (std::size_t i = 0; i < m.numel.size(); ++i) {
-    if (m.local[i])
+    if (m.local[i] && m.row_width > 0)
+      s->add<Tables>(t.rows[i]);
+    else if (m.local[i])
       s->add<Tables>(t.g[i]);
     else
       s->add<Dense>(t.g[i]);
@@ -90,14 +111,19 @@ std::unique_ptr<Sync> make_sync(const bench::Model& m, Tensors& t, gradsync::Opt
 // that keeps its gradients in one buffer does (DDP's gradient_as_bucket_view): neighbours in memory
 // merge into regions reduced in place, so the sync sees what a contiguous buffer would.
 std::unique_ptr<Sync> make_arena_sync(const bench::Model& m, Arena& arena, gradsync::Options opt) {
+  const auto held = [&](std::size_t i) {
+    return m.local[i] && m.row_width > 0 ? dlrm_rows_per_step * m.row_width : m.numel[i];
+  };
   std::size_t total = 0;
-  for (std::size_t n : m.numel) total += n;
+  for (std::size_t i = 0; i < m.numel.size(); ++i) total += held(i);
   arena = Arena("arena", total);
   Kokkos::deep_copy(arena.storage(), 1e-3f);
   auto s = std::make_unique<Sync>(gradsync::MpiBackend(MPI_COMM_WORLD), opt);
   for (std::size_t i = 0; i < m.numel.size(); ++i) {
-    const Grad g = arena.carve(m.numel[i]);
-    if (m.local[i])
+    const Grad g = arena.carve(held(i));
+    if (m.local[i] && m.row_width > 0)
+      s->add<Tables>(table_rows(g, m.numel[i] / m.row_width));
+    else if (m.local[i])
       s->add<Tables>(g);
     else
       s->add<Dense>(g);
@@ -160,8 +186,9 @@ void bench_model(const bench::Model& m, double budget, gradsync::Options opt, co
     for (std::size_t i = 0; i < m.numel.size(); ++i)
       if (m.local[i]) local += m.numel[i] * sizeof(float), ++nlocal;
     if (bench::rank() == 0)
-      std::printf("  DLRM: %zu bytes allreduced per sync = MLP bytes (%zu parameters); tables stay local\n",
-                  std::size_t(moved), dlrm_mlp);
+      std::printf("  DLRM: %zu bytes allreduced per sync = MLP bytes (%zu parameters); tables stay local, "
+                  "%zu rows of each scaled (RowSparse)\n",
+                  std::size_t(moved), dlrm_mlp, dlrm_rows_per_step);
     row(section, m.name, "local table bytes (rank 0)", local, nlocal, 0, 0);
   }
   std::vector<float> raw(elems, 0.f);
@@ -285,6 +312,51 @@ void bench_model(const bench::Model& m, double budget, gradsync::Options opt, co
   ms.push_back({"per-tensor on huge pages", [&] { per_tensor(dp); }, {}});
   bench::measure_within(ms, budget - budget / 3, 7, 301);
   for (auto& mm : ms) row(section, m.name, mm.name, bytes, m.dp_tensors(), bench::median(mm.times), mm.times.size());
+}
+
+// Wire compression (issue 19): the same gradients synchronized in fp32 and as bf16 / fp16 on the wire,
+// interleaved, same run. fp32 reduces large tensors in place; a compressed chunk always goes through
+// the 16-bit buffer, so "fp32 packed" (nothing in place) shows what the conversion itself costs.
+// Run it over a shaped link (the namespace test bed) for the bandwidth win; `model` picks models by
+// name ("ResNet-50", "ViT-B/16", ...; default both of those). BENCH_METHOD=bf16 keeps the methods whose
+// label has "bf16", beside the fp32 baseline.
+void run_compression(const std::string& dir, double budget, const std::string& only) {
+  std::size_t mlp = 0;
+  for (auto& m : load_models(dir, &mlp)) {
+    const bool picked = only.empty() ? (m.name == "ResNet-50" || m.name == "ViT-B/16") : m.name.find(only) != std::string::npos;
+    if (!picked) continue;
+    Tensors t(m);
+    std::vector<std::unique_ptr<Sync>> syncs;
+    std::vector<bench::Method> ms;
+    const char* only_method = std::getenv("BENCH_METHOD");  // e.g. "bf16": only the methods whose label has it
+    auto method = [&](const std::string& label, gradsync::Options o) {
+      if (only_method && label.find(only_method) == std::string::npos && label != "gradsync fp32") return;
+      syncs.push_back(make_sync(m, t, o));
+      Sync* s = syncs.back().get();
+      ms.push_back({label, [s] { s->synchronize(); }, {}});
+    };
+    gradsync::Options o;
+    method("gradsync fp32", o);
+    o.in_place_min_fraction = HUGE_VAL;
+    method("gradsync fp32 packed", o);
+    o = {};
+    o.compression = gradsync::Compression::bf16;
+    method("gradsync bf16", o);
+    o.compression = gradsync::Compression::fp16;
+    method("gradsync fp16", o);
+    o.compression = gradsync::Compression::bf16;
+    o.error_feedback = true;
+    method("gradsync bf16 + error feedback", o);
+    bench::measure_within(ms, budget, 7, 301);
+    const std::size_t bytes = m.dp_elements() * sizeof(float);
+    for (auto& mm : ms) row("compression", m.name, mm.name, bytes, m.dp_tensors(), bench::median(mm.times), mm.times.size());
+    if (bench::rank() == 0) {
+      const double base = bench::median(ms[0].times);
+      for (std::size_t k = 1; k < ms.size(); ++k)
+        std::printf("  %s: %s / gradsync fp32 = %.3f\n", m.name.c_str(), ms[k].name.c_str(), bench::median(ms[k].times) / base);
+      std::fflush(stdout);
+    }
+  }
 }
 
 void run_models(const std::string& dir, double budget, const std::string& only) {
@@ -503,6 +575,34 @@ void run_timeline_cost(const std::string& dir, int reps) {
                 bench::median(ratio));
 }
 
+// Sync cost against table size: DLRM with its tables capped at 100,000 rows and at 1,000,000 rows
+// (10x), tables as RowSparse (128 rows a step). Both syncs are timed in the same interleaved run.
+void run_tablesize(const std::string& dir, double budget) {
+  std::size_t mlp = 0;
+  std::vector<bench::Model> ms;
+  std::vector<std::unique_ptr<Tensors>> ts;
+  std::vector<std::unique_ptr<Sync>> syncs;
+  std::vector<bench::Method> methods;
+  for (std::size_t cap : {std::size_t(100000), std::size_t(1000000)}) {
+    ms.push_back(bench::read_dlrm_model(dir + "/dlrm_criteo_kaggle.json", cap, &mlp));
+    ts.push_back(std::make_unique<Tensors>(ms.back()));
+    syncs.push_back(make_sync(ms.back(), *ts.back(), {}));
+    Sync* s = syncs.back().get();
+    methods.push_back({"gradsync, rows capped at " + std::to_string(cap), [s] { s->synchronize(); }, {}});
+  }
+  std::vector<float> raw(ms[0].dp_elements(), 0.f);
+  methods.push_back({"raw 256KiB", [&] { raw_chunked(raw.data(), raw.size(), 256 * KiB); }, {}});
+  bench::measure_within(methods, budget, 15, 1001);
+  for (std::size_t k = 0; k < methods.size(); ++k) {
+    std::size_t table_bytes = 0;
+    const bench::Model& m = ms[std::min<std::size_t>(k, 1)];
+    for (std::size_t i = 0; i < m.numel.size(); ++i)
+      if (m.local[i]) table_bytes += m.numel[i] * sizeof(float);
+    row("tablesize", "DLRM (MLP)", methods[k].name, k < 2 ? table_bytes : raw.size() * sizeof(float),
+        m.dp_tensors(), bench::median(methods[k].times), methods[k].times.size());
+  }
+}
+
 // The host path alone on `n` tiny tensors (one value each): what callgrind counts.
 void run_hostpath(std::size_t n, int reps) {
   bench::Model m{"tiny", std::vector<std::size_t>(n, 1), std::vector<bool>(n, false)};
@@ -536,7 +636,8 @@ int main(int argc, char** argv) {
     const std::string mode = argc > 1 ? argv[1] : "smoke";
     auto arg = [&](int i, const char* dflt) { return std::string(argc > i ? argv[i] : dflt); };
     std::string out = "/dev/stdout";
-    if (mode == "models" || mode == "chunks" || mode == "overlap") out = arg(3, "/dev/null");
+    if (mode == "models" || mode == "chunks" || mode == "overlap" || mode == "tablesize" || mode == "compression")
+      out = arg(3, "/dev/null");
     if (mode == "growth") out = arg(2, "/dev/null");
     if (bench::rank() == 0) {
       out_file = std::fopen(out.c_str(), "a");
@@ -544,6 +645,8 @@ int main(int argc, char** argv) {
     }
     if (mode == "models")
       run_models(arg(2, "."), std::stod(arg(4, "8")), arg(5, ""));
+    else if (mode == "compression")
+      run_compression(arg(2, "."), std::stod(arg(4, "8")), arg(5, ""));
     else if (mode == "chunks")
       run_chunks(arg(2, "."), std::stod(arg(4, "8")));
     else if (mode == "growth")
@@ -554,6 +657,8 @@ int main(int argc, char** argv) {
       run_timeline(arg(2, GRADSYNC_BENCH_MODELS_DIR), arg(3, "."));
     else if (mode == "timeline_cost")
       run_timeline_cost(arg(2, GRADSYNC_BENCH_MODELS_DIR), std::stoi(arg(3, "41")));
+    else if (mode == "tablesize")
+      run_tablesize(arg(2, "."), std::stod(arg(4, "8")));
     else if (mode == "hostpath")
       run_hostpath(std::stoul(arg(2, "1000")), std::stoi(arg(3, "100")));
     else if (mode == "smoke")

@@ -7,8 +7,8 @@ DDP's bucketed reducer (25 MiB buckets, reverse order, rebuilt after the first s
 them over gloo exactly as in training. The sync time is the median of (DDP backward) minus the
 median of (the same backward under no_sync()), interleaved repetitions, slowest rank.
 
-usage: ddp_gloo.py <models_dir> <out.csv> <ranks> [budget_s] [section]
-       mpirun ... ddp_gloo.py <models_dir> <out.csv> mpi [budget_s] [section]
+usage: ddp_gloo.py <models_dir> <out.csv> <ranks> [budget_s] [section] [model name filter]
+       mpirun ... ddp_gloo.py <models_dir> <out.csv> mpi [budget_s] [section] [model name filter]
 The first spawns <ranks> local processes; the second takes rank and size from Open MPI's launcher
 (OMPI_COMM_WORLD_*) and the rendezvous from MASTER_ADDR / MASTER_PORT (across hosts: host 0's
 address; GLOO_SOCKET_IFNAME names the interface gloo uses).
@@ -78,12 +78,14 @@ def timed(fn):
     return dt.item()
 
 
-def worker(rank, world, port, models_dir, out, budget, section="models"):
+def worker(rank, world, port, models_dir, out, budget, section="models", only=""):
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ["MASTER_PORT"] = str(port)
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     for name, shapes in models(models_dir):
+        if only not in name:
+            continue
         torch.manual_seed(0)
         ddp = torch.nn.parallel.DistributedDataParallel(Dummy(shapes))
         for _ in range(3):  # the first step rebuilds the buckets in ready order
@@ -115,15 +117,16 @@ def main():
     models_dir, out = sys.argv[1], sys.argv[2]
     budget = float(sys.argv[4]) if len(sys.argv) > 4 else 8.0
     section = sys.argv[5] if len(sys.argv) > 5 else "models"
+    only = sys.argv[6] if len(sys.argv) > 6 else ""
     if sys.argv[3] == "mpi":
         worker(int(os.environ["OMPI_COMM_WORLD_RANK"]), int(os.environ["OMPI_COMM_WORLD_SIZE"]),
-               int(os.environ.get("MASTER_PORT", "29500")), models_dir, out, budget, section)
+               int(os.environ.get("MASTER_PORT", "29500")), models_dir, out, budget, section, only)
         return
     world = int(sys.argv[3])
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.spawn(worker, args=(world, port, models_dir, out, budget), nprocs=world, join=True)
+    mp.spawn(worker, args=(world, port, models_dir, out, budget, section, only), nprocs=world, join=True)
 
 
 if __name__ == "__main__":

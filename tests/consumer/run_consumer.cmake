@@ -1,9 +1,9 @@
 # ctest driver: install gradsync into a scratch prefix, build tests/consumer against it with
 # find_package(GradSync CONFIG REQUIRED COMPONENTS <those built>), run it on 2 ranks, and check that
-# a component this installation lacks (torch always; cuda, nccl when not built) fails find_package
+# a component this installation lacks (cuda, nccl, c, fortran, torch when not built) fails find_package
 # with a message naming it.
 #   cmake -DBUILD=<gradsync build dir> -DSRC=<consumer source> -DWORK=<scratch> -DMPIEXEC=...
-#         -DVERSION=<project version> -DHAVE_CUDA=ON|OFF -DHAVE_NCCL=ON|OFF
+#         -DVERSION=<project version> -DHAVE_CUDA=ON|OFF -DHAVE_NCCL=ON|OFF -DHAVE_C=ON|OFF -DHAVE_FORTRAN=ON|OFF -DHAVE_TORCH=ON|OFF
 #         -DKOKKOS_DIR=<Kokkos_DIR> -DCXX=<compiler> -DCXX_FLAGS=<flags> -P run_consumer.cmake
 file(REMOVE_RECURSE "${WORK}")
 function(step)
@@ -15,8 +15,8 @@ endfunction()
 step(${CMAKE_COMMAND} --install "${BUILD}" --prefix "${WORK}/prefix")
 
 set(have "")
-set(lacking torch)
-foreach(c cuda nccl)
+set(lacking "")
+foreach(c cuda nccl c fortran torch)
   string(TOUPPER "${c}" C)
   if(HAVE_${C})
     list(APPEND have ${c})
@@ -28,14 +28,20 @@ endforeach()
 # The consumer builds with this build's Kokkos and compiler (nvcc_wrapper for Kokkos-CUDA).
 set(same_toolchain "-DKokkos_DIR=${KOKKOS_DIR}" "-DCMAKE_CXX_COMPILER=${CXX}" "-DCMAKE_CXX_FLAGS=${CXX_FLAGS}")
 
+# A component no gradsync has: refused whatever was built (so the refusal is always exercised).
+list(APPEND lacking nosuch)
+set(why_nosuch "GradSync has no component 'nosuch'")
+
 # Lists travel comma-separated: step() would split a semicolon list into separate arguments.
 string(REPLACE ";" "," have_csv "${have}")
 string(REPLACE ";" "," lacking_csv "${lacking}")
 
 # Components the installation lacks: find_package fails, and says which and why.
-set(why_torch "GradSync component 'torch' is not available: gradsync ${VERSION} has no PyTorch integration yet")
+set(why_torch "GradSync component 'torch' was not built: gradsync ${VERSION} was configured without LibTorch")
 set(why_cuda "GradSync component 'cuda' was not built: gradsync ${VERSION} was configured without CUDA")
 set(why_nccl "GradSync component 'nccl' was not built: gradsync ${VERSION} was configured without NCCL")
+set(why_c "GradSync component 'c' was not built")
+set(why_fortran "GradSync component 'fortran' was not built")
 foreach(c IN LISTS lacking)
   execute_process(COMMAND ${CMAKE_COMMAND} -S "${SRC}" -B "${WORK}/build-${c}" "-DCMAKE_PREFIX_PATH=${WORK}/prefix"
                           ${same_toolchain} "-DREQUIRE=${have_csv},${c}"
@@ -53,4 +59,10 @@ step(${CMAKE_COMMAND} -S "${SRC}" -B "${WORK}/build" "-DCMAKE_PREFIX_PATH=${WORK
      ${same_toolchain} "-DREQUIRE=${have_csv}" "-DOPTIONAL=${lacking_csv}" "-DEXPECTED_VERSION=${VERSION}")
 step(${CMAKE_COMMAND} --build "${WORK}/build")
 step(${MPIEXEC} -np 2 --oversubscribe "${WORK}/build/consumer")
+if(EXISTS "${WORK}/build/consumer_c")
+  step(${MPIEXEC} -np 2 --oversubscribe "${WORK}/build/consumer_c")
+endif()
+if(EXISTS "${WORK}/build/consumer_f")
+  step("${WORK}/build/consumer_f")
+endif()
 message(STATUS "consumer: every check passed (required [${have}], refused [${lacking}], version ${VERSION})")

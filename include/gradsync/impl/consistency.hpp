@@ -36,6 +36,7 @@ struct RegDesc {
   bool policy_local = false;   // local by its group's LocalVarPolicy: never compared
   bool runtime_local = false;  // made local by register_local_var: not exchanged
   bool named = false;          // the name was given to add(): compared (a default name never is)
+  int compression = 0;         // its wire format (int(Compression)), resolved: compared
 };
 
 inline std::uint64_t fnv1a(const void* p, std::size_t n, std::uint64_t h = 1469598103934665603ull) {
@@ -60,7 +61,7 @@ inline std::int64_t double_bits(double d) {
 
 // The options that must agree, as words, with their names for the message.
 struct OptionWords {
-  static constexpr int count = 22;
+  static constexpr int count = 24;
   static constexpr int calls = 10;  // the word that counts synchronize() calls
   std::int64_t w[count] = {};
   static const char* name(int i) {
@@ -74,7 +75,8 @@ struct OptionWords {
         "collectives as resolved (Collectives::automatic follows the backend)",
         "host staging as resolved (host_staging, and whether the backend reaches the gradients' memory)",
         "algorithm",
-        "the plan as resolved from the topology (nodes, ranks per node, chunk sizes, algorithms)"};
+        "the plan as resolved from the topology (nodes, ranks per node, chunk sizes, algorithms)",
+        "compression", "error_feedback"};
     return names[i];
   }
   static std::string show(int i, std::int64_t v) {
@@ -106,6 +108,8 @@ struct OptionWords {
       case 18: return v ? "blocking" : "nonblocking";
       case 19: return v ? "staged through host" : "not staged";
       case 20: return pick({"automatic", "flat", "hierarchical"});
+      case 22: return pick({"none", "fp16", "bf16"});
+      case 23: return v ? "true" : "false";
       default: return cat(v);
     }
   }
@@ -145,6 +149,8 @@ struct OptionWords {
     w[19] = f.staged;
     w[20] = std::int64_t(o.algorithm);
     w[21] = f.plan;
+    w[22] = std::int64_t(o.compression);  // the wire format, hence the bytes and the sums
+    w[23] = o.error_feedback;
   }
   // Every word but the call count, which the arrival check compares by itself.
   std::uint64_t hash_without_calls() const {
@@ -208,6 +214,7 @@ void check_consistency(const Backend& backend, Control<Backend>& ctl, const Opti
     const unsigned char named = r.named;
     x = fnv1a(&named, 1, x);
     if (r.named) x = fnv1a(r.name.data(), r.name.size(), x);
+    if (r.compression != 0) x = fnv1a(&r.compression, sizeof r.compression, x);  // a group's own wire format
     h.push_back(std::int64_t(x & 0x7fffffffffffffffull));
     dp.push_back(&r);
   }
@@ -238,7 +245,7 @@ void check_consistency(const Backend& backend, Control<Backend>& ctl, const Opti
   while (pos < max_count && ph[std::size_t(pos)] == -ph[std::size_t(max_count + pos)]) ++pos;
 
   struct Wire {
-    std::int64_t present = 0, size = 0, index_in_group = 0, count = 0;
+    std::int64_t present = 0, size = 0, index_in_group = 0, count = 0, compression = 0;
     char group[112] = {}, name[112] = {};
   };
   Wire mine;
@@ -248,6 +255,7 @@ void check_consistency(const Backend& backend, Control<Backend>& ctl, const Opti
     mine.present = 1;
     mine.size = std::int64_t(r.size);
     mine.index_in_group = std::int64_t(r.index_in_group);
+    mine.compression = r.compression;
     copy_str(mine.group, r.group);
     copy_str(mine.name, r.name);
   }
@@ -260,7 +268,10 @@ void check_consistency(const Backend& backend, Control<Backend>& ctl, const Opti
     const Wire& w = all[std::size_t(r)];
     counts[std::size_t(r)] = std::to_string(w.count);
     what[std::size_t(r)] = w.present ? cat("'", w.name, "' (group ", w.group, ", index ", w.index_in_group, ", ",
-                                           w.size, " x ", vt, ")")
+                                           w.size, " x ", vt,
+                                           w.compression ? cat(", ", to_string(Compression(w.compression)), " on the wire")
+                                                         : std::string(),
+                                           ")")
                                      : std::string("no tensor");
   }
   std::string msg = cat("ranks disagree on the data-parallel registrations at data-parallel tensor #", pos, ": ",

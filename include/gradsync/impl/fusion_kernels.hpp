@@ -8,6 +8,7 @@
 #include <string>
 #include <type_traits>
 
+#include "../compression.hpp"
 #include "../config.hpp"
 #include "memory_ops.hpp"
 
@@ -41,7 +42,35 @@ struct staging_space<Kokkos::CudaSpace> {
 template <class MemorySpace>
 using staging_space_t = typename staging_space<MemorySpace>::type;
 
+// One value of a compressed chunk to the wire: prescale * in[i] (+ the sum of earlier passes, + this
+// rank's residual), rounded once; the residual keeps what the rounding dropped. Free functions, so
+// that the raw CUDA kernels (cuda_space.hpp) share them.
+template <class W, class T>
+GRADSYNC_HOST_DEVICE void pack_to_wire(const T* in, const T* sums, std::uint16_t* w, T* res, T pre, std::int64_t i) {
+  T v = pre * in[i];
+  if (sums) v = sums[i] + v;
+  if (res) v += res[i];
+  const std::uint16_t b = Wire<W>::encode(v);
+  w[i] = b;
+  // A value past the format's range keeps no residual: the step fails (fp16) and the next starts clean.
+  if (res) {
+    const T d = v - T(Wire<W>::decode(b));
+    res[i] = d - d == T(0) ? d : T(0);
+  }
+}
+
+// One value of a compressed chunk back: factor * the wire value; true when it is not finite.
+template <class W, class T>
+GRADSYNC_HOST_DEVICE bool unpack_from_wire(const std::uint16_t* w, T* out, T factor, std::int64_t i) {
+  const std::uint16_t b = w[i];
+  out[i] = factor * T(Wire<W>::decode(b));
+  return Wire<W>::non_finite(b);
+}
+
 // buf[off - base + i] = (accumulate ? buf[...] : 0) + prescale * ptr[i]
+// Compressed chunks (format != none) write that value to wire[off - base + i] in the wire format
+// instead (buf is then only read, when accumulating); with error feedback (residual given, indexed
+// by fused position) this rank's rounding error of the last step is added first and the new one kept.
 template <class T, class ExecutionSpace, class MemorySpace>
 struct PackKernel {
   using member_type = team_member_t<ExecutionSpace>;
@@ -50,9 +79,14 @@ struct PackKernel {
   std::int64_t first_seg, base;
   T prescale;
   bool accumulate;
+  BufferView<std::uint16_t, MemorySpace> wire = {};
+  BufferView<T, MemorySpace> residual = {};
+  Compression format = Compression::none;
 
   KOKKOS_INLINE_FUNCTION void operator()(const member_type& team) const {
     const Segment<T> s = segs(first_seg + team.league_rank());
+    if (format == Compression::fp16) return team_wire<WireFp16>(team, s);
+    if (format == Compression::bf16) return team_wire<WireBf16>(team, s);
     T* const out = buf.data() + (s.off - base);
     const T* const in = s.ptr;
     const T pre = prescale;
@@ -67,6 +101,8 @@ struct PackKernel {
   // Host execution spaces: one iteration per segment, a plain loop the compiler vectorizes.
   KOKKOS_INLINE_FUNCTION void operator()(const std::int64_t k) const {
     const Segment<T> s = segs(first_seg + k);
+    if (format == Compression::fp16) return loop_wire<WireFp16>(s);
+    if (format == Compression::bf16) return loop_wire<WireBf16>(s);
     T* const out = buf.data() + (s.off - base);
     const T* const in = s.ptr;
     const T pre = prescale;
@@ -77,9 +113,45 @@ struct PackKernel {
     else
       for (std::int64_t i = 0; i < s.count; ++i) out[i] = pre * in[i];
   }
+
+  template <class W>
+  KOKKOS_INLINE_FUNCTION void team_wire(const member_type& team, const Segment<T>& s) const {
+    const T* const in = s.ptr;
+    const T* const sums = accumulate ? buf.data() + (s.off - base) : nullptr;
+    std::uint16_t* const w = wire.data() + (s.off - base);
+    T* const res = residual.data() ? residual.data() + s.off : nullptr;
+    const T pre = prescale;
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, s.count),
+                         [&](std::int64_t i) { pack_to_wire<W>(in, sums, w, res, pre, i); });
+  }
+  template <class W>
+  KOKKOS_INLINE_FUNCTION void loop_wire(const Segment<T>& s) const {
+    const T* const in = s.ptr;
+    const T* const sums = accumulate ? buf.data() + (s.off - base) : nullptr;
+    std::uint16_t* const w = wire.data() + (s.off - base);
+    T* const res = residual.data() ? residual.data() + s.off : nullptr;
+    const T pre = prescale;
+    // One loop per case, each without branches, so that each vectorizes.
+    if (sums && res)
+      for (std::int64_t i = 0; i < s.count; ++i) pack_to_wire<W>(in, sums, w, res, pre, i);
+    else if (sums)
+      for (std::int64_t i = 0; i < s.count; ++i) w[i] = Wire<W>::encode(T(sums[i] + pre * in[i]));
+    else if (res)
+      for (std::int64_t i = 0; i < s.count; ++i) {
+        const T v = pre * in[i] + res[i];
+        const std::uint16_t b = Wire<W>::encode(v);
+        w[i] = b;
+        const T d = v - T(Wire<W>::decode(b));
+        res[i] = d - d == T(0) ? d : T(0);  // not finite past the format's range: no residual
+      }
+    else
+      for (std::int64_t i = 0; i < s.count; ++i) w[i] = Wire<W>::encode(T(pre * in[i]));
+  }
 };
 
 // ptr[i] = factor * buf[off - base + i]
+// Compressed chunks read wire[off - base + i] instead; with `overflow` given, a sum that is not finite
+// (fp16: beyond 65504) records 1 + its segment's index there (the largest such), for the sync's Error.
 template <class T, class ExecutionSpace, class MemorySpace>
 struct UnpackKernel {
   using member_type = team_member_t<ExecutionSpace>;
@@ -87,9 +159,15 @@ struct UnpackKernel {
   BufferView<T, MemorySpace> buf;
   std::int64_t first_seg, base;
   T factor;
+  BufferView<std::uint16_t, MemorySpace> wire = {};
+  Compression format = Compression::none;
+  BufferView<std::int64_t, MemorySpace> overflow = {};
 
   KOKKOS_INLINE_FUNCTION void operator()(const member_type& team) const {
-    const Segment<T> s = segs(first_seg + team.league_rank());
+    const std::int64_t k = first_seg + team.league_rank();
+    const Segment<T> s = segs(k);
+    if (format == Compression::fp16) return team_wire<WireFp16>(team, s, k);
+    if (format == Compression::bf16) return team_wire<WireBf16>(team, s, k);
     const T* const in = buf.data() + (s.off - base);
     T* const out = s.ptr;
     const T f = factor;
@@ -99,10 +177,40 @@ struct UnpackKernel {
 
   KOKKOS_INLINE_FUNCTION void operator()(const std::int64_t k) const {
     const Segment<T> s = segs(first_seg + k);
+    if (format == Compression::fp16) return loop_wire<WireFp16>(s, first_seg + k);
+    if (format == Compression::bf16) return loop_wire<WireBf16>(s, first_seg + k);
     const T* const in = buf.data() + (s.off - base);
     T* const out = s.ptr;
     const T f = factor;
     for (std::int64_t i = 0; i < s.count; ++i) out[i] = f * in[i];
+  }
+
+  template <class W>
+  KOKKOS_INLINE_FUNCTION void team_wire(const member_type& team, const Segment<T>& s, std::int64_t k) const {
+    const std::uint16_t* const in = wire.data() + (s.off - base);
+    T* const out = s.ptr;
+    const T f = factor;
+    std::int64_t* const flag = overflow.data();
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, s.count), [&](std::int64_t i) {
+      if (unpack_from_wire<W>(in, out, f, i) && flag) Kokkos::atomic_fetch_max(flag, k + 1);
+    });
+  }
+  template <class W>
+  KOKKOS_INLINE_FUNCTION void loop_wire(const Segment<T>& s, std::int64_t k) const {
+    const std::uint16_t* const in = wire.data() + (s.off - base);
+    T* const out = s.ptr;
+    const T f = factor;
+    if (!overflow.data()) {  // two plain loops, so that each vectorizes
+      for (std::int64_t i = 0; i < s.count; ++i) out[i] = f * T(Wire<W>::decode(in[i]));
+      return;
+    }
+    std::uint32_t bad = 0;
+    for (std::int64_t i = 0; i < s.count; ++i) {
+      const std::uint16_t b = in[i];
+      out[i] = f * T(Wire<W>::decode(b));
+      bad += Wire<W>::non_finite(b) ? 1u : 0u;
+    }
+    if (bad) Kokkos::atomic_fetch_max(overflow.data(), k + 1);
   }
 };
 

@@ -24,6 +24,7 @@ struct Chunk {
   // Its segments lie back to back in memory (a piece of one tensor, or neighbouring tensors):
   // it can be reduced in place, without a copy through the fusion buffer.
   bool contiguous = false;
+  int kind = 0;  // its tensors' wire format (int(Compression)); a chunk never mixes formats
   std::int64_t size() const { return end - begin; }
 };
 
@@ -40,6 +41,7 @@ struct FusionPlan {
   struct Tensor {
     T* data;
     std::size_t size;
+    int kind = 0;  // wire format: chunks are cut where it changes
   };
 
   // Chunks follow the given tensor order. Tensors of at least `own_min` elements (and every
@@ -51,10 +53,14 @@ struct FusionPlan {
   // one region with `merge_neighbours` (the ranks agreed they all have the same neighbours): of at
   // least `own_min` elements, it is cut into pieces like one large tensor, so an arena of gradients
   // is reduced in place in as few calls as one contiguous buffer.
+  // Tensors of a compressed kind (kind != 0) use `wire_limit` instead of `limit` when it is given:
+  // the threshold counts bytes handed to the backend, and their values are 2 bytes there.
   static FusionPlan build(const std::vector<Tensor>& tensors, std::int64_t limit, bool per_tensor,
                           std::int64_t own_min = std::numeric_limits<std::int64_t>::max(),
-                          bool merge_neighbours = false) {
+                          bool merge_neighbours = false, std::int64_t wire_limit = 0) {
     FusionPlan p;
+    const std::int64_t plain_limit = limit;
+    auto limit_of = [&](int kind) { return kind != 0 && wire_limit > 0 ? wire_limit : plain_limit; };
     std::vector<Segment<T>> open;           // the packed chunk being filled, offsets from its start
     std::vector<std::size_t> open_tensors;  // the tensors it holds
     std::int64_t open_size = 0;
@@ -69,6 +75,7 @@ struct FusionPlan {
       }
       c.seg_end = std::int64_t(p.segments.size());
       const std::int64_t idx = std::int64_t(p.chunks.size());
+      if (!members.empty()) c.kind = tensors[members.front()].kind;
       for (std::size_t i : members) {
         auto& tc = p.tensor_chunks[i];
         if (tc.first < 0) tc.first = idx;
@@ -85,7 +92,7 @@ struct FusionPlan {
       if (merge && std::int64_t(i) > single_through) {
         const Region r = region_from(tensors, i);
         if (r.members.size() > 1 && r.total >= own_min) {
-          emit_region(r, tensors, limit, own, emit);
+          emit_region(r, tensors, limit_of(tensors[r.members.front()].kind), own, emit);
           i = r.last;
           continue;
         }
@@ -95,9 +102,16 @@ struct FusionPlan {
       const std::int64_t size = std::int64_t(t.size);
       if (size == 0) continue;
       if (per_tensor || size >= own_min) {  // a region of one tensor
-        emit_region(Region{{i}, t.data, size, false, i}, tensors, limit, own, emit);
+        emit_region(Region{{i}, t.data, size, false, i}, tensors, limit_of(t.kind), own, emit);
         continue;
       }
+      if (open_size > 0 && tensors[open_tensors.back()].kind != t.kind) {  // formats never share a chunk
+        emit(open, open_size, open_tensors);
+        open.clear();
+        open_tensors.clear();
+        open_size = 0;
+      }
+      limit = limit_of(t.kind);  // the open chunk holds this kind only
       for (std::int64_t done = 0; done < size;) {
         const std::int64_t len = std::min({size - done, limit - open_size, max_segment_elements});
         open.push_back(Segment<T>{t.data + done, open_size, len, T(1)});
@@ -150,6 +164,7 @@ struct FusionPlan {
     int dir = 0;
     for (std::size_t j = first + 1; j < ts.size(); ++j) {
       if (ts[j].size == 0) continue;
+      if (ts[j].kind != ts[first].kind) break;
       const int d = neighbour(Tensor{r.lo, std::size_t(r.total)}, ts[j]);
       if (d == 0 || (dir != 0 && d != dir)) break;
       dir = d;

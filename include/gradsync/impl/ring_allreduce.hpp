@@ -5,7 +5,8 @@
 // and the nonblocking path measured about 2x slower than the blocking MPI_Allreduce. This is the
 // bandwidth-optimal ring instead: a reduce-scatter then an allgather, p - 1 steps each, every rank
 // sending a 1/p segment to its right neighbour while receiving one from its left. The sum is the
-// built-in MPI_SUM, applied with MPI_Reduce_local. Each segment is summed once, by one rank, and
+// built-in MPI_SUM, applied with MPI_Reduce_local (for 16-bit wire values gradsync's own MPI_Op, which
+// adds in fp32: receive 16-bit, add in fp32, send 16-bit). Each segment is summed once, by one rank, and
 // then copied to the others, so every rank ends with the same bits. An optional factor (the 1/n of
 // an average) multiplies each segment once, by its owner, in the pass of its last addition: no pass
 // of its own over the bytes, where a scale after the allreduce would cost one.
@@ -17,6 +18,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <type_traits>
 #include <vector>
 
 #include "../error.hpp"
@@ -36,15 +38,19 @@ class RingAllreduce {
   /// Starts buf[0, count) = factor * (sum over ranks of buf[0, count)). The reduce-scatter receives
   /// wait for a buffer from RingPool::lend; `order` ranks this sum among those waiting.
   template <class T>
-  void start(T* buf, int count, T factor, MPI_Datatype type, MPI_Comm comm, int rank, int size, int tag,
-             std::uint64_t order) {
+  void start(T* buf, int count, double factor, MPI_Datatype type, MPI_Op op, MPI_Comm comm, int rank, int size,
+             int tag, std::uint64_t order) {
     busy_ = true;
     buf_ = reinterpret_cast<unsigned char*>(buf);
     n_ = std::size_t(count);
     type_ = type;
     elem_ = sizeof(T);
-    factor_ = double(factor);
-    sum_scale_ = factor == T(1) ? nullptr : &sum_scale<T>;
+    op_ = op;
+    factor_ = factor;
+    if constexpr (std::is_floating_point_v<T>)
+      sum_scale_ = factor == 1.0 ? nullptr : &sum_scale<T>;
+    else
+      sum_scale_ = nullptr;  // 16-bit wire values (op adds them in fp32): never scaled here
     comm_ = comm;
     rank_ = rank;
     size_ = size;
@@ -90,7 +96,7 @@ class RingAllreduce {
         if (step_ == size_ - 2 && sum_scale_ != nullptr)  // the last addition: the segment is ours
           sum_scale_(at, tmp_.data(), std::size_t(len(seg)), factor_);
         else if (len(seg) > 0)
-          check_ring_call(MPI_Reduce_local(tmp_.data(), at, len(seg), type_, MPI_SUM), "MPI_Reduce_local");
+          check_ring_call(MPI_Reduce_local(tmp_.data(), at, len(seg), type_, op_), "MPI_Reduce_local");
         reduced_ = true;
       }
       if (reqs_[0] != MPI_REQUEST_NULL || reqs_[1] != MPI_REQUEST_NULL) return;
@@ -142,6 +148,7 @@ class RingAllreduce {
   double factor_ = 1;
   void (*sum_scale_)(unsigned char*, const unsigned char*, std::size_t, double) = nullptr;
   MPI_Datatype type_ = MPI_DATATYPE_NULL;
+  MPI_Op op_ = MPI_SUM;
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0, size_ = 1, tag_ = 0, step_ = 0;
   std::uint64_t order_ = 0;
@@ -164,10 +171,10 @@ class RingPool {
   /// Starts a sum on a state no request holds (a finished sum stays with its request until
   /// tested) and not busy.
   template <class T>
-  std::shared_ptr<RingAllreduce> start(T* buf, int count, T factor, MPI_Datatype type, MPI_Comm comm, int rank,
-                                       int size) {
+  std::shared_ptr<RingAllreduce> start(T* buf, int count, double factor, MPI_Datatype type, MPI_Op op,
+                                       MPI_Comm comm, int rank, int size) {
     std::shared_ptr<RingAllreduce> s = idle_state();
-    s->start(buf, count, factor, type, comm, rank, size, next_tag(), ++started_);
+    s->start(buf, count, factor, type, op, comm, rank, size, next_tag(), ++started_);
     lend();
     return s;
   }

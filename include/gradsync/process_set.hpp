@@ -1,0 +1,280 @@
+// gradsync: process sets, groups reduced over a subset of the ranks (2-D hybrid parallelism).
+//
+//   struct Replicas {};                                   // names a kind of set
+//   struct Tables {};
+//   template <> struct gradsync::LocalVarPolicy<Tables> : gradsync::ReduceOver<Replicas> {};
+//   sync.bind_process_set<Replicas>({s, s + m, s + 2 * m});  // this rank's set: its table shard's replicas
+//   sync.add<Tables>(g_table);                            // summed over the set, not over all ranks
+//
+// Every rank binds one set per kind (the ranks it reduces with, itself included); the sets of one
+// kind partition the ranks that bind it, and all ranks bind the same kinds in the same order. One
+// backend communicator per set is created once (Backend::split), at the first synchronize() after
+// the binding, when the ranks also check that the sets fit together and that the members of each
+// set registered the same tensors of its groups (else every rank throws the same MismatchError,
+// naming the set and the ranks). A group over a set is outside the world's fused exchange (as a
+// local group is); its tensors are allreduced over the set after the dense chunks, one call per
+// tensor in registration order, waited under the stall watchdog, then scaled:
+//
+//   SetScale::world_size (default): allreduce_S(g) · prescale · postscale / n   (n: the sync's ranks)
+//   SetScale::set_size:             allreduce_S(g) · prescale · postscale / |S| (Horovod's process sets)
+//   (no division with ReduceOp::sum), after aggregation as for any group (Σ_k g_k, / N if averaged).
+//
+// world_size is the gradient of the global mean loss L = (1/n) Σ_r L_r when each member of S holds
+// the sum of the contributions of the ranks it serves: a table shard replicated over the R members
+// of S, each fed by the n/R ranks of its replica group, holds Σ_{r in its group} dL_r/dE, so the
+// set's sum is Σ_r dL_r/dE = n dL/dE. RowSparse gradients may be reduced over a set too.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "config.hpp"
+#include "error.hpp"
+#include "impl/consistency.hpp"
+#include "impl/demangle.hpp"
+#include "impl/stall.hpp"
+#include "local_var_policy.hpp"
+#include "options.hpp"
+#include "stats.hpp"
+
+namespace gradsync {
+
+/// How a group reduced over a process set is scaled (see the top of this file).
+enum class SetScale {
+  world_size,  ///< / n, the sync's ranks: the gradient of the global mean loss
+  set_size,    ///< / |S|: the average over the set (Horovod's process sets)
+};
+
+/// Policy: the group is summed over the process set bound for `Tag` (bind_process_set<Tag>).
+template <class Tag, SetScale Scale = SetScale::world_size>
+struct ReduceOver {
+  static constexpr bool is_local = true;  // outside the world's fused exchange
+  static constexpr LocalScale scale = LocalScale::none;
+  using set_tag = Tag;
+  static constexpr SetScale set_scale = Scale;
+};
+
+template <class Group, class = void>
+struct is_set_reduced : std::false_type {};
+template <class Group>
+struct is_set_reduced<Group, std::void_t<typename LocalVarPolicy<Group>::set_tag>> : std::true_type {};
+template <class Group>
+inline constexpr bool is_set_reduced_v = is_set_reduced<Group>::value;
+
+namespace impl {
+
+template <class B, class = void>
+struct has_split : std::false_type {};
+template <class B>
+struct has_split<B, std::void_t<decltype(std::declval<const B&>().split(0, 0))>> : std::true_type {};
+
+// The backend of a process set: what split() returns (a class derived from MpiBackend splits into
+// a plain MpiBackend).
+template <class B, class = void>
+struct split_result {
+  using type = B;
+};
+template <class B>
+struct split_result<B, std::void_t<decltype(std::declval<const B&>().split(0, 0))>> {
+  using type = decltype(std::declval<const B&>().split(0, 0));
+};
+
+template <class T>
+struct SetScaleKernel {  // p[i] *= f
+  T* p;
+  T f;
+  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t i) const { p[i] *= f; }
+};
+
+/// The process sets of one GradientSync and the dense tensors reduced over them.
+template <class Backend, class T, class ExecutionSpace>
+class ProcessSets {
+ public:
+  using SetBackend = typename split_result<Backend>::type;
+  struct Tensor {
+    T* data;
+    std::size_t size;
+    std::string name, group;
+    SetScale scale;
+  };
+  struct Set {
+    std::string tag;
+    std::vector<int> ranks;
+    std::shared_ptr<SetBackend> backend;  // created at connect()
+    std::vector<Tensor> tensors;
+    std::vector<std::int64_t> sparse;  // the row-sparse registrations' sizes, for the check
+  };
+
+  bool empty() const { return sets_.empty(); }
+
+  void bind(const std::string& tag, std::vector<int> ranks, int me, int n) {
+    std::sort(ranks.begin(), ranks.end());
+    const std::string what = cat("bind_process_set<", tag, ">(", rank_list(ranks), ") on rank ", me);
+    if (ranks.empty() || ranks.front() < 0 || ranks.back() >= n)
+      throw Error(cat(what, ": a set holds ranks of the sync's ", n, "-rank communicator"));
+    if (std::adjacent_find(ranks.begin(), ranks.end()) != ranks.end()) throw Error(cat(what, ": a rank is listed twice"));
+    if (!std::binary_search(ranks.begin(), ranks.end(), me))
+      throw Error(cat(what, ": the set must contain this rank (each rank binds the set it reduces with)"));
+    Set* s = find(tag);
+    if (s && s->ranks != ranks) throw Error(cat(what, ": already bound to ", rank_list(s->ranks)));
+    if (!s) sets_.push_back(Set{tag, std::move(ranks), nullptr, {}, {}});
+  }
+
+  Set& set_of(const std::string& tag, const std::string& name, const std::string& group, int me) {
+    Set* s = find(tag);
+    if (!s)
+      throw Error(cat("tensor '", name, "' (group ", group, ") is reduced over process set ", tag,
+                      ", which rank ", me, " has not bound: call bind_process_set<", tag, ">(ranks) first"));
+    return *s;
+  }
+
+  void add(const std::string& tag, T* data, std::size_t size, const std::string& name, const std::string& group,
+           SetScale scale, int me) {
+    set_of(tag, name, group, me).tensors.push_back(Tensor{data, size, name, group, scale});
+  }
+
+  /// The backend and factor of a set (after connect()).
+  const SetBackend& backend_of(const std::string& tag) const { return *find_const(tag)->backend; }
+  std::size_t set_size(const std::string& tag) const { return find_const(tag)->ranks.size(); }
+
+  static T factor(SetScale scale, const Options& o, int world, std::size_t set) {
+    double f = o.prescale_factor * o.postscale_factor;
+    if (o.op == ReduceOp::average) f /= scale == SetScale::world_size ? double(world) : double(set);
+    return T(f);
+  }
+
+  /// Collective over the sync's ranks, at a consistency check: validates the sets and their
+  /// registrations against every rank's (one or two small allgathers), then splits a
+  /// communicator for every set that has none yet.
+  void connect(const Backend& world) {
+    const int n = world.size(), me = world.rank();
+    // Round 1: the kinds of sets, in binding order.
+    std::uint64_t h = fnv1a(nullptr, 0);
+    for (const Set& s : sets_) h = fnv1a(s.tag.data(), s.tag.size(), h);
+    std::vector<std::int64_t> mine = {std::int64_t(sets_.size()), std::int64_t(h >> 1)}, all(2 * std::size_t(n));
+    world.allgather(mine.data(), all.data(), 2);
+    std::vector<int> differ;  // from rank 0's: every rank sees the same list
+    for (int r = 0; r < n; ++r)
+      if (all[2 * std::size_t(r)] != all[0] || all[2 * std::size_t(r) + 1] != all[1]) differ.push_back(r);
+    if (!differ.empty())
+      throw MismatchError(cat("process sets: rank(s) ", rank_list(differ), " bound other kinds of process sets than ",
+                              "rank 0 (this rank, ", me, ", bound ", sets_.size(), ": ", tags(),
+                              "); every rank binds the same kinds, in the same order"));
+    if (sets_.empty()) return;
+    // Round 2: per kind, each rank's set (lowest rank, size, hash of the list) and its registrations.
+    const std::size_t k = sets_.size(), words = 4;
+    mine.assign(words * k, 0);
+    for (std::size_t i = 0; i < k; ++i) {
+      const Set& s = sets_[i];
+      mine[words * i] = s.ranks.front();
+      mine[words * i + 1] = std::int64_t(fnv1a(s.ranks.data(), s.ranks.size() * sizeof(int)) >> 1);
+      std::uint64_t rh = fnv1a(nullptr, 0);
+      for (const Tensor& t : s.tensors) rh = fnv1a(&t.size, sizeof t.size, rh);
+      for (std::int64_t x : s.sparse) rh = fnv1a(&x, sizeof x, rh);
+      const std::int64_t counts = std::int64_t(s.tensors.size()) * 1000003 + std::int64_t(s.sparse.size());
+      rh = fnv1a(&counts, sizeof counts, rh);
+      mine[words * i + 2] = std::int64_t(rh >> 1);
+      mine[words * i + 3] = std::int64_t(s.ranks.size());
+    }
+    all.assign(words * k * std::size_t(n), 0);
+    world.allgather(mine.data(), all.data(), words * k);
+    const auto at = [&](int r, std::size_t i, std::size_t w) { return all[std::size_t(r) * words * k + words * i + w]; };
+    for (std::size_t i = 0; i < k; ++i) {
+      const std::string what = cat("process sets ", sets_[i].tag, ": ");
+      const std::string mine_is = cat(" (this rank, ", me, ", bound ", rank_list(sets_[i].ranks), ")");
+      // Rank r claims the set led by its lowest rank; the leader must bind the same list, and as
+      // many ranks as the list holds must claim it (each claimant is in the list it bound).
+      std::vector<std::int64_t> claimants(std::size_t(n), 0);
+      for (int r = 0; r < n; ++r) {
+        const int lead = int(at(r, i, 0));
+        if (at(lead, i, 0) != lead || at(lead, i, 1) != at(r, i, 1))
+          throw MismatchError(cat(what, "rank ", r, "'s set (led by rank ", lead, ") differs from the set rank ", lead,
+                                  " bound; the sets of one kind must partition the ranks, every member binding "
+                                  "the same list",
+                                  mine_is));
+        ++claimants[std::size_t(lead)];
+      }
+      for (int lead = 0; lead < n; ++lead)
+        if (at(lead, i, 0) == lead && claimants[std::size_t(lead)] != at(lead, i, 3))
+          throw MismatchError(cat(what, "rank ", lead, "'s set of ", at(lead, i, 3), " ranks is bound by ",
+                                  claimants[std::size_t(lead)], " of them; the sets of one kind must partition the "
+                                  "ranks, every member binding the same list",
+                                  mine_is));
+      for (int r = 0; r < n; ++r) {
+        const int lead = int(at(r, i, 0));
+        if (at(lead, i, 2) != at(r, i, 2))
+          throw MismatchError(cat(what, "rank ", r, " registered other tensors (count or sizes) in the groups reduced "
+                                  "over its set than rank ", lead, "; the members of a set register the same tensors, "
+                                  "in the same order (this rank, ", me, ", has ", sets_[i].tensors.size(),
+                                  " dense and ", sets_[i].sparse.size(), " row-sparse)"));
+      }
+    }
+    // Every set is consistent: one communicator per set, created once.
+    for (std::size_t i = 0; i < k; ++i)
+      if (!sets_[i].backend) sets_[i].backend = std::make_shared<SetBackend>(world.split(sets_[i].ranks.front(), me));
+  }
+
+  /// The dense tensors over their sets, after the world's exchange: one allreduce per tensor, in
+  /// registration order, under the stall watchdog; then their factor.
+  void reduce(const ExecutionSpace& exec, const Options& o, Control<Backend>& ctl, int world, std::int64_t call,
+              Stats& stats) {
+    fence(exec, label_fence_pack());
+    for (Set& s : sets_) {
+      if (!s.backend) throw Error(cat("process set ", s.tag, " has no communicator (internal: connect() did not run)"));
+      for (std::size_t j = 0; j < s.tensors.size(); ++j) {
+        const Tensor& t = s.tensors[j];
+        if (t.size == 0) continue;
+        auto req = s.backend->iallreduce_sum(t.data, t.size);
+        const SetBackend& sb = *s.backend;
+        ctl.wait_until_done([&] { return sb.test(req); }, o,
+                            WaitSite{"process set allreduce", call, std::int64_t(j), std::int64_t(s.tensors.size())});
+        stats.process_set_bytes += t.size * sizeof(T);
+        ++stats.process_set_calls;
+        const T f = factor(t.scale, o, world, s.ranks.size());
+        if (f != T(1))
+          Kokkos::parallel_for("gradsync::process_set_scale",
+                               Kokkos::RangePolicy<ExecutionSpace, Kokkos::IndexType<std::int64_t>>(
+                                   exec, 0, std::int64_t(t.size)),
+                               SetScaleKernel<T>{t.data, f});
+      }
+    }
+  }
+
+  std::vector<std::string> tags_in_order() const {
+    std::vector<std::string> t;
+    for (const Set& s : sets_) t.push_back(s.tag);
+    return t;
+  }
+
+  bool has_tensors() const {
+    return std::any_of(sets_.begin(), sets_.end(), [](const Set& s) { return !s.tensors.empty(); });
+  }
+
+ private:
+  std::string tags() const {
+    std::string s;
+    for (const Set& x : sets_) s += cat(s.empty() ? "" : ", ", x.tag);
+    return s.empty() ? std::string("none") : s;
+  }
+  Set* find(const std::string& tag) {
+    for (Set& s : sets_)
+      if (s.tag == tag) return &s;
+    return nullptr;
+  }
+  const Set* find_const(const std::string& tag) const {
+    for (const Set& s : sets_)
+      if (s.tag == tag) return &s;
+    throw Error(cat("process set ", tag, " is not bound"));
+  }
+
+  std::vector<Set> sets_;
+};
+
+}  // namespace impl
+}  // namespace gradsync

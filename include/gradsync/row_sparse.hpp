@@ -1,0 +1,551 @@
+// gradsync: row-sparse gradients, the rows of a large table that one step touched.
+//
+//   Kokkos::View<float**> rows("rows", capacity, dim);     // up to `capacity` rows of the gradient
+//   Kokkos::View<int*> ids("ids", capacity);               // their row numbers in the table
+//   gradsync::RowSparse g(rows, ids, table_rows);          // a table of table_rows x dim
+//   sync.add<Tables>(g);                                   // any group, local or data-parallel
+//   ... backward fills rows(0 .. k-1, :) and ids(0 .. k-1) ...
+//   g.set_rows(k);                                         // this step's row count (a shared handle)
+//   sync.synchronize();                                    // then g holds the synchronized rows
+//
+// The cost of a sync follows the rows touched, never the table's size:
+// - local group: the group's factor (1/world_size) is applied to the k given rows only;
+// - data-parallel group: the rows of every rank are summed (rows several ranks hold are added,
+//   in rank order) and scaled as a dense gradient would be (op, prescale, postscale); g then holds
+//   the union of the ranks' rows, ascending, without duplicates, and its row count. Per step and
+//   tensor, the ranks exchange their row counts (one small allgather for all row-sparse tensors)
+//   and all pick the cheaper exchange: an allgather of row numbers and rows (Horovod's
+//   IndexedSlices, DDP's sparse gradients), or, when the rows cover much of the table, an
+//   allreduce of the densified table with a count column that marks the rows in the union.
+// Row-sparse gradients are exchanged after the fused dense chunks, in registration order, with
+// blocking collectives of their own. The capacity must hold the union (at most the sum of every
+// rank's rows, and the table's rows): every rank checks every rank's capacity and row numbers from
+// the counts exchange and throws the same error, naming the tensor and the ranks at fault.
+// Limits: backward_passes_per_step must be 1; global_norm does not see row-sparse gradients.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "config.hpp"
+#include "error.hpp"
+#include "impl/consistency.hpp"
+#include "impl/demangle.hpp"
+#include "local_var_policy.hpp"
+#include "process_set.hpp"
+#include "stats.hpp"
+
+namespace gradsync {
+
+/// Rows of a table's gradient: `values` holds up to `capacity` rows of `row_width` values
+/// ([capacity][width] LayoutRight, or capacity * width values), `indices` their row numbers in a
+/// table of `table_rows` rows. Copies share the row count (set_rows), as Views share their data.
+template <class ValuesView, class IndexView>
+class RowSparse {
+  static_assert(Kokkos::is_view<ValuesView>::value && Kokkos::is_view<IndexView>::value,
+                "gradsync::RowSparse<ValuesView, IndexView>: values and indices must be Kokkos::Views");
+  static_assert(ValuesView::rank == 1 || ValuesView::rank == 2,
+                "gradsync::RowSparse: values are [capacity][row width] (rank 2) or capacity * row width (rank 1)");
+  static_assert(IndexView::rank == 1, "gradsync::RowSparse: indices are one row number per row (rank 1)");
+  static_assert(std::is_integral_v<typename IndexView::non_const_value_type>,
+                "gradsync::RowSparse: row numbers must be integers");
+  static_assert(std::is_same_v<typename ValuesView::memory_space, typename IndexView::memory_space>,
+                "gradsync::RowSparse: values and indices must live in the same memory space");
+  static_assert(!std::is_const_v<typename ValuesView::value_type> && !std::is_const_v<typename IndexView::value_type>,
+                "gradsync::RowSparse: values and indices must be writable (a data-parallel sync writes the summed "
+                "rows back)");
+
+ public:
+  using values_view = ValuesView;
+  using index_view = IndexView;
+  using value_type = typename ValuesView::non_const_value_type;
+  using index_type = typename IndexView::non_const_value_type;
+  using memory_space = typename ValuesView::memory_space;
+  using execution_space = typename ValuesView::execution_space;
+
+  RowSparse() = default;
+
+  RowSparse(ValuesView values, IndexView indices, std::int64_t table_rows, std::int64_t rows = 0)
+      : values_(std::move(values)),
+        indices_(std::move(indices)),
+        table_rows_(table_rows),
+        count_(std::make_shared<std::int64_t>(0)) {
+    capacity_ = std::int64_t(indices_.extent(0));
+    if constexpr (ValuesView::rank == 2) {
+      width_ = std::int64_t(values_.extent(1));
+      if (std::int64_t(values_.extent(0)) != capacity_)
+        throw Error(impl::cat("RowSparse: values hold ", values_.extent(0), " rows but indices ", capacity_));
+    } else {
+      width_ = capacity_ > 0 ? std::int64_t(values_.size()) / capacity_ : 0;
+      if (width_ * capacity_ != std::int64_t(values_.size()))
+        throw Error(impl::cat("RowSparse: ", values_.size(), " values are not a whole number of rows for ", capacity_,
+                              " indices"));
+    }
+    if (capacity_ < 1 || width_ < 1) throw Error("RowSparse: values and indices must hold at least one row");
+    if (table_rows_ < 1) throw Error(impl::cat("RowSparse: the table must have at least one row, got ", table_rows_));
+    const auto contiguous = [](const auto& v) { return v.span_is_contiguous() && v.span() == v.size(); };
+    if (!contiguous(values_) || !contiguous(indices_))
+      throw Error("RowSparse: values and indices must be contiguous Views");
+    set_rows(rows);
+  }
+
+  /// Rows in use now (the first rows() of values and indices).
+  std::int64_t rows() const { return count_ ? *count_ : 0; }
+  /// This step's row count; shared by every copy (the sync keeps one).
+  void set_rows(std::int64_t n) const {
+    if (n < 0 || n > capacity_)
+      throw Error(impl::cat("RowSparse::set_rows(", n, "): the capacity is ", capacity_, " rows"));
+    *count_ = n;
+  }
+  std::int64_t capacity() const { return capacity_; }
+  std::int64_t row_width() const { return width_; }
+  std::int64_t table_rows() const { return table_rows_; }
+  const ValuesView& values() const { return values_; }
+  const IndexView& indices() const { return indices_; }
+
+ private:
+  ValuesView values_;
+  IndexView indices_;
+  std::int64_t table_rows_ = 0, capacity_ = 0, width_ = 0;
+  std::shared_ptr<std::int64_t> count_;
+};
+
+template <class T>
+struct is_row_sparse : std::false_type {};
+template <class V, class I>
+struct is_row_sparse<RowSparse<V, I>> : std::true_type {};
+template <class T>
+inline constexpr bool is_row_sparse_v = is_row_sparse<T>::value;
+
+namespace impl {
+
+// ---- kernels (RangePolicy functors on raw pointers: device-correct, Kokkos 3.4 and 4.x) ----
+
+template <class T>
+struct SparseScale {  // p[i] *= f
+  T* p;
+  T f;
+  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t i) const { p[i] *= f; }
+};
+
+template <class I>
+struct SparseReadIndices {  // dst[i] = idx[i] for i < n, -1 (padding) up to the launch's end
+  const I* idx;
+  std::int64_t* dst;
+  std::int64_t n;
+  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t i) const { dst[i] = i < n ? std::int64_t(idx[i]) : -1; }
+};
+
+template <class T>
+struct SparseReadValues {  // dst[i] = src[i] for i < n, 0 (padding) up to the launch's end
+  const T* src;
+  T* dst;
+  std::int64_t n;
+  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t i) const { dst[i] = i < n ? src[i] : T(0); }
+};
+
+template <class I>
+struct SparseCountBad {  // row numbers outside [0, table_rows)
+  const I* idx;
+  std::int64_t table_rows;
+  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t i, std::int64_t& bad) const {
+    const std::int64_t r = std::int64_t(idx[i]);
+    if (r < 0 || r >= table_rows) ++bad;
+  }
+};
+
+// out row u = f * sum of the gathered rows src[begin[u] .. begin[u+1]) (rank order), row number uniq[u].
+template <class T, class I>
+struct SparseMerge {
+  const std::int64_t *uniq, *begin, *src;
+  const T* recv;
+  T* out;
+  I* out_idx;
+  std::int64_t w;
+  T f;
+  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t k) const {
+    const std::int64_t u = k / w, j = k % w;
+    T s = T(0);
+    for (std::int64_t q = begin[u]; q < begin[u + 1]; ++q) s += recv[src[q] * w + j];
+    out[k] = f * s;
+    if (j == 0) out_idx[u] = I(uniq[u]);
+  }
+};
+
+template <class T>
+struct SparseZero {
+  T* p;
+  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t i) const { p[i] = T(0); }
+};
+
+// Densified: row r of the table at dense[r * (w + 1)], its last column counts the ranks' rows.
+template <class T>
+struct SparseScatter {
+  const std::int64_t* idx;
+  const T* v;
+  T* dense;
+  std::int64_t w;
+  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t k) const {
+    const std::int64_t r = k / (w + 1), j = k % (w + 1);
+    Kokkos::atomic_add(&dense[idx[r] * (w + 1) + j], j < w ? v[r * w + j] : T(1));
+  }
+};
+
+// The rows whose count is positive, ascending, scaled, into out (a scan over the table).
+template <class T, class I>
+struct SparseCompact {
+  using value_type = std::int64_t;
+  const T* dense;
+  T* out;
+  I* out_idx;
+  std::int64_t w;
+  T f;
+  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t r, std::int64_t& pos, bool final) const {
+    const bool hit = dense[r * (w + 1) + w] > T(0);
+    if (final && hit) {
+      out_idx[pos] = I(r);
+      for (std::int64_t j = 0; j < w; ++j) out[pos * w + j] = f * dense[r * (w + 1) + j];
+    }
+    if (hit) ++pos;
+  }
+};
+
+template <class ExecutionSpace>
+Kokkos::RangePolicy<ExecutionSpace, Kokkos::IndexType<std::int64_t>> sparse_range(const ExecutionSpace& exec,
+                                                                                  std::int64_t n) {
+  return Kokkos::RangePolicy<ExecutionSpace, Kokkos::IndexType<std::int64_t>>(exec, 0, n);
+}
+
+// One registered row-sparse gradient, its View types erased.
+template <class T, class MemorySpace, class ExecutionSpace>
+struct SparseTensorBase {
+  using I64 = Kokkos::View<std::int64_t*, MemorySpace>;
+  using Vals = Kokkos::View<T*, MemorySpace>;
+  virtual ~SparseTensorBase() = default;
+  std::string group, name;
+  std::size_t index_in_group = 0;
+  bool named = false, local = false;
+  T local_factor = T(1);
+  std::string set_tag;  // reduced over this process set (ReduceOver), else empty
+  SetScale set_scale = SetScale::world_size;
+  std::int64_t capacity = 0, width = 0, table_rows = 0;
+
+  virtual std::int64_t rows() const = 0;
+  virtual void set_rows(std::int64_t n) const = 0;
+  virtual T* values() const = 0;
+  virtual std::int64_t count_bad(const ExecutionSpace& exec) const = 0;
+  virtual void read_indices(const ExecutionSpace& exec, const I64& dst, std::int64_t pad) const = 0;
+  virtual void write_merged(const ExecutionSpace& exec, const I64& uniq, const I64& begin, const I64& src,
+                            const Vals& recv, std::int64_t u, T f) const = 0;
+  virtual std::int64_t write_compacted(const ExecutionSpace& exec, const Vals& dense, T f) const = 0;
+};
+
+template <class RS, class ExecutionSpace>
+struct SparseTensor final
+    : SparseTensorBase<typename RS::value_type, typename RS::memory_space, ExecutionSpace> {
+  using T = typename RS::value_type;
+  using I = typename RS::index_type;
+  using Base = SparseTensorBase<T, typename RS::memory_space, ExecutionSpace>;
+  using typename Base::I64;
+  using typename Base::Vals;
+  RS rs;
+
+  explicit SparseTensor(const RS& r) : rs(r) {}
+  std::int64_t rows() const override { return rs.rows(); }
+  void set_rows(std::int64_t n) const override { rs.set_rows(n); }
+  T* values() const override { return rs.values().data(); }
+  I* idx() const { return rs.indices().data(); }
+
+  std::int64_t count_bad(const ExecutionSpace& exec) const override {
+    std::int64_t bad = 0;
+    if (rows() > 0)
+      Kokkos::parallel_reduce("gradsync::row_sparse_check", sparse_range(exec, rows()),
+                              SparseCountBad<I>{idx(), this->table_rows}, bad);
+    return bad;
+  }
+  void read_indices(const ExecutionSpace& exec, const I64& dst, std::int64_t pad) const override {
+    if (pad > 0)
+      Kokkos::parallel_for("gradsync::row_sparse_indices", sparse_range(exec, pad),
+                           SparseReadIndices<I>{idx(), dst.data(), rows()});
+  }
+  void write_merged(const ExecutionSpace& exec, const I64& uniq, const I64& begin, const I64& src, const Vals& recv,
+                    std::int64_t u, T f) const override {
+    if (u > 0)
+      Kokkos::parallel_for("gradsync::row_sparse_merge", sparse_range(exec, u * this->width),
+                           SparseMerge<T, I>{uniq.data(), begin.data(), src.data(), recv.data(), values(), idx(),
+                                             this->width, f});
+  }
+  std::int64_t write_compacted(const ExecutionSpace& exec, const Vals& dense, T f) const override {
+    std::int64_t u = 0;
+    Kokkos::parallel_scan("gradsync::row_sparse_compact", sparse_range(exec, this->table_rows),
+                          SparseCompact<T, I>{dense.data(), values(), idx(), this->width, f}, u);
+    return u;
+  }
+};
+
+/// The row-sparse gradients of one GradientSync and their exchange (see the top of this file).
+template <class T, class MemorySpace, class ExecutionSpace>
+class RowSparseSet {
+  using Base = SparseTensorBase<T, MemorySpace, ExecutionSpace>;
+  using I64 = typename Base::I64;
+  using Vals = typename Base::Vals;
+
+ public:
+  bool empty() const { return all_.empty(); }
+  std::size_t size() const { return all_.size(); }
+
+  template <class Group, class RS>
+  void add(const RS& rs, std::string name, std::size_t index_in_group, int world_size, int rank) {
+    auto t = std::make_shared<SparseTensor<RS, ExecutionSpace>>(rs);
+    t->group = type_name<Group>();
+    t->index_in_group = index_in_group;
+    t->named = !name.empty();
+    t->name = name.empty() ? cat(t->group, "[", index_in_group, "]") : std::move(name);
+    t->local = is_local_v<Group>;
+    t->local_factor = local_scale_v<Group> == LocalScale::world_size ? T(1) / T(world_size) : T(1);
+    if constexpr (is_set_reduced_v<Group>) {
+      t->set_tag = type_name<typename LocalVarPolicy<Group>::set_tag>();
+      t->set_scale = LocalVarPolicy<Group>::set_scale;
+    }
+    t->capacity = rs.capacity();
+    t->width = rs.row_width();
+    t->table_rows = rs.table_rows();
+    for (const auto& o : all_)
+      if (overlaps(t->values(), std::size_t(t->capacity * t->width), o->values(), std::size_t(o->capacity * o->width)))
+        throw Error(cat("row-sparse gradient '", t->name, "' (group ", t->group, ") overlaps '", o->name,
+                        "' already registered on rank ", rank));
+    all_.push_back(std::move(t));
+  }
+
+  /// The group of a registered name, for index_in_group.
+  std::size_t count_in_group(const std::string& group) const {
+    return std::size_t(std::count_if(all_.begin(), all_.end(), [&](const auto& t) { return t->group == group; }));
+  }
+
+  /// Values ranges, for the dense registrations' overlap check.
+  template <class F>
+  void for_each_values(F&& f) const {
+    for (const auto& t : all_) f(t->values(), std::size_t(t->capacity * t->width), t->name, t->group);
+  }
+
+  /// The data-parallel ones join the consistency check: table rows and width must agree.
+  void describe(std::vector<RegDesc>& regs) const {
+    for (const auto& t : all_)
+      regs.push_back({cat(t->group, " (row-sparse, rows of ", t->width, ")"), t->name,
+                      std::size_t(t->table_rows * t->width), t->index_in_group, t->local, false, t->named});
+  }
+
+  /// After the dense exchange: local ones scaled, data-parallel ones summed over the ranks and
+  /// multiplied by `dp_factor` (prescale, postscale, 1/n for average), then those over process sets,
+  /// set by set in `tags` order: route(tag, scale) gives the set's backend and factor.
+  template <class Backend, class Route>
+  void finish(const Backend& b, const ExecutionSpace& exec, T dp_factor, Stats& stats,
+              const std::vector<std::string>& tags, Route&& route) {
+    std::vector<const Base*> dp;
+    for (const auto& t : all_) {
+      if (!t->set_tag.empty()) continue;
+      if (!t->local) {
+        dp.push_back(t.get());
+        continue;
+      }
+      const std::int64_t n = t->rows() * t->width;
+      if (t->local_factor != T(1) && n > 0)
+        Kokkos::parallel_for("gradsync::row_sparse_scale", sparse_range(exec, n),
+                             SparseScale<T>{t->values(), t->local_factor});
+    }
+    if (!dp.empty()) exchange(b, exec, dp, std::vector<T>(dp.size(), dp_factor), stats);
+    for (const std::string& tag : tags) {
+      std::vector<const Base*> in_set;
+      std::vector<T> factors;
+      decltype(route(tag, SetScale::world_size).first) sb = nullptr;
+      for (const auto& t : all_)
+        if (t->set_tag == tag) {
+          const auto [backend, f] = route(tag, t->set_scale);
+          sb = backend;
+          in_set.push_back(t.get());
+          factors.push_back(f);
+        }
+      if (!in_set.empty()) exchange(*sb, exec, in_set, factors, stats);
+    }
+    fence(exec, label_fence_sync());
+  }
+
+ private:
+  template <class V>
+  static void grow(V& v, std::size_t n, const char* label) {
+    if (v.extent(0) >= n && v.data()) return;
+    v = V(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), std::max<std::size_t>(n, 1));
+  }
+
+  // op(pointers) on Views the backend can reach: the Views themselves, or host copies.
+  template <class Backend, class S, class R, class Op>
+  static void reachable(const Backend& b, const S& send, const R& recv, Op&& op) {
+    if (b.template can_access<MemorySpace>()) {
+      op(send.data(), recv.data());
+      return;
+    }
+    auto hs = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), send);
+    auto hr = Kokkos::create_mirror_view(Kokkos::HostSpace(), recv);
+    op(hs.data(), hr.data());
+    Kokkos::deep_copy(recv, hr);
+  }
+
+  template <class Backend>
+  void exchange(const Backend& b, const ExecutionSpace& exec, const std::vector<const Base*>& dp,
+                const std::vector<T>& factors, Stats& stats) {
+    const int n = b.size();
+    const std::size_t S = dp.size(), rec = 3;
+    // Every rank's row count, capacity and count of bad row numbers, for every tensor: one allgather.
+    grow(counts_, rec * S, "gradsync::row_sparse_counts");
+    grow(all_counts_, rec * S * std::size_t(n), "gradsync::row_sparse_counts");
+    auto mine = Kokkos::create_mirror_view(counts_);
+    for (std::size_t s = 0; s < S; ++s) {
+      mine(rec * s) = dp[s]->rows();
+      mine(rec * s + 1) = dp[s]->capacity;
+      mine(rec * s + 2) = dp[s]->count_bad(exec);
+    }
+    Kokkos::deep_copy(counts_, mine);
+    reachable(b, counts_, all_counts_, [&](const std::int64_t* s, std::int64_t* r) { b.allgather(s, r, rec * S); });
+    auto all = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), all_counts_);
+    const auto at = [&](int r, std::size_t s, std::size_t k) { return all(std::size_t(r) * rec * S + rec * s + k); };
+
+    for (std::size_t s = 0; s < S; ++s) {
+      const Base& t = *dp[s];
+      std::int64_t total = 0, widest = 0;
+      std::string bad, small;
+      for (int r = 0; r < n; ++r) {
+        total += at(r, s, 0);
+        widest = std::max(widest, at(r, s, 0));
+        if (at(r, s, 2) > 0) bad += cat(bad.empty() ? "" : ", ", r, " (", at(r, s, 2), " rows)");
+      }
+      const std::int64_t need = std::min(total, t.table_rows);
+      for (int r = 0; r < n; ++r)
+        if (at(r, s, 1) < need) small += cat(small.empty() ? "" : ", ", r, " (", at(r, s, 1), ")");
+      const std::string what = cat("row-sparse gradient '", t.name, "' (group ", t.group, ", ", t.table_rows,
+                                   " rows of ", t.width, ")");
+      if (!bad.empty())
+        throw Error(cat(what, ": row numbers outside [0, ", t.table_rows, ") on rank(s) ", bad,
+                        "; every rank stops at this synchronize()"));
+      if (!small.empty())
+        throw Error(cat(what, ": the summed rows may need ", need, " rows (the ", n, " ranks hold ", total,
+                        " together) but the capacity is smaller on rank(s) ", small,
+                        "; give every rank capacity for the union of the ranks' rows"));
+      if (total == 0) {
+        t.set_rows(0);
+        continue;
+      }
+      // Bytes each rank receives: the padded allgather against the densified table's allreduce
+      // (a ring moves about twice the buffer). Every rank computes the same choice.
+      const double sparse_bytes = double(n) * double(widest) * double(t.width * std::int64_t(sizeof(T)) + 8);
+      const double dense_bytes = 2.0 * double(t.table_rows) * double(t.width + 1) * double(sizeof(T));
+      if (sparse_bytes <= dense_bytes)
+        gather(b, exec, t, widest, factors[s], stats);
+      else
+        densify(b, exec, t, factors[s], stats);
+    }
+  }
+
+  template <class Backend>
+  void gather(const Backend& b, const ExecutionSpace& exec, const Base& t, std::int64_t widest, T f, Stats& stats) {
+    const int n = b.size();
+    const std::int64_t w = t.width, rows = t.rows();
+    grow(idx_send_, std::size_t(widest), "gradsync::row_sparse_send");
+    grow(val_send_, std::size_t(widest * w), "gradsync::row_sparse_send");
+    grow(idx_recv_, std::size_t(widest) * std::size_t(n), "gradsync::row_sparse_recv");
+    grow(val_recv_, std::size_t(widest * w) * std::size_t(n), "gradsync::row_sparse_recv");
+    t.read_indices(exec, idx_send_, widest);
+    Kokkos::parallel_for("gradsync::row_sparse_values", sparse_range(exec, widest * w),
+                         SparseReadValues<T>{t.values(), val_send_.data(), rows * w});
+    fence(exec, label_fence_pack());
+    reachable(b, idx_send_, idx_recv_,
+              [&](const std::int64_t* s, std::int64_t* r) { b.allgather(s, r, std::size_t(widest)); });
+    reachable(b, val_send_, val_recv_, [&](const T* s, T* r) { b.allgather(s, r, std::size_t(widest * w)); });
+    stats.row_sparse_bytes += std::uint64_t(widest) * std::uint64_t(w * std::int64_t(sizeof(T)) + 8);
+    stats.row_sparse_collectives += 2;
+
+    // Which gathered rows go to which output row: row number, then rank order (host bookkeeping on
+    // the row numbers only; the sums run in one kernel).
+    auto h = Kokkos::create_mirror_view(idx_recv_);
+    Kokkos::deep_copy(h, idx_recv_);
+    order_.clear();
+    const std::int64_t m = widest * n;
+    for (std::int64_t k = 0; k < m; ++k)
+      if (h(std::size_t(k)) >= 0) order_.emplace_back(h(std::size_t(k)), k);
+    std::sort(order_.begin(), order_.end());
+    grow(uniq_, order_.size(), "gradsync::row_sparse_rows");
+    grow(begin_, order_.size() + 1, "gradsync::row_sparse_rows");
+    grow(src_, order_.size(), "gradsync::row_sparse_rows");
+    auto hu = Kokkos::create_mirror_view(uniq_);
+    auto hb = Kokkos::create_mirror_view(begin_);
+    auto hs = Kokkos::create_mirror_view(src_);
+    std::int64_t u = 0;
+    for (std::size_t q = 0; q < order_.size(); ++q) {
+      if (q == 0 || order_[q].first != order_[q - 1].first) {
+        hu(std::size_t(u)) = order_[q].first;
+        hb(std::size_t(u)) = std::int64_t(q);
+        ++u;
+      }
+      hs(q) = order_[q].second;
+    }
+    hb(std::size_t(u)) = std::int64_t(order_.size());
+    Kokkos::deep_copy(uniq_, hu);
+    Kokkos::deep_copy(begin_, hb);
+    Kokkos::deep_copy(src_, hs);
+    t.write_merged(exec, uniq_, begin_, src_, val_recv_, u, f);
+    t.set_rows(u);
+  }
+
+  template <class Backend>
+  void densify(const Backend& b, const ExecutionSpace& exec, const Base& t, T f, Stats& stats) {
+    const std::int64_t w = t.width, rows = t.rows(), len = t.table_rows * (w + 1);
+    grow(dense_, std::size_t(len), "gradsync::row_sparse_dense");
+    grow(idx_send_, std::size_t(rows), "gradsync::row_sparse_send");
+    Kokkos::parallel_for("gradsync::row_sparse_zero", sparse_range(exec, len), SparseZero<T>{dense_.data()});
+    t.read_indices(exec, idx_send_, rows);
+    Kokkos::parallel_for("gradsync::row_sparse_scatter", sparse_range(exec, rows * (w + 1)),
+                         SparseScatter<T>{idx_send_.data(), t.values(), dense_.data(), w});
+    fence(exec, label_fence_pack());
+    if (b.template can_access<MemorySpace>()) {
+      b.allreduce_sum(dense_.data(), std::size_t(len));
+    } else {
+      auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), dense_);
+      b.allreduce_sum(h.data(), std::size_t(len));
+      Kokkos::deep_copy(dense_, h);
+    }
+    stats.row_sparse_bytes += std::uint64_t(len) * sizeof(T);
+    stats.row_sparse_collectives += 1;
+    stats.row_sparse_densified += 1;
+    t.set_rows(t.write_compacted(exec, dense_, f));
+  }
+
+  std::vector<std::shared_ptr<Base>> all_;
+  I64 counts_, all_counts_, idx_send_, idx_recv_, uniq_, begin_, src_;
+  Vals val_send_, val_recv_, dense_;
+  std::vector<std::pair<std::int64_t, std::int64_t>> order_;
+};
+
+/// What a GradientSync over memory without a Kokkos execution space (gradsync's raw CUDA spaces)
+/// holds instead: RowSparse takes Kokkos Views only.
+struct NoRowSparse {
+  bool empty() const { return true; }
+  std::size_t count_in_group(const std::string&) const { return 0; }
+  template <class F>
+  void for_each_values(F&&) const {}
+  void describe(std::vector<RegDesc>&) const {}
+  template <class Backend, class E, class T, class Route>
+  void finish(const Backend&, const E&, T, Stats&, const std::vector<std::string>&, Route&&) {}
+};
+
+template <class T, class MemorySpace, class ExecutionSpace>
+using row_sparse_set_t =
+    std::conditional_t<Kokkos::is_memory_space<MemorySpace>::value && Kokkos::is_execution_space<ExecutionSpace>::value,
+                       RowSparseSet<T, MemorySpace, ExecutionSpace>, NoRowSparse>;
+
+}  // namespace impl
+}  // namespace gradsync
