@@ -91,6 +91,6 @@ for layout in ${LAYOUTS:-2x1 2x2}; do
 done
 shape unshaped
 cmd="bash tests/bench/multihost.sh"
-[ -n "${LAYOUTS:-}${LINKS:-}${RUNS:-}${BUDGET:-}" ] && cmd="LAYOUTS='${LAYOUTS:-2x1 2x2}' LINKS='${LINKS:-unshaped 25gbit 10gbit}' RUNS=${RUNS:-3} BUDGET=$budget $cmd"
+[ -n "${LAYOUTS:-}${LINKS:-}${RUNS:-}${BUDGET:-}${ONLY:-}" ] && cmd="LAYOUTS='${LAYOUTS:-2x1 2x2}' LINKS='${LINKS:-unshaped 25gbit 10gbit}' RUNS=${RUNS:-3} BUDGET=$budget${ONLY:+ ONLY=$ONLY} $cmd"
 $py "$root/tests/bench/report_hosts.py" "$csv" "$out/machine.txt" "$cmd" >"$root/docs/BENCHMARKS_HOSTS.md"
 echo "wrote docs/BENCHMARKS_HOSTS.md (rows in $csv)"
