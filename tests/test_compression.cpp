@@ -290,13 +290,13 @@ TEST_CASE("per-group choice: a group keeps full precision, another takes fp16; l
     gradsync::Options o = base_options();
     o.compression = c;
     Sync<T> sync(gradsync::MpiBackend(MPI_COMM_WORLD), o);
-    View<T> dense = make<T>("dense", 5000, 0, r), head = make<T>("head", 3000, 1, r), half = make<T>("half", 700, 2, r);
+    View<T> dense = make<T>("dense", 5000, 0, r), head = make<T>("head", 3000, 1, r), fp16_part = make<T>("half", 700, 2, r);
     // Local groups, of a size that differs per rank.
     View<T> table = make<T>("table", 100 + 10 * std::size_t(r), 3, r), tower = make<T>("tower", 50, 4, r);
     const std::vector<T> table0 = gradsync_test::host_values(table), tower0 = gradsync_test::host_values(tower);
     sync.add<Dense>(dense, "dense");
     sync.add<Head>(head, "head");
-    sync.add<Half>(half, "half");
+    sync.add<Half>(fp16_part, "half");
     sync.add<Tables>(table, "table");
     sync.add<Tower>(tower, "tower");
     sync.synchronize();
@@ -305,7 +305,7 @@ TEST_CASE("per-group choice: a group keeps full precision, another takes fp16; l
     const double head_err = gradsync_test::worst_vs_rank_average(std::vector<View<T>>{head}, n,
                                                                  [](std::size_t, std::size_t i, int q) { return value(1, i, q); });
     GRADSYNC_CHECK_ALL(head_err <= gradsync_test::tol<T>() * n);
-    const Errors<T> eh = compare<T>({half}, {2}, n, unit_roundoff(Compression::fp16), 1.0 / n);
+    const Errors<T> eh = compare<T>({fp16_part}, {2}, n, unit_roundoff(Compression::fp16), 1.0 / n);
     GRADSYNC_CHECK_ALL(eh.worst_ratio <= 1.0 && eh.worst_error > std::ldexp(1.0, -14));
     const Errors<T> ed = compare<T>({dense}, {0}, n, unit_roundoff(c == Compression::none ? Compression::bf16 : c), 1.0 / n);
     GRADSYNC_CHECK_ALL(ed.worst_ratio <= 1.0);

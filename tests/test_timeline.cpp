@@ -467,7 +467,10 @@ TEST_CASE("two live syncs with one path write two files; .sync2 is the second's"
     s2.synchronize();
     s2.synchronize();
   }
-  for (const auto& [path, tensor, calls] : {std::tuple(base, "a", 1), std::tuple(second, "b", 2)}) {
+  // Not a structured binding: CAPTURE's lambda would capture one, which is C++20 (nvcc warns).
+  for (const auto& row : {std::tuple(base, "a", 1), std::tuple(second, "b", 2)}) {
+    const std::string path = std::get<0>(row), tensor = std::get<1>(row);
+    const int calls = std::get<2>(row);
     Json doc;
     std::string why;
     CAPTURE(path);
