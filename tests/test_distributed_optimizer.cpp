@@ -3,6 +3,7 @@
 // computation on the global batch.
 #include <atomic>
 #include <cmath>
+#include <cstdio>
 #include <cstdint>
 #include <gradsync/gradsync.hpp>
 #include <limits>
@@ -425,8 +426,11 @@ TEST_CASE("clip_grad_norm: non-finite norms") {
 
 namespace {
 std::atomic<long> g_kokkos_allocs{0};
-void count_kokkos_alloc(const Kokkos::Tools::SpaceHandle, const char*, const void*, std::uint64_t) {
+char g_kokkos_alloc_last[96] = "none";  // the space and label of the last one, for the failure message
+void count_kokkos_alloc(const Kokkos::Tools::SpaceHandle space, const char* label, const void*, std::uint64_t bytes) {
   ++g_kokkos_allocs;
+  std::snprintf(g_kokkos_alloc_last, sizeof g_kokkos_alloc_last, "%s '%s' %llu bytes", space.name, label,
+                static_cast<unsigned long long>(bytes));
 }
 }  // namespace
 
@@ -467,6 +471,7 @@ TEST_CASE("a shared sync (Sync as a reference type); steady steps allocate nothi
   Kokkos::Tools::Experimental::set_allocate_data_callback(nullptr);
   CAPTURE(heap);
   CAPTURE(kokkos);
+  CAPTURE(std::string(g_kokkos_alloc_last));
   GRADSYNC_CHECK_ALL(heap == 0 && kokkos == 0);
   GRADSYNC_CHECK_ALL(sync.stats().steps == 6 && dopt.optimizer().step_count(0) == 6);
   GRADSYNC_CHECK_ALL(sync.stats().bytes_allreduced == 6 * 300 * sizeof(double));
@@ -555,7 +560,7 @@ TEST_CASE("DistributedOptimizer::add refuses a wrong gradient size, an overlap, 
   const auto tail = Kokkos::subview(w, std::make_pair(6, 10));
   const std::string overlap = error_of([&] { dopt.add<Tower>(tail, gb4, "tail"); });
   CHECK(overlap == add + "parameter 'tail' (group Tower) overlaps parameter 'w' already registered" + on_rank);
-  Kokkos::View<double**> m("m", 4, 3);
+  Kokkos::View<double**, Kokkos::LayoutRight> m("m", 4, 3);  // a column strided on every backend
   const auto column = Kokkos::subview(m, Kokkos::ALL, 1);  // stride 3
   const std::string strided = error_of([&] { dopt.add<Dense>(column, gb4, "m.col1"); });
   CHECK(strided == add + "parameter 'm.col1' (group Dense) is not contiguous");

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <cstdlib>
 #include <new>
@@ -306,8 +307,11 @@ TEST_CASE("SelfBackend, MPI_COMM_SELF and a split communicator reduce over their
 
 namespace {
 std::atomic<long> g_kokkos_allocs{0};
-void count_kokkos_alloc(const Kokkos::Tools::SpaceHandle, const char*, const void*, std::uint64_t) {
+char g_kokkos_alloc_last[96] = "none";  // the space and label of the last one, for the failure message
+void count_kokkos_alloc(const Kokkos::Tools::SpaceHandle space, const char* label, const void*, std::uint64_t bytes) {
   ++g_kokkos_allocs;
+  std::snprintf(g_kokkos_alloc_last, sizeof g_kokkos_alloc_last, "%s '%s' %llu bytes", space.name, label,
+                static_cast<unsigned long long>(bytes));
 }
 }  // namespace
 
@@ -337,6 +341,7 @@ TEST_CASE("no allocation after the first synchronize") {
     CAPTURE(N);
     CAPTURE(heap);
     CAPTURE(kokkos);
+    CAPTURE(std::string(g_kokkos_alloc_last));
     GRADSYNC_CHECK_ALL(heap == 0);
     GRADSYNC_CHECK_ALL(kokkos == 0);
     GRADSYNC_CHECK_ALL(sync.stats().allocations == after_first.allocations);

@@ -63,7 +63,8 @@ TEST_CASE("Views of rank 1 to 3, LayoutLeft and contiguous LayoutStride are acce
 }
 
 TEST_CASE("non-contiguous views are refused, naming the tensor and group") {
-  Kokkos::View<double**> m("m", 4, 3);
+  // LayoutRight by name: Kokkos-CUDA defaults to LayoutLeft, where a column is contiguous.
+  Kokkos::View<double**, Kokkos::LayoutRight> m("m", 4, 3);
   auto column = Kokkos::subview(m, Kokkos::ALL, 1);  // stride 3: not contiguous
   gradsync::GradientSync<gradsync::SelfBackend, Kokkos::View<double*>> s(gradsync::SelfBackend{});
   const std::string msg = error_of([&] { s.add<Dense>(column, "m.col1"); });

@@ -38,6 +38,7 @@
 #include "error.hpp"
 #include "impl/consistency.hpp"
 #include "impl/demangle.hpp"
+#include "impl/fusion_kernels.hpp"
 #include "impl/stall.hpp"
 #include "local_var_policy.hpp"
 #include "options.hpp"
@@ -90,6 +91,17 @@ struct SetScaleKernel {  // p[i] *= f
   T* p;
   T f;
   KOKKOS_INLINE_FUNCTION void operator()(std::int64_t i) const { p[i] *= f; }
+};
+
+// The memory space of a Kokkos execution space; host memory for one without (a CudaStream, whose
+// syncs have no process sets).
+template <class E, class = void>
+struct exec_memory_space {
+  using type = Kokkos::HostSpace;
+};
+template <class E>
+struct exec_memory_space<E, std::void_t<typename E::memory_space>> {
+  using type = typename E::memory_space;
 };
 
 /// The process sets of one GradientSync and the dense tensors reduced over them.
@@ -218,6 +230,14 @@ class ProcessSets {
     // Every set is consistent: one communicator per set, created once.
     for (std::size_t i = 0; i < k; ++i)
       if (!sets_[i].backend) sets_[i].backend = std::make_shared<SetBackend>(world.split(sets_[i].ranks.front(), me));
+    // A backend that cannot reach the tensors' memory (device memory, an MPI that is not
+    // CUDA-aware) sums a host copy: one staging buffer, as large as the largest tensor, made here.
+    std::size_t largest = 0;
+    for (const Set& s : sets_)
+      for (const Tensor& t : s.tensors) largest = std::max(largest, t.size);
+    staged_ = !world.template can_access<memory_space>();
+    if (staged_ && staging_.extent(0) < largest)
+      staging_ = Staging(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("gradsync::set_staging")), largest);
   }
 
   /// The dense tensors over their sets, after the world's exchange: one allreduce per tensor, in
@@ -230,10 +250,17 @@ class ProcessSets {
       for (std::size_t j = 0; j < s.tensors.size(); ++j) {
         const Tensor& t = s.tensors[j];
         if (t.size == 0) continue;
-        auto req = s.backend->iallreduce_sum(t.data, t.size);
+        const Kokkos::View<T*, memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>> here(t.data, t.size);
+        const auto host = Kokkos::subview(staging_, std::make_pair(std::size_t(0), staged_ ? t.size : 0));
+        if (staged_) {  // the copy back of the previous tensor is ordered before this one on exec
+          Kokkos::deep_copy(exec, host, here);
+          fence(exec, label_fence_pack());
+        }
+        auto req = s.backend->iallreduce_sum(staged_ ? staging_.data() : t.data, t.size);
         const SetBackend& sb = *s.backend;
         ctl.wait_until_done([&] { return sb.test(req); }, o,
                             WaitSite{"process set allreduce", call, std::int64_t(j), std::int64_t(s.tensors.size())});
+        if (staged_) Kokkos::deep_copy(exec, here, host);
         stats.process_set_bytes += t.size * sizeof(T);
         ++stats.process_set_calls;
         const T f = factor(t.scale, o, world, s.ranks.size());
@@ -273,7 +300,11 @@ class ProcessSets {
     throw Error(cat("process set ", tag, " is not bound"));
   }
 
+  using memory_space = typename exec_memory_space<ExecutionSpace>::type;
+  using Staging = Kokkos::View<T*, staging_space_t<memory_space>>;
   std::vector<Set> sets_;
+  bool staged_ = false;
+  Staging staging_;  // host copy of one tensor at a time, when staged_
 };
 
 }  // namespace impl

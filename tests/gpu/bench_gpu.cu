@@ -176,6 +176,8 @@ int main(int argc, char** argv) {
       expect("pack+unpack kernels", [&](std::size_t i) { return T(0.5) * host[i]; });
       const double t_pack = event_seconds(s, reps, [&] { launch_per_segment(label_pack(), exec, nsegs, pack); });
       const double t_unpack = event_seconds(s, reps, [&] { launch_per_segment(label_unpack(), exec, nsegs, unpack); });
+      reset();  // the timed unpacks left 0.5 x the values in the gradients
+      ok(cudaDeviceSynchronize(), "sync");
       const std::string note = std::to_string(sizes.size()) + " tensors, " + std::to_string(nsegs) + " segments";
       rows.push_back({"pack kernel", note, bytes, t_pack, t_copy});
       rows.push_back({"unpack kernel", note, bytes, t_unpack, t_copy});

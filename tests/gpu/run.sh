@@ -15,6 +15,10 @@
 # (default build-gpu), JOBS, REPS (benchmark repetitions, default 20), KOKKOS_ROOT (a Kokkos 4.x
 # install with its CUDA backend: every test then runs on device Views; default: the bundle's kokkos/
 # when there is one, else Debian's Kokkos 3.4, Serial, with only the raw-CUDA and NCCL tests on the GPU).
+# A short rerun of what failed (device minutes are few): TARGETS (build only these), CTEST_ARGS
+# (e.g. "-R process_set"), BENCH=0 (no benchmark), WERROR=ON (warnings fail the build; default OFF:
+# a GPU node's newer host compiler may warn where CI's does not, and the summary counts them),
+# DIAG (a command run last, in the same environment, e.g. one test binary under mpirun).
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 build="${BUILD_DIR:-$root/build-gpu}"
@@ -24,6 +28,8 @@ cuda="${CUDA_HOME:-/usr/local/cuda}"
 export PATH="$cuda/bin:$PATH"
 export LD_LIBRARY_PATH="$cuda/lib64:$cuda/lib${NCCL_HOME:+:$NCCL_HOME/lib}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+# Debian's PMIx next to another zlib: its compression component fails to load, harmlessly.
+export PMIX_MCA_pcompress=^zlib PMIX_MCA_pcompress_base_silence_warning=1
 log="$build/gpu-run.log"
 die() { echo "tests/gpu/run.sh: $*" >&2; exit 2; }
 
@@ -106,19 +112,21 @@ if [ -n "${KOKKOS_ROOT:-}" ]; then
     extra+=(-DCMAKE_CXX_COMPILER="$KOKKOS_ROOT/bin/nvcc_wrapper" -DCMAKE_CXX_FLAGS="-arch=sm_$cap")
 fi
 t0=$(date +%s)
-cmake -S "$root" -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DGRADSYNC_WERROR=ON -DGRADSYNC_ENABLE_CUDA=ON \
+cmake -S "$root" -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DGRADSYNC_WERROR="${WERROR:-OFF}" -DGRADSYNC_ENABLE_CUDA=ON \
   -DGRADSYNC_ENABLE_NCCL=ON -DGRADSYNC_BUILD_BENCHMARKS=OFF -DCMAKE_CUDA_ARCHITECTURES="$cap" "${extra[@]}" >"$log" 2>&1 ||
   { tail -30 "$log"; die "configure failed (log: $log)"; }
 kokkos_line="$(sed -n 's/.*Enabled Kokkos devices: //p' "$log" | head -1)"
 kokkos_line="${KOKKOS_ROOT:-Debian Kokkos 3.4} (${kokkos_line:-Serial})"
 echo "== Kokkos: $kokkos_line"
-cmake --build "$build" -j "$jobs" >>"$log" 2>&1 || { grep -E "error" "$log" | head -30; die "build failed (log: $log)"; }
+targets=()
+for t in ${TARGETS:-}; do targets+=(--target "$t"); done
+cmake --build "$build" -j "$jobs" "${targets[@]}" >>"$log" 2>&1 || { grep -E "error" "$log" | head -30; die "build failed (log: $log)"; }
 t_build=$(( $(date +%s) - t0 ))
 
 # ---- 3. the test suite, CUDA tests included ----
 t0=$(date +%s)
 # The two-host bed (label multihost) needs network namespaces: CI runs it, a GPU node need not.
-(cd "$build" && ctest -j "$jobs" --output-on-failure --timeout 300 -LE multihost) >"$build/ctest.log" 2>&1
+(cd "$build" && ctest -j "$jobs" --output-on-failure --timeout 300 -LE multihost ${CTEST_ARGS:-}) >"$build/ctest.log" 2>&1
 ctest_rc=$?
 t_test=$(( $(date +%s) - t0 ))
 tests_line=$(grep -E "tests passed|tests failed" "$build/ctest.log" | tail -1)
@@ -131,11 +139,13 @@ cuda_lines=$(grep -E "Test +#[0-9]+: (nccl_backend|gpu_sync)" "$build/ctest.log"
 t0=$(date +%s)
 bench_out=""
 bench_rc=0
-for model in resnet50 vit_b_16; do
+models=(resnet50 vit_b_16)
+[ "${BENCH:-1}" = 0 ] && models=()
+for model in "${models[@]}"; do
   out=$(cd "$build" && mpirun -np 1 ./tests/cuda/bench_gpu "$root/data/models/$model.csv" "$reps" 2>&1) || bench_rc=1
   bench_out+="$out"$'\n'
 done
-if [ "$ngpu" -ge 2 ]; then
+if [ "$ngpu" -ge 2 ] && [ "${BENCH:-1}" != 0 ]; then
   out=$(cd "$build" && mpirun -np 2 ./tests/cuda/bench_gpu "$root/data/models/resnet50.csv" "$reps" 2>&1) || bench_rc=1
   bench_out+="$out"$'\n'
 fi
@@ -152,7 +162,7 @@ echo "$bench_out" | sed -n '/^gradsync GPU benchmark/,/^values checked/p'
 echo "================ gradsync GPU run ================"
 printf "%-28s %s\n" "GPU(s)" "$ngpu x $(echo "$gpus" | head -1)"
 printf "%-28s %s\n" "Kokkos" "$kokkos_line"
-printf "%-28s %s\n" "build (s)" "$t_build"
+printf "%-28s %s\n" "build (s)" "$t_build, $(grep -c 'warning' "$log") warning lines"
 printf "%-28s %s\n" "test suite (s)" "$t_test: ${tests_line:-no summary}"
 printf "%-28s %s\n" "CUDA tests" "${cuda_lines:-none ran}"
 printf "%-28s %s\n" "skipped tests" "${skipped:-none}"
@@ -163,9 +173,13 @@ else bench_state="values correct"; fi
 printf "%-28s %s\n" "benchmark (s)" "$t_bench, $bench_state"
 printf "%-28s %s\n" "pack/unpack >= 80% memcpy" "$target"
 printf "%-28s %s\n" "logs" "$log $build/ctest.log $build/bench.log"
+if [ -n "${DIAG:-}" ]; then
+  echo "== DIAG: $DIAG"
+  (cd "$build" && eval "$DIAG") 2>&1 | tee "$build/diag.log" | tail -60
+fi
 # Where the caller collects results (a batch system's output folder), the logs go there too.
 if [ -n "${OUT:-}" ] && [ -d "${OUT:-}" ]; then
-  cp "$build/ctest.log" "$build/bench.log" "$OUT/" 2>/dev/null
+  cp "$build/ctest.log" "$build/bench.log" "$build/diag.log" "$OUT/" 2>/dev/null
   tail -200 "$log" >"$OUT/build-tail.log" 2>/dev/null
 fi
 # Fail when a test failed, when a CUDA test skipped on a GPU machine, or the benchmark failed.

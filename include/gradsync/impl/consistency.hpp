@@ -94,9 +94,10 @@ struct OptionWords {
         return cat(d);
       }
       case 4:
-        return v == std::int64_t(fusion_threshold_auto)          ? "fusion_threshold_auto"
-               : v == std::int64_t(fusion_threshold_by_topology) ? "by topology (the default)"
-                                                                 : cat(v);
+        // The sentinels compared as the words hold them (w[4] is the option's bits).
+        return std::uint64_t(v) == std::uint64_t(fusion_threshold_auto)          ? "fusion_threshold_auto"
+               : std::uint64_t(v) == std::uint64_t(fusion_threshold_by_topology) ? "by topology (the default)"
+                                                                                 : cat(v);
       case 6:
       case 8:
       case 11: return v ? "true" : "false";
