@@ -344,7 +344,8 @@ class GradientSync {
       const std::size_t bytes = plan_.wire_bytes(c);
       s.largest_chunk_bytes = std::max(s.largest_chunk_bytes, bytes);
       s.chunks_in_place += plan_.reduced_in_place(c);
-      s.chunks_folded += plan_.reduced_in_place(c) && !plan_.blocking() && impl::folds_factor(backend_, bytes);
+      s.chunks_folded += plan_.reduced_in_place(c) && !plan_.blocking() && !plan_.hierarchical() &&
+                         impl::folds_factor(backend_, bytes);
       s.chunks_compressed += plan_.chunk(c).kind != 0;
     }
     s.buffer_bytes = stats_.buffer_bytes;

@@ -265,7 +265,7 @@ class SyncEngine {
     // 1/p of the bytes, in cache); otherwise they are applied before the reduction, a pass that
     // leaves the piece in cache for the backend to read instead of one over memory it has just
     // written. Packed chunks take them in the unpack.
-    const bool fold = plan.reduced_in_place(c) && !plan.blocking() && folds_factor(cx.backend, bytes);
+    const bool fold = folds(cx, plan, c, bytes);
     V* data = nullptr;
     if (plan.reduced_in_place(c)) {
       if (!fold) scale_in_place(cx, plan, c, plan.pre_factor() * plan.post_factor());
@@ -283,6 +283,8 @@ class SyncEngine {
       if constexpr (has_hierarchical_sum<Backend>::value) cx.backend.hierarchical_allreduce_sum(data, std::size_t(len));
     } else if (plan.blocking()) {
       cx.backend.allreduce_sum(data, std::size_t(len));
+    } else if (plan.hierarchical()) {
+      requests_[c] = start_hierarchical(cx, data, std::size_t(len));
     } else
       requests_[c] = start_sum(cx, plan, data, std::size_t(len), fold);
     ++cx.stats.allreduce_calls;
@@ -316,16 +318,31 @@ class SyncEngine {
         if constexpr (has_hierarchical_sum<Backend>::value) cx.backend.hierarchical_allreduce_sum(data, n);
       } else if (plan.blocking()) {
         cx.backend.allreduce_sum(data, n);
+      } else if (plan.hierarchical()) {
+        requests_[c] = start_hierarchical(cx, data, n);
       } else {
         requests_[c] = cx.backend.iallreduce_sum(data, n);
       }
     }
   }
 
+  // The three stages of Algorithm::hierarchical, nonblocking (the plan blocks where the backend cannot).
+  template <class T>
+  typename Backend::Request start_hierarchical([[maybe_unused]] Context& cx, [[maybe_unused]] T* data,
+                                               [[maybe_unused]] std::size_t n) {
+    if constexpr (has_nonblocking_hierarchical_sum<Backend>::value) return cx.backend.ihierarchical_allreduce_sum(data, n);
+    return typename Backend::Request{};  // never: blocking (the plan)
+  }
+
   typename Backend::Request start_sum(Context& cx, const Plan& plan, V* data, std::size_t n, bool fold) {
     if constexpr (has_folds_factor<Backend>::value)
       if (fold) return cx.backend.iallreduce_sum(data, n, V(plan.pre_factor() * plan.post_factor()));
     return cx.backend.iallreduce_sum(data, n);
+  }
+
+  // Whether the factors of chunk c go into the backend's reduction (see launch_chunk).
+  static bool folds(Context& cx, const Plan& plan, std::size_t c, std::size_t bytes) {
+    return plan.reduced_in_place(c) && !plan.blocking() && !plan.hierarchical() && folds_factor(cx.backend, bytes);
   }
 
   // Waits for chunk c's reduction and unpacks it into the gradients.

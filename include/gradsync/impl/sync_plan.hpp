@@ -55,6 +55,12 @@ template <class B>
 struct has_hierarchical_sum<
     B, std::void_t<decltype(std::declval<const B&>().hierarchical_allreduce_sum(static_cast<float*>(nullptr), std::size_t()))>>
     : std::true_type {};
+template <class B, class = void>
+struct has_nonblocking_hierarchical_sum : std::false_type {};
+template <class B>
+struct has_nonblocking_hierarchical_sum<
+    B, std::void_t<decltype(std::declval<const B&>().ihierarchical_allreduce_sum(static_cast<float*>(nullptr), std::size_t()))>>
+    : std::true_type {};
 
 template <class Backend, class V, class MemorySpace>
 class SyncPlan {
@@ -116,7 +122,8 @@ class SyncPlan {
   void apply_choice(Stats& stats) {
     const PlanChoice& c = current();
     hierarchical_ = c.algorithm == Algorithm::hierarchical;
-    blocking_ = collectives_block_ || hierarchical_;  // the three stages are blocking calls
+    // Where the backend has no nonblocking form of the three stages, they are blocking calls.
+    blocking_ = collectives_block_ || (hierarchical_ && !has_nonblocking_hierarchical_sum<Backend>::value);
     in_flight_ = c.in_flight;
     stats.nodes = std::uint64_t(topology_.nodes);
     stats.algorithm = c.algorithm;
