@@ -166,28 +166,41 @@ TEST_CASE("across nodes the rule picks 1 MiB chunks and 2 in flight; on one node
 
 TEST_CASE_TEMPLATE("hierarchical: the analytic average, over made-up and real nodes, packed, in place and aggregated",
                    T, float, double) {
-  for (int per : {0, 1, 2, 3}) {  // 0: the real nodes
-    for (int passes : {1, 2}) {
-      RanksPerNode k(per);
-      gradsync::Options o = base();
-      o.algorithm = gradsync::Algorithm::hierarchical;
-      o.fusion_threshold_bytes = 64 << 10;  // several chunks
-      o.backward_passes_per_step = passes;
-      Model<T> m;
-      Sync<T> s(gradsync::MpiBackend(MPI_COMM_WORLD), o);
-      m.add_to(s);
-      for (int p = 0; p < 2 * passes; ++p) {
-        m.fill(p);
-        const bool done = s.synchronize();
-        GRADSYNC_CHECK_ALL(done == ((p + 1) % passes == 0));
-        if (done) GRADSYNC_CHECK_ALL(m.error(p, passes) <= tol<T>());  // the sums are exact in any order; the 1/n rounds
+  // Nonblocking (the default): the three stages of each chunk chained, chunks launched by
+  // mark_ready during "backward"; blocking: three blocking calls per chunk, none launched early.
+  for (auto collectives : {gradsync::Collectives::automatic, gradsync::Collectives::blocking}) {
+    const bool blocking = collectives == gradsync::Collectives::blocking;
+    for (int per : {0, 1, 2, 3}) {  // 0: the real nodes
+      for (int passes : {1, 2}) {
+        RanksPerNode k(per);
+        gradsync::Options o = base();
+        o.algorithm = gradsync::Algorithm::hierarchical;
+        o.collectives = collectives;
+        o.fusion_threshold_bytes = 64 << 10;  // several chunks
+        o.backward_passes_per_step = passes;
+        Model<T> m;
+        Sync<T> s(gradsync::MpiBackend(MPI_COMM_WORLD), o);
+        m.add_to(s);
+        for (int p = 0; p < 2 * passes; ++p) {
+          m.fill(p);
+          const std::uint64_t calls = s.stats().allreduce_calls;
+          for (std::size_t t = m.g.size(); t-- > 0;) s.mark_ready(m.g[t]);  // backward's order
+          const bool reducing = (p + 1) % passes == 0;
+          // On the nonblocking path the marks of a reducing pass start the first chunks.
+          GRADSYNC_CHECK_ALL((s.stats().allreduce_calls > calls) == (reducing && !blocking));
+          const bool done = s.synchronize();
+          GRADSYNC_CHECK_ALL(done == reducing);
+          if (done) GRADSYNC_CHECK_ALL(m.error(p, passes) <= tol<T>());  // the sums are exact in any order; the 1/n rounds
+        }
+        GRADSYNC_CHECK_ALL(s.algorithm() == gradsync::Algorithm::hierarchical &&
+                           s.stats().algorithm == gradsync::Algorithm::hierarchical && s.summary().blocking == blocking &&
+                           s.stats().chunks_in_flight == (blocking ? 1u : std::uint64_t(s.chunks_in_flight())));
+        const std::string d = describe(s);
+        GRADSYNC_CHECK_ALL(has(d, "algorithm hierarchical (set)") &&
+                           has(d, blocking ? "a blocking reduce within each node, allreduce among nodes and broadcast"
+                                           : "chunks in flight, each a reduce within each node, allreduce among nodes "
+                                             "and broadcast"));
       }
-      GRADSYNC_CHECK_ALL(s.algorithm() == gradsync::Algorithm::hierarchical &&
-                         s.stats().algorithm == gradsync::Algorithm::hierarchical && s.summary().blocking &&
-                         s.stats().chunks_in_flight == 1);
-      const std::string d = describe(s);
-      GRADSYNC_CHECK_ALL(has(d, "algorithm hierarchical (set)") &&
-                         has(d, "a blocking reduce within each node, allreduce among nodes and broadcast"));
     }
   }
 }

@@ -152,6 +152,9 @@ inline std::string describe(const SyncSummary& s) {
       os << "per chunk, a blocking reduce within each node, allreduce among nodes and broadcast";
     else if (s.blocking)
       os << "one blocking allreduce per chunk";
+    else if (s.algorithm == Algorithm::hierarchical)
+      os << "nonblocking, up to " << s.chunks_in_flight
+         << " chunks in flight, each a reduce within each node, allreduce among nodes and broadcast";
     else
       os << "nonblocking, up to " << s.chunks_in_flight << " chunks in flight, " << s.chunks_folded
          << " with the scale folded into the backend's sum";

@@ -109,6 +109,14 @@ class MpiBackend {
   struct Request {
     MPI_Request req = MPI_REQUEST_NULL;
     std::shared_ptr<impl::RingAllreduce> ring;  // set when gradsync's own ring runs it
+    // A hierarchical sum (ihierarchical_allreduce_sum): its stage in flight (1 reduce within the
+    // node, 2 allreduce among the nodes' leaders, 3 broadcast within the node; 0: none) and its
+    // values, which the next stage starts on when test() finds this one done.
+    int stage = 0;
+    void* buf = nullptr;
+    int count = 0;
+    MPI_Datatype type = MPI_DATATYPE_NULL;
+    MPI_Op op = MPI_OP_NULL;
   };
 
   /// Works on a duplicate of `comm`; MPI must already be initialized by the caller. `cuda_aware`
@@ -174,6 +182,23 @@ class MpiBackend {
     });
   }
 
+  /// Nonblocking form of hierarchical_allreduce_sum: MPI_Ireduce within the node, MPI_Iallreduce
+  /// among the leaders, MPI_Ibcast within the node, each stage started by test() (or wait()) once
+  /// the one before it is done, so the sum overlaps backward like a flat one. n must fit one MPI
+  /// call. Each stage has a communicator of its own, and test() advances a rank's sums in the
+  /// order they were started (the sync tests its chunks in order), so every rank starts the
+  /// collectives of each communicator in the same order, whenever its stages finish.
+  template <class T>
+  Request ihierarchical_allreduce_sum(T* buf, std::size_t n) const {
+    Request r;
+    r.buf = buf;
+    r.count = checked_count(n);
+    r.type = impl::mpi_type<T>();
+    r.op = impl::mpi_sum_op<T>();
+    start_stage(r, 1);
+    return r;
+  }
+
   /// Nonblocking in-place sum, times `factor` when given; n must fit one MPI call (the fusion
   /// layer splits chunks). Host buffers of at least ring_min_bytes go through gradsync's own ring
   /// (impl/ring_allreduce.hpp), which folds the factor into the reduction; the rest go to
@@ -204,7 +229,7 @@ class MpiBackend {
     return impl::host_accessible_v<MemorySpace>;
   }
   void wait(Request& r) const {
-    if (r.ring) {
+    if (r.ring || r.stage != 0) {
       while (!test(r)) {
       }  // polls, as MPI_Wait does: the ring advances only when tested
       return;
@@ -220,6 +245,8 @@ class MpiBackend {
     }
     int done = 0;
     impl::mpi_check(MPI_Test(&r.req, &done, MPI_STATUS_IGNORE), "MPI_Test");
+    while (done && r.stage != 0 && start_stage(r, r.stage + 1))  // the next stage of a hierarchical sum
+      impl::mpi_check(MPI_Test(&r.req, &done, MPI_STATUS_IGNORE), "MPI_Test");
     return done != 0;
   }
   /// Smallest nonblocking sum sent through the ring: below it MPI's own few-message schedule wins
@@ -283,6 +310,7 @@ class MpiBackend {
     MPI_Comm comm = MPI_COMM_NULL;
     MPI_Comm node = MPI_COMM_NULL;     // the ranks of this rank's node
     MPI_Comm leaders = MPI_COMM_NULL;  // each node's first rank (MPI_COMM_NULL on the others)
+    MPI_Comm node_bcast = MPI_COMM_NULL;  // node's duplicate: the broadcasts of hierarchical sums
     Topology topology;
     impl::RingPool rings;  // shared by copies of the backend, like the communicator
     explicit Comm(MPI_Comm user) {
@@ -295,7 +323,7 @@ class MpiBackend {
       int finalized = 0;
       MPI_Finalized(&finalized);
       if (finalized) return;
-      for (MPI_Comm* c : {&leaders, &node, &comm})
+      for (MPI_Comm* c : {&leaders, &node_bcast, &node, &comm})
         if (*c != MPI_COMM_NULL) MPI_Comm_free(c);
     }
     // Collective, like the duplicate: the node and leader communicators and their sizes.
@@ -309,6 +337,7 @@ class MpiBackend {
         impl::mpi_check(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node),
                         "MPI_Comm_split_type (nodes)");
       MPI_Comm_set_errhandler(node, MPI_ERRORS_RETURN);
+      impl::mpi_check(MPI_Comm_dup(node, &node_bcast), "MPI_Comm_dup (nodes)");
       Topology& t = topology;
       MPI_Comm_rank(node, &t.local_rank);
       MPI_Comm_size(node, &t.local_size);
@@ -343,6 +372,32 @@ class MpiBackend {
   static void for_pieces(std::size_t n, F&& f) {
     const std::size_t step = impl::mpi_max_count();
     for (std::size_t off = 0; off < n; off += step) f(off, int(n - off < step ? n - off : step));
+  }
+
+  // Starts the first stage of a hierarchical sum from `s` on that this rank takes part in;
+  // false (and stage 0) when none is left.
+  bool start_stage(Request& r, int s) const {
+    const Comm& c = *comm_;
+    const bool in_node = c.topology.local_size > 1, root = c.topology.local_rank == 0;
+    for (; s <= 3; ++s) {
+      if (s == 1 && in_node) {
+        impl::mpi_check(MPI_Ireduce(root ? MPI_IN_PLACE : r.buf, root ? r.buf : nullptr, r.count, r.type, r.op, 0,
+                                    c.node, &r.req),
+                        "MPI_Ireduce (within the node)");
+        break;
+      }
+      if (s == 2 && c.leaders != MPI_COMM_NULL && c.topology.nodes > 1) {
+        impl::mpi_check(MPI_Iallreduce(MPI_IN_PLACE, r.buf, r.count, r.type, r.op, c.leaders, &r.req),
+                        "MPI_Iallreduce (among nodes)");
+        break;
+      }
+      if (s == 3 && in_node) {
+        impl::mpi_check(MPI_Ibcast(r.buf, r.count, r.type, 0, c.node_bcast, &r.req), "MPI_Ibcast (within the node)");
+        break;
+      }
+    }
+    r.stage = s <= 3 ? s : 0;
+    return r.stage != 0;
   }
 
   template <class T>

@@ -1,0 +1,408 @@
+// gradsync: impl::SyncEngine, which runs a SyncPlan on a backend, step after step.
+//
+// It owns what a step needs at run time: the fusion buffer (slots that packed chunks cycle
+// through, or every sum between passes when gradients are aggregated), the host staging copies,
+// the 16-bit wire buffers of compressed chunks with their residuals and fp16 overflow flag, the
+// device copies of the plan's segments, the local accumulator, and the step in progress (which
+// chunks are ready, launched, completed, and their requests). A step packs each chunk (or scales it
+// in place), hands it to the backend (blocking, hierarchical, or nonblocking with several in
+// flight and waited under the stall watchdog), then unpacks it with every factor folded in.
+// Provisioned from the plan's layout at each plan build; the steady step allocates nothing.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "../backend_traits.hpp"
+#include "../compression.hpp"
+#include "../config.hpp"
+#include "../error.hpp"
+#include "../options.hpp"
+#include "backend_order.hpp"
+#include "fusion_kernels.hpp"
+#include "huge_pages.hpp"
+#include "ready_tracker.hpp"
+#include "stall.hpp"
+#include "sync_context.hpp"
+#include "sync_plan.hpp"
+#include "timeline.hpp"
+
+namespace gradsync::impl {
+
+template <class Backend, class V, class MemorySpace, class ExecutionSpace>
+class SyncEngine {
+ public:
+  using Context = SyncContext<Backend, ExecutionSpace>;
+  using Plan = SyncPlan<Backend, V, MemorySpace>;
+  using Seg = Segment<V>;
+  using SegView = SegmentView<V, MemorySpace>;
+  using Buffer = BufferView<V, MemorySpace>;
+  using WireBuffer = BufferView<std::uint16_t, MemorySpace>;
+
+  // Allocates (or keeps, when large enough) the buffers the plan's layout needs and uploads its
+  // segments. `keepalive`: the registered tensors' own keepalives, which a stalled collective may
+  // still write into.
+  void provision(Context& cx, const Plan& plan, const typename Plan::Layout& L,
+                 const std::vector<std::shared_ptr<void>>& keepalive) {
+    std::vector<const void*> dp_data;
+    for (const auto& t : L.data_parallel) dp_data.push_back(t.data);
+    ready_.build(dp_data, L.tensor_chunks, plan.num_chunks());
+    requests_.assign(plan.num_chunks(), typename Backend::Request{});
+    ensure_on_huge_pages(cx, buffer_, std::size_t(L.capacity), "gradsync::fusion_buffer");
+    move_to_huge_pages(cx, plan, L.data_parallel);
+    if (plan.staged()) ensure(cx, staging_, std::size_t(L.capacity), "gradsync::host_staging");
+    plan_wire(cx, plan, std::size_t(L.capacity), L.total, L.segments);
+    upload(cx, L.segments, dp_segs_, "gradsync::segments");
+    if (cx.opt.backward_passes_per_step > 1) ensure(cx, local_acc_, std::size_t(L.local_total), "gradsync::local_accumulator");
+    upload(cx, L.local_segments, local_segs_, "gradsync::local_segments");
+    upload(cx, L.deferred_segments, deferred_segs_, "gradsync::deferred_segments");
+    n_deferred_segs_ = std::int64_t(L.deferred_segments.size());
+    n_dp_segs_ = std::int64_t(L.segments.size());
+    n_local_segs_ = std::int64_t(L.local_segments.size());
+    cx.stats.buffer_bytes = (buffer_.extent(0) + local_acc_.extent(0) + staging_.extent(0) + residual_.extent(0)) *
+                                sizeof(V) +
+                            (wire_.extent(0) + wire_staging_.extent(0)) * sizeof(std::uint16_t);
+    // What a collective left incomplete by a stall may still write into.
+    // After a stall MPI may still write into the buffers and, for chunks reduced in place, into the
+    // gradients themselves: a failure keeps all of them alive (registered Views hold a keepalive copy).
+    std::vector<std::shared_ptr<void>> keep{std::make_shared<Buffer>(buffer_),
+                                            std::make_shared<decltype(staging_)>(staging_),
+                                            std::make_shared<WireBuffer>(wire_),
+                                            std::make_shared<decltype(wire_staging_)>(wire_staging_),
+                                            std::make_shared<Backend>(cx.backend)};
+    keep.insert(keep.end(), keepalive.begin(), keepalive.end());
+    cx.ctl.keep_on_failure(std::move(keep));
+  }
+
+  // Passes 1 .. N-1: sum gradients into the buffer (data-parallel) and the accumulator (local).
+  void accumulate(Context& cx, const Plan& plan, bool first) {
+    launch_segments(label_pack(), cx.exec, n_dp_segs_,
+                    PackKernel<V, ExecutionSpace, MemorySpace>{dp_segs_, buffer_, 0, 0, plan.pre_factor(), !first});
+    launch_segments(label_local(), cx.exec, n_local_segs_,
+                    LocalKernel<V, ExecutionSpace, MemorySpace>{local_segs_, local_acc_,
+                                                               first ? LocalMode::store : LocalMode::accumulate});
+  }
+
+  // --- The step in progress ---
+
+  bool step_open() const { return step_open_; }
+  // The first reducing call of a step (mark_ready or synchronize): nothing is ready or in flight.
+  void open_step() {
+    ready_.reset();
+    launched_ = completed_ = 0;
+    step_open_ = true;
+  }
+  // The index of the data-parallel tensor at p in fused order (-1: none).
+  std::int64_t find_ready_slot(const void* p) const { return ready_.find(p); }
+  void mark_ready(std::size_t i) { ready_.mark(i); }
+
+  // Lets launched chunks advance and launches those that became possible; never blocks.
+  void progress(Context& cx, const Plan& plan, bool aggregated) {
+    while (completed_ < launched_ && cx.backend.test(requests_[completed_])) complete_chunk(cx, plan, completed_++);
+    launch_through(cx, plan, ready_.ready_prefix(), aggregated, false);
+  }
+
+  // Reduces every chunk not yet launched, waits for all and closes the step.
+  void reduce(Context& cx, const Plan& plan, bool aggregated) {
+    launch_through(cx, plan, plan.num_chunks(), aggregated);
+    while (completed_ < launched_) complete_chunk(cx, plan, completed_++);
+    step_open_ = false;
+  }
+
+  // Local tensors: their factor (and the sums of an aggregation cycle), in place.
+  void finish_local(Context& cx, bool aggregated) {
+    TimelineScope span(n_local_segs_ ? cx.timeline : nullptr, Timeline::Kind::local, "local scaling", n_local_segs_);
+    launch_segments(label_local(), cx.exec, n_local_segs_,
+                    LocalKernel<V, ExecutionSpace, MemorySpace>{local_segs_, local_acc_,
+                                                               aggregated ? LocalMode::finish : LocalMode::scale});
+  }
+
+  // Deferred local scales (defer_local_scale): whether there are any, and their pass.
+  bool has_deferred() const { return n_deferred_segs_ > 0; }
+  void apply_deferred(Context& cx) {
+    launch_segments(label_local(), cx.exec, n_deferred_segs_,
+                    LocalKernel<V, ExecutionSpace, MemorySpace>{deferred_segs_, local_acc_, LocalMode::scale});
+  }
+
+  // The data-parallel segments as uploaded (for Options::check_finite's scan).
+  const SegView& data_parallel_segments() const { return dp_segs_; }
+  std::int64_t num_data_parallel_segments() const { return n_dp_segs_; }
+
+  // fp16: whether the plan has fp16 chunks (an overflow flag to read after each step), and the
+  // flag: the first value of the segment whose sum overflowed (the flag is cleared), or null.
+  bool watches_overflow() const { return overflow_.extent(0) > 0; }
+  const V* take_overflow(Context& cx) {
+    copy_buffer(cx.exec, overflow_host_, 0, overflow_, 0, 1);
+    fence(cx.exec, label_fence_sync());
+    const std::int64_t k = overflow_host_.data()[0];
+    if (k == 0) return nullptr;
+    const std::int64_t zero = 0;
+    upload_buffer(overflow_, &zero, 1);
+    return host_segs_[std::size_t(k - 1)].ptr;
+  }
+
+ private:
+  template <class View>
+  void ensure(Context& cx, View& v, std::size_t n, const char* label) {
+    if (v.extent(0) >= n) return;
+    v = allocate_buffer<View>(label, n);
+    ++cx.stats.allocations;
+  }
+
+  // Host memory MPI copies from (impl/huge_pages.hpp): the fusion buffer starts on huge pages,
+  // and gradients reduced where they are move onto them.
+  template <class View>
+  void ensure_on_huge_pages(Context& cx, View& v, std::size_t n, const char* label) {
+    if constexpr (std::is_same_v<MemorySpace, Kokkos::HostSpace>) {
+      if (cx.opt.huge_pages && v.extent(0) < n && n * sizeof(typename View::value_type) >= huge_page_bytes) {
+        v = allocate_on_huge_pages<View>(label, n);
+        ++cx.stats.allocations;
+        return;
+      }
+    }
+    ensure(cx, v, n, label);
+  }
+  template <class Tensors>
+  void move_to_huge_pages(Context& cx, const Plan& plan, const Tensors& dp) {
+    cx.stats.bytes_on_huge_pages = 0;
+    if constexpr (std::is_same_v<MemorySpace, Kokkos::HostSpace>) {
+      const auto& chunks = plan.chunks();
+      const bool any = std::any_of(chunks.begin(), chunks.end(), [](const Chunk& c) { return c.contiguous; });
+      if (!cx.opt.huge_pages || !plan.in_place() || !any) return;
+      std::vector<std::pair<std::uintptr_t, std::uintptr_t>> ranges;
+      for (const auto& t : dp)
+        ranges.emplace_back(reinterpret_cast<std::uintptr_t>(t.data), reinterpret_cast<std::uintptr_t>(t.data + t.size));
+      cx.stats.bytes_on_huge_pages = collapse_to_huge_pages(std::move(ranges));
+    }
+  }
+
+  void upload(Context& cx, const std::vector<Seg>& host, SegView& dev, const char* label) {
+    ensure(cx, dev, host.size(), label);
+    if (host.empty()) return;
+    if (upload_buffer(dev, host.data(), host.size())) ++cx.stats.allocations;  // a host mirror, at plan time
+  }
+
+  // Buffers of compressed chunks, when the plan has any: the 16-bit copy (the fusion buffer's
+  // layout), its host staging when the backend cannot sum 16-bit values where they live
+  // (MpiBackend on device memory: its op runs on the CPU), the residuals (zero at every plan build:
+  // fused positions may have moved) and, for fp16, the overflow flag.
+  void plan_wire(Context& cx, const Plan& plan, std::size_t capacity, std::int64_t total, const std::vector<Seg>& segs) {
+    bool any = false, fp16 = false;
+    for (const Chunk& ch : plan.chunks()) {
+      any = any || ch.kind != 0;
+      fp16 = fp16 || ch.kind == int(Compression::fp16);
+    }
+    wire_staged_ = false;
+    host_segs_.clear();
+    if (!any) {
+      wire_ = WireBuffer();
+      wire_staging_ = {};
+      residual_ = Buffer();
+      overflow_ = {};
+      return;
+    }
+    if (!sums_wire<Backend>::value)  // every rank has the same backend type: all throw here
+      throw ConfigError(cat("compression (Options::compression or a group's CompressWith) needs a backend that "
+                            "sums 16-bit values; backend '", Backend::name(), "' does not declare "
+                            "sums_wire_values (backend_traits.hpp): use Compression::none with it"));
+    wire_staged_ = plan.staged() || !reduces_wire_in<MemorySpace>(cx.backend);
+    ensure_on_huge_pages(cx, wire_, capacity, "gradsync::wire_buffer");  // MPI copies from it (huge_pages.hpp)
+    if (wire_staged_) ensure(cx, wire_staging_, capacity, "gradsync::wire_staging");
+    if (cx.opt.error_feedback) {
+      ensure(cx, residual_, std::size_t(total), "gradsync::residual");
+      const std::vector<V> zeros(residual_.extent(0), V(0));
+      upload_buffer(residual_, zeros.data(), zeros.size());
+    }
+    if (fp16) {
+      ensure(cx, overflow_, 1, "gradsync::overflow");
+      ensure(cx, overflow_host_, 1, "gradsync::overflow_host");
+      const std::int64_t zero = 0;
+      upload_buffer(overflow_, &zero, 1);
+      host_segs_ = segs;
+    }
+  }
+
+  void scale_in_place(Context& cx, const Plan& plan, std::size_t c, V factor) {
+    if (factor == V(1)) return;
+    const Chunk& ch = plan.chunk(c);
+    launch_segments(label_unpack(), cx.exec, ch.seg_end - ch.seg_begin,
+                    InPlaceScaleKernel<V, ExecutionSpace, MemorySpace>{dp_segs_, ch.seg_begin, factor});
+  }
+
+  // Packs chunk c into its place (the kernels index the buffer by segment offset - base).
+  void pack_chunk(Context& cx, const Plan& plan, std::size_t c, bool aggregated) {
+    TimelineScope span(cx.timeline, Timeline::Kind::pack, "pack", std::int64_t(c));
+    const Chunk& ch = plan.chunk(c);
+    launch_segments(label_pack(), cx.exec, ch.seg_end - ch.seg_begin,
+                    PackKernel<V, ExecutionSpace, MemorySpace>{dp_segs_, buffer_, ch.seg_begin,
+                                                              ch.begin - plan.buffer_pos(c), plan.pre_factor(),
+                                                              aggregated, wire_, residual_, Compression(ch.kind)});
+  }
+
+  // Kept out of line, as it was before the split: inlined into complete_chunk, GCC 12 gives its
+  // per-segment loop one more instruction (callgrind, bench_sync hostpath).
+  [[gnu::noinline]] void unpack_chunk(Context& cx, const Plan& plan, std::size_t c) {
+    TimelineScope span(cx.timeline, Timeline::Kind::unpack, "unpack", std::int64_t(c));
+    const Chunk& ch = plan.chunk(c);
+    launch_segments(label_unpack(), cx.exec, ch.seg_end - ch.seg_begin,
+                    UnpackKernel<V, ExecutionSpace, MemorySpace>{
+                        dp_segs_, buffer_, ch.seg_begin, ch.begin - plan.buffer_pos(c), plan.post_factor(), wire_,
+                        Compression(ch.kind),
+                        ch.kind == int(Compression::fp16) ? overflow_ : BufferView<std::int64_t, MemorySpace>{}});
+  }
+
+  // Packs chunk c and hands it to the backend without waiting for the reduction.
+  void launch_chunk(Context& cx, const Plan& plan, std::size_t c, bool aggregated) {
+    if (plan.chunk(c).kind != 0) return launch_compressed(cx, plan, c, aggregated);
+    const std::int64_t pos = plan.buffer_pos(c), len = plan.chunk(c).size();
+    const std::size_t bytes = std::size_t(len) * sizeof(V);
+    // In place, the factors go into the backend's reduction where it can take them (one pass over
+    // 1/p of the bytes, in cache); otherwise they are applied before the reduction, a pass that
+    // leaves the piece in cache for the backend to read instead of one over memory it has just
+    // written. Packed chunks take them in the unpack.
+    const bool fold = folds(cx, plan, c, bytes);
+    V* data = nullptr;
+    if (plan.reduced_in_place(c)) {
+      if (!fold) scale_in_place(cx, plan, c, plan.pre_factor() * plan.post_factor());
+      data = plan.chunk_data(c);
+      cx.stats.bytes_in_place += bytes;
+    } else {
+      pack_chunk(cx, plan, c, aggregated);
+      if (plan.staged()) copy_buffer(cx.exec, staging_, std::size_t(pos), buffer_, std::size_t(pos), std::size_t(len));
+      data = (plan.staged() ? staging_.data() : buffer_.data()) + pos;
+    }
+    // The backend reads the buffer outside Kokkos, unless it is ordered on exec's own stream.
+    if (plan.staged() || !ordered_on(cx.backend, cx.exec)) fence(cx.exec, label_fence_pack());
+    if (cx.timeline) cx.timeline->reduce_begin(c);
+    if (plan.blocking() && plan.hierarchical()) {
+      if constexpr (has_hierarchical_sum<Backend>::value) cx.backend.hierarchical_allreduce_sum(data, std::size_t(len));
+    } else if (plan.blocking()) {
+      cx.backend.allreduce_sum(data, std::size_t(len));
+    } else if (plan.hierarchical()) {
+      requests_[c] = start_hierarchical(cx, data, std::size_t(len));
+    } else
+      requests_[c] = start_sum(cx, plan, data, std::size_t(len), fold);
+    ++cx.stats.allreduce_calls;
+    cx.stats.bytes_allreduced += bytes;
+    cx.stats.bytes_uncompressed += bytes;
+  }
+
+  // A compressed chunk: packed into 16-bit values by the pack kernel, summed by the backend in its
+  // wire format (staged through host memory when the backend cannot sum it where it lives).
+  void launch_compressed(Context& cx, const Plan& plan, std::size_t c, bool aggregated) {
+    const std::int64_t pos = plan.buffer_pos(c), len = plan.chunk(c).size();
+    pack_chunk(cx, plan, c, aggregated);
+    if (wire_staged_)
+      copy_buffer(cx.exec, wire_staging_, std::size_t(pos), wire_, std::size_t(pos), std::size_t(len));
+    std::uint16_t* data = (wire_staged_ ? wire_staging_.data() : wire_.data()) + pos;
+    if (wire_staged_ || !ordered_on(cx.backend, cx.exec)) fence(cx.exec, label_fence_pack());
+    if (cx.timeline) cx.timeline->reduce_begin(c);
+    if (plan.chunk(c).kind == int(Compression::fp16))
+      sum_wire(cx, plan, c, reinterpret_cast<WireFp16*>(data), std::size_t(len));
+    else
+      sum_wire(cx, plan, c, reinterpret_cast<WireBf16*>(data), std::size_t(len));
+    ++cx.stats.allreduce_calls;
+    cx.stats.bytes_allreduced += std::size_t(len) * sizeof(std::uint16_t);
+    cx.stats.bytes_uncompressed += std::size_t(len) * sizeof(V);
+  }
+  template <class W>
+  void sum_wire([[maybe_unused]] Context& cx, [[maybe_unused]] const Plan& plan, [[maybe_unused]] std::size_t c,
+                [[maybe_unused]] W* data, [[maybe_unused]] std::size_t n) {
+    if constexpr (sums_wire<Backend>::value) {  // else plan_wire refused the plan
+      if (plan.blocking() && plan.hierarchical()) {
+        if constexpr (has_hierarchical_sum<Backend>::value) cx.backend.hierarchical_allreduce_sum(data, n);
+      } else if (plan.blocking()) {
+        cx.backend.allreduce_sum(data, n);
+      } else if (plan.hierarchical()) {
+        requests_[c] = start_hierarchical(cx, data, n);
+      } else {
+        requests_[c] = cx.backend.iallreduce_sum(data, n);
+      }
+    }
+  }
+
+  // The three stages of Algorithm::hierarchical, nonblocking (the plan blocks where the backend cannot).
+  template <class T>
+  typename Backend::Request start_hierarchical([[maybe_unused]] Context& cx, [[maybe_unused]] T* data,
+                                               [[maybe_unused]] std::size_t n) {
+    if constexpr (has_nonblocking_hierarchical_sum<Backend>::value) return cx.backend.ihierarchical_allreduce_sum(data, n);
+    return typename Backend::Request{};  // never: blocking (the plan)
+  }
+
+  typename Backend::Request start_sum(Context& cx, const Plan& plan, V* data, std::size_t n, bool fold) {
+    if constexpr (has_folds_factor<Backend>::value)
+      if (fold) return cx.backend.iallreduce_sum(data, n, V(plan.pre_factor() * plan.post_factor()));
+    return cx.backend.iallreduce_sum(data, n);
+  }
+
+  // Whether the factors of chunk c go into the backend's reduction (see launch_chunk).
+  static bool folds(Context& cx, const Plan& plan, std::size_t c, std::size_t bytes) {
+    return plan.reduced_in_place(c) && !plan.blocking() && !plan.hierarchical() && folds_factor(cx.backend, bytes);
+  }
+
+  // Waits for chunk c's reduction and unpacks it into the gradients.
+  void complete_chunk(Context& cx, const Plan& plan, std::size_t c) {
+    const std::int64_t waited_from = cx.timeline && !plan.blocking() ? Timeline::now() : 0;
+    // Nonblocking collectives are waited under the stall watchdog (blocking ones cannot be).
+    if (!plan.blocking())
+      wait_for(cx.backend, requests_[c], cx.ctl, cx.opt,
+               WaitSite{"allreduce", std::int64_t(cx.stats.passes), std::int64_t(c), std::int64_t(plan.num_chunks())});
+    if (cx.timeline) cx.timeline->reduce_end(c, waited_from);
+    if (plan.reduced_in_place(c)) return;  // scaled before the reduction
+    const std::int64_t pos = plan.buffer_pos(c), len = plan.chunk(c).size();
+    if (plan.chunk(c).kind != 0) {
+      if (wire_staged_)
+        copy_buffer(cx.exec, wire_, std::size_t(pos), wire_staging_, std::size_t(pos), std::size_t(len));
+    } else if (plan.staged()) {
+      copy_buffer(cx.exec, buffer_, std::size_t(pos), staging_, std::size_t(pos), std::size_t(len));
+    }
+    unpack_chunk(cx, plan, c);
+  }
+
+  // Launches chunks [launched_, end) in fused order. Nonblocking: chunk k is reduced while chunk
+  // k+1 is packed and chunk k-1 unpacked, up to max_chunks_in_flight chunks in flight, packed ones each in
+  // a slot of the buffer; without `may_block` it stops where it would have to wait. Blocking:
+  // each chunk is packed, reduced and unpacked before the next (one slot, which stays hot).
+  void launch_through(Context& cx, const Plan& plan, std::size_t end, bool aggregated, bool may_block = true) {
+    for (; launched_ < end; ++launched_) {
+      if (plan.blocking()) {
+        launch_chunk(cx, plan, launched_, aggregated);
+        complete_chunk(cx, plan, completed_++);
+        continue;
+      }
+      while (launched_ - completed_ >= std::size_t(plan.in_flight()) ||
+             (plan.prev_in_slot(launched_) >= 0 && std::size_t(plan.prev_in_slot(launched_)) >= completed_)) {
+        if (!may_block) return;
+        complete_chunk(cx, plan, completed_++);
+      }
+      launch_chunk(cx, plan, launched_, aggregated);
+    }
+  }
+
+  // The step in progress: chunks launched and completed so far, and which are ready.
+  bool step_open_ = false;
+  std::size_t launched_ = 0, completed_ = 0;
+  ReadyTracker ready_;
+  std::vector<typename Backend::Request> requests_;  // per chunk
+
+  Buffer buffer_, local_acc_;
+  BufferView<V, staging_space_t<MemorySpace>> staging_;
+  SegView dp_segs_, local_segs_, deferred_segs_;
+  std::int64_t n_dp_segs_ = 0, n_local_segs_ = 0, n_deferred_segs_ = 0;
+  // Compression (plan_wire): the 16-bit chunks, their host staging, this rank's rounding residuals
+  // (error feedback, by fused position), the fp16 overflow flag and the segments, to find a tensor.
+  WireBuffer wire_;
+  BufferView<std::uint16_t, staging_space_t<MemorySpace>> wire_staging_;
+  bool wire_staged_ = false;
+  Buffer residual_;
+  BufferView<std::int64_t, MemorySpace> overflow_;
+  BufferView<std::int64_t, staging_space_t<MemorySpace>> overflow_host_;
+  std::vector<Seg> host_segs_;
+};
+
+}  // namespace gradsync::impl

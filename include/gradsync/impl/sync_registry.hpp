@@ -1,0 +1,142 @@
+// gradsync: impl::SyncRegistry, the dense gradients a GradientSync was given, in registration order.
+//
+// Every other part reads it and none changes it: the plan lays the data-parallel tensors out in
+// fused order, the checks compare the registrations across ranks and name tensors in errors, the
+// facade answers questions about them. It changes only between steps (add, register_local_var,
+// defer_local_scale), through the facade.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "../compression.hpp"
+#include "../error.hpp"
+#include "../local_var_policy.hpp"
+#include "../options.hpp"
+#include "consistency.hpp"
+#include "fusion_plan.hpp"
+
+namespace gradsync::impl {
+
+// One registered tensor.
+template <class V>
+struct Registration {
+  V* data = nullptr;
+  std::size_t size = 0;
+  std::string group, name;
+  std::size_t index_in_group = 0;
+  bool policy_local = false;
+  LocalScale policy_scale = LocalScale::none;
+  bool runtime_local = false;
+  bool defer_scale = false;  // defer_local_scale: the caller applies the local factor
+  bool named = false;  // the name was given to add()
+  int compression = -1;  // its group's wire format (int(Compression)); -1: Options::compression
+  std::shared_ptr<void> keepalive;  // a copy of a registered View keeps its memory alive
+  std::function<std::pair<V*, std::size_t>()> requery;  // vectors: current data and size
+  bool local() const { return policy_local || runtime_local; }
+};
+
+template <class V>
+class SyncRegistry {
+ public:
+  using Entry = Registration<V>;
+  using FusedTensor = typename FusionPlan<V>::Tensor;
+
+  auto begin() const { return entries_.cbegin(); }
+  auto end() const { return entries_.cend(); }
+  auto begin() { return entries_.begin(); }
+  auto end() { return entries_.end(); }
+  std::size_t size() const { return entries_.size(); }
+
+  void push_back(Entry e) { entries_.push_back(std::move(e)); }
+
+  std::size_t count_in_group(const std::string& group) const {
+    return std::size_t(std::count_if(entries_.begin(), entries_.end(), [&](const Entry& o) { return o.group == group; }));
+  }
+
+  // The entry of the tensor at (p, n), or null.
+  const Entry* find(const V* p, std::size_t n) const {
+    for (const Entry& e : entries_)
+      if (e.data == p && e.size == n) return &e;
+    return nullptr;
+  }
+  Entry* find(const V* p, std::size_t n) { return const_cast<Entry*>(static_cast<const SyncRegistry*>(this)->find(p, n)); }
+
+  // As find, or an Error naming `who` and the rank.
+  const Entry& at(const V* p, std::size_t n, const char* who, int rank) const {
+    if (const Entry* e = find(p, n)) return *e;
+    throw Error(cat(who, ": the tensor (", n, " elements) is not registered with add<Group>() on rank ", rank));
+  }
+  Entry& at(const V* p, std::size_t n, const char* who, int rank) {
+    return const_cast<Entry&>(static_cast<const SyncRegistry*>(this)->at(p, n, who, rank));
+  }
+
+  // A data-parallel tensor's wire format: its group's choice, else the options'.
+  static Compression wire_of(const Entry& e, Compression by_options) {
+    return e.compression < 0 ? by_options : Compression(e.compression);
+  }
+
+  // What the plan is built from: the data-parallel tensors in fused order.
+  std::vector<FusedTensor> data_parallel_in_fused_order(const Options& opt) const {
+    std::vector<FusedTensor> dp;
+    for (const Entry& e : entries_)
+      if (!e.local()) dp.push_back({e.data, e.size, int(wire_of(e, opt.compression))});
+    if (opt.fusion_order == FusionOrder::reverse) std::reverse(dp.begin(), dp.end());
+    return dp;
+  }
+
+  // Their names, in the same order.
+  std::vector<std::string> data_parallel_names_in_fused_order(const Options& opt) const {
+    std::vector<std::string> names;
+    for (const Entry& e : entries_)
+      if (!e.local()) names.push_back(e.name);
+    if (opt.fusion_order == FusionOrder::reverse) std::reverse(names.begin(), names.end());
+    return names;
+  }
+
+  // What the ranks compare (impl/consistency.hpp), in registration order.
+  std::vector<RegDesc> describe(const Options& opt) const {
+    std::vector<RegDesc> regs;
+    regs.reserve(entries_.size());
+    for (const Entry& e : entries_)
+      regs.push_back({e.group, e.name, e.size, e.index_in_group, e.policy_local, e.runtime_local, e.named,
+                      int(wire_of(e, opt.compression))});
+    return regs;
+  }
+
+  // The data-parallel tensor holding the value at p, or null.
+  const Entry* data_parallel_holding(const V* p) const {
+    for (const Entry& e : entries_)
+      if (!e.local() && p >= e.data && p < e.data + e.size) return &e;
+    return nullptr;
+  }
+
+  std::size_t data_parallel_elements() const {
+    std::size_t n = 0;
+    for (const Entry& e : entries_)
+      if (!e.local()) n += e.size;
+    return n;
+  }
+
+  // A local tensor's factor: 1/n by its policy (or scale_local_gradients), 1/N when averaging passes.
+  static V local_factor(const Entry& e, const Options& opt, int ranks) {
+    if (!e.local()) return V(1);
+    const int N = opt.backward_passes_per_step;
+    const V inv_agg = opt.average_aggregated_gradients ? V(1) / V(N) : V(1);
+    const bool by_world = e.policy_local ? e.policy_scale == LocalScale::world_size : opt.scale_local_gradients;
+    return (by_world ? V(1) / V(ranks) : V(1)) * inv_agg;
+  }
+  static V deferred_factor(const Entry& e, const Options& opt, int ranks) {
+    return e.defer_scale && e.local() ? local_factor(e, opt, ranks) : V(1);
+  }
+
+ private:
+  std::vector<Entry> entries_;
+};
+
+}  // namespace gradsync::impl
