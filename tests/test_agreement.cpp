@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "generic_backend.hpp"
 #include "gradsync_test.hpp"
 
 using gradsync_test::value_at;
@@ -425,22 +426,10 @@ TEST_CASE("a std::vector resized on one rank, without a deadline: every rank sto
 namespace {
 // MpiBackend without its communicator: a backend with no side channel (like a user's own), whose
 // sync runs the agreement on its first call only, through the backend's blocking collectives.
-class PlainBackend : private gradsync::MpiBackend {
- public:
-  using MpiBackend::MpiBackend;
-  using MpiBackend::Request;
-  static constexpr const char* name() { return "plain"; }
-  using MpiBackend::allgather;
-  using MpiBackend::allreduce_max;
-  using MpiBackend::allreduce_min;
-  using MpiBackend::allreduce_sum;
-  using MpiBackend::can_access;
-  using MpiBackend::iallreduce_sum;
-  using MpiBackend::rank;
-  using MpiBackend::size;
-  using MpiBackend::test;
-  using MpiBackend::wait;
+struct PlainName {
+  static constexpr const char* value = "plain";
 };
+using PlainBackend = gradsync_test::GenericMpiBackend<PlainName>;
 static_assert(!gradsync::impl::has_mpi_comm<PlainBackend>::value);
 }  // namespace
 

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "generic_backend.hpp"
 #include "gradsync_test.hpp"
 
 using gradsync_test::has;
@@ -495,22 +496,10 @@ TEST_CASE("SelfBackend: one rank, one rounding per value") {
 
 namespace {
 // A backend of the user's own that does not declare sums_wire_values: never handed 16-bit values.
-class FloatOnlyBackend : private gradsync::MpiBackend {
- public:
-  using MpiBackend::MpiBackend;
-  using MpiBackend::Request;
-  static constexpr const char* name() { return "float-only"; }
-  using MpiBackend::allgather;
-  using MpiBackend::allreduce_max;
-  using MpiBackend::allreduce_min;
-  using MpiBackend::allreduce_sum;
-  using MpiBackend::can_access;
-  using MpiBackend::iallreduce_sum;
-  using MpiBackend::rank;
-  using MpiBackend::size;
-  using MpiBackend::test;
-  using MpiBackend::wait;
+struct FloatOnlyName {
+  static constexpr const char* value = "float-only";
 };
+using FloatOnlyBackend = gradsync_test::GenericMpiBackend<FloatOnlyName>;
 static_assert(!gradsync::impl::sums_wire<FloatOnlyBackend>::value && gradsync::impl::sums_wire<gradsync::MpiBackend>::value);
 }  // namespace
 

@@ -5,6 +5,8 @@
 // 13-512-256-64-16, dot interaction, top MLP 367-512-256-1. `--config FILE` reads such a JSON file.
 #pragma once
 
+#include "../common/example_common.hpp"
+
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -140,20 +142,9 @@ inline void validate(const Config& c) {
 /// Parses the command line, skipping Kokkos' --kokkos-* options; returns false for --help (after
 /// printing the usage when `print`).
 inline bool parse(Config& c, int argc, char** argv, bool print = true) {
-  std::vector<std::string> a(argv + 1, argv + argc);
   std::string bottom, top;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    auto value = [&]() -> const std::string& {
-      if (i + 1 >= a.size()) throw std::runtime_error(a[i] + " needs a value");
-      return a[++i];
-    };
-    const std::string& o = a[i];
-    if (o == "--help" || o == "-h") {
-      if (print) usage(argv[0]);
-      return false;
-    } else if (o.rfind("--kokkos-", 0) == 0)
-      continue;
-    else if (o == "--batch")
+  const bool run = examples::parse_args(argc, argv, print, usage, [&](const std::string& o, auto&& value) {
+    if (o == "--batch")
       c.batch = std::stoi(value());
     else if (o == "--steps")
       c.steps = std::stoi(value()), c.steps_given = true;
@@ -167,15 +158,9 @@ inline bool parse(Config& c, int argc, char** argv, bool print = true) {
       c.log_every = std::stoi(value());
     else if (o == "--check")
       c.check = true;
-    else if (o == "--table-scale") {
-      const std::string& m = value();
-      if (m == "world_size")
-        c.scale_tables = true;
-      else if (m == "none")
-        c.scale_tables = false;
-      else
-        throw std::runtime_error("--table-scale takes world_size or none, not " + m);
-    } else if (o == "--replicas") {
+    else if (o == "--table-scale")
+      c.scale_tables = examples::parse_scale(o, value());
+    else if (o == "--replicas") {
       c.replicas = std::stoi(value());
     } else if (o == "--compression") {
       c.compression = value();
@@ -190,8 +175,10 @@ inline bool parse(Config& c, int argc, char** argv, bool print = true) {
     else if (o == "--config")
       read_json(c, value());
     else
-      throw std::runtime_error("unknown option " + o + " (see --help)");
-  }
+      return false;
+    return true;
+  });
+  if (!run) return false;
   if (!bottom.empty()) c.bottom = impl::parse_dash_list<int>(bottom);
   if (!top.empty()) c.top = impl::parse_dash_list<int>(top);
   if (c.check && !c.steps_given) c.steps = 3;

@@ -5,48 +5,35 @@
 // n-rank check measures only the reordering that distribution itself causes.
 #pragma once
 
+#include "../common/example_common.hpp"
+
 #include <Kokkos_Core.hpp>
 #include <cmath>
 #include <cstdint>
 
 namespace dlrm {
 
-using Real = double;  // the check's 1e-10 bound is a double-precision bound
-using Exec = Kokkos::DefaultExecutionSpace;
-using Mem = Exec::memory_space;
-using Index = std::int64_t;
-
-// The math functions left Kokkos::Experimental in 3.7.
-#if KOKKOS_VERSION >= 30700
-namespace math = ::Kokkos;
-#else
-namespace math = ::Kokkos::Experimental;
-#endif
+using examples::Exec;
+using examples::Index;
+using examples::Mem;
+using examples::Real;
+namespace math = examples::math;
+using examples::range;
 
 template <class T>
 using View1 = Kokkos::View<T*, Kokkos::LayoutRight, Mem>;
 using Matrix = Kokkos::View<Real**, Kokkos::LayoutRight, Mem>;  // rows = samples (or outputs)
 using Cube = Kokkos::View<Real***, Kokkos::LayoutRight, Mem>;   // [sample][table][dim]
 
-inline Kokkos::RangePolicy<Exec, Kokkos::IndexType<Index>> range(Index n) {
-  return Kokkos::RangePolicy<Exec, Kokkos::IndexType<Index>>(0, n);
-}
-
 // ---- counter-based random numbers: the same value for the same key on every rank and device ----
 
-KOKKOS_INLINE_FUNCTION std::uint64_t mix(std::uint64_t x) {  // splitmix64's finaliser
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
+using examples::mix;
 
 KOKKOS_INLINE_FUNCTION std::uint64_t hash(std::uint64_t a, std::uint64_t b, std::uint64_t c, std::uint64_t d) {
   return mix(mix(mix(mix(a) ^ b) ^ c) ^ d);
 }
 
-/// Uniform in (0, 1), never 0 or 1.
-KOKKOS_INLINE_FUNCTION double uniform(std::uint64_t h) { return (double(h >> 11) + 0.5) * (1.0 / 9007199254740992.0); }
+using examples::uniform;  // in (0, 1), never 0 or 1
 
 // ---- initialisation ----
 

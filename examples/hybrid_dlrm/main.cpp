@@ -39,21 +39,9 @@ using dlrm::Config;
 using dlrm::Real;
 using Clock = std::chrono::steady_clock;
 
-int world_rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-
-double max_over_ranks(double x) {
-  MPI_Allreduce(MPI_IN_PLACE, &x, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-  return x;
-}
-
-double sum_over_ranks(double x) {
-  MPI_Allreduce(MPI_IN_PLACE, &x, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
-  return x;
-}
+using examples::max_over_ranks;
+using examples::sum_over_ranks;
+using examples::world_rank;
 
 std::string mib(double bytes) {
   char s[32];
@@ -354,28 +342,8 @@ int run(const Config& c) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
-  // Options first (Kokkos' own --kokkos-* ones are left to Kokkos), so --help needs no Kokkos.
   Config c;
-  try {
-    if (!dlrm::parse(c, argc, argv, world_rank() == 0)) {
-      MPI_Finalize();
-      return 0;
-    }
-  } catch (const std::exception& e) {
-    if (world_rank() == 0) std::fprintf(stderr, "hybrid_dlrm: %s\n", e.what());
-    MPI_Finalize();
-    return 2;
-  }
-  Kokkos::initialize(argc, argv);
-  int status = 0;
-  try {
-    status = c.replicas > 0 ? run<TablesReplicated>(c) : c.scale_tables ? run<Tables>(c) : run<TablesUnscaled>(c);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "hybrid_dlrm (rank %d): %s\n", world_rank(), e.what());
-    MPI_Abort(MPI_COMM_WORLD, 2);
-  }
-  Kokkos::finalize();
-  MPI_Finalize();
-  return status;
+  return examples::mpi_main(
+      "hybrid_dlrm", argc, argv, [&](bool print) { return dlrm::parse(c, argc, argv, print); },
+      [&] { return c.replicas > 0 ? run<TablesReplicated>(c) : c.scale_tables ? run<Tables>(c) : run<TablesUnscaled>(c); });
 }

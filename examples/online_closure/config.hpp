@@ -1,6 +1,8 @@
 // online_closure: the run's parameters and the command line.
 #pragma once
 
+#include "../common/example_common.hpp"
+
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -85,19 +87,8 @@ inline void validate(const Config& c) {
 /// Parses the command line, skipping Kokkos' --kokkos-* options; false for --help (after printing
 /// the usage when `print`).
 inline bool parse(Config& c, int argc, char** argv, bool print) {
-  std::vector<std::string> a(argv + 1, argv + argc);
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    auto value = [&]() -> const std::string& {
-      if (i + 1 >= a.size()) throw std::runtime_error(a[i] + " needs a value");
-      return a[++i];
-    };
-    const std::string& o = a[i];
-    if (o == "--help" || o == "-h") {
-      if (print) usage(argv[0]);
-      return false;
-    } else if (o.rfind("--kokkos-", 0) == 0)
-      continue;
-    else if (o == "--cells")
+  const bool run = examples::parse_args(argc, argv, print, usage, [&](const std::string& o, auto&& value) {
+    if (o == "--cells")
       c.cells = std::stoi(value());
     else if (o == "--refine")
       c.refine = std::stoi(value());
@@ -125,21 +116,17 @@ inline bool parse(Config& c, int argc, char** argv, bool print) {
       c.seed = std::stoull(value());
     else if (o == "--check")
       c.check = true;
-    else if (o == "--local-scale") {
-      const std::string& m = value();
-      if (m == "world_size")
-        c.scale_local = true;
-      else if (m == "none")
-        c.scale_local = false;
-      else
-        throw std::runtime_error("--local-scale takes world_size or none, not " + m);
-    } else if (o == "--max-ratio")
+    else if (o == "--local-scale")
+      c.scale_local = examples::parse_scale(o, value());
+    else if (o == "--max-ratio")
       c.max_ratio = std::stod(value());
     else if (o == "--plot")
       c.plot = value();
     else
-      throw std::runtime_error("unknown option " + o + " (see --help)");
-  }
+      return false;
+    return true;
+  });
+  if (!run) return false;
   if (c.check && !c.steps_given) c.steps = 3 * c.passes;
   validate(c);
   return true;

@@ -8,41 +8,29 @@
 // 0 <= i < n) at index h + i, the left halo at [0, h), the right halo at [n + h, n + 2h).
 #pragma once
 
+#include "../common/example_common.hpp"
+
 #include <Kokkos_Core.hpp>
 #include <cstdint>
 
 namespace closure {
 
-using Real = double;  // the check's 1e-10 bound is a double-precision bound
-using Exec = Kokkos::DefaultExecutionSpace;
-using Mem = Exec::memory_space;
-using Index = std::int64_t;
-
-// The math functions left Kokkos::Experimental in 3.7.
-#if KOKKOS_VERSION >= 30700
-namespace math = ::Kokkos;
-#else
-namespace math = ::Kokkos::Experimental;
-#endif
+using examples::Exec;
+using examples::Index;
+using examples::Mem;
+using examples::Real;
+namespace math = examples::math;
+using examples::range;
 
 using View1 = Kokkos::View<Real*, Kokkos::LayoutRight, Mem>;
 using Matrix = Kokkos::View<Real**, Kokkos::LayoutRight, Mem>;  // [cell][feature]
 using IndexView = Kokkos::View<Index*, Kokkos::LayoutRight, Mem>;
 
-inline Kokkos::RangePolicy<Exec, Kokkos::IndexType<Index>> range(Index n) {
-  return Kokkos::RangePolicy<Exec, Kokkos::IndexType<Index>>(0, n);
-}
-
 constexpr int coarse_halo = 2;  // the closure's faces see two cells on each side
 
 // ---- counter-based random numbers: the same value for the same key on every rank and device ----
 
-KOKKOS_INLINE_FUNCTION std::uint64_t mix(std::uint64_t x) {  // splitmix64's finaliser
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
+using examples::mix;
 
 KOKKOS_INLINE_FUNCTION std::uint64_t hash(std::uint64_t a, std::uint64_t b, std::uint64_t c) {
   return mix(mix(mix(a) ^ b) ^ c);
@@ -50,7 +38,7 @@ KOKKOS_INLINE_FUNCTION std::uint64_t hash(std::uint64_t a, std::uint64_t b, std:
 
 /// Uniform in (-1, 1).
 KOKKOS_INLINE_FUNCTION double symmetric(std::uint64_t h) {
-  return 2.0 * ((double(h >> 11) + 0.5) * (1.0 / 9007199254740992.0)) - 1.0;
+  return 2.0 * examples::uniform(h) - 1.0;
 }
 
 /// p[i] = bound * u, u uniform in (-1, 1) from (seed, tag, offset + i): a parameter's values do not

@@ -42,27 +42,10 @@ using closure::Config;
 using closure::Real;
 using closure::View1;
 
-int world_rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-
-int world_size() {
-  int n = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
-}
-
-double max_over_ranks(double x) {
-  MPI_Allreduce(MPI_IN_PLACE, &x, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-  return x;
-}
-
-double sum_over_ranks(double x) {
-  MPI_Allreduce(MPI_IN_PLACE, &x, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
-  return x;
-}
+using examples::max_over_ranks;
+using examples::sum_over_ranks;
+using examples::world_rank;
+using examples::world_size;
 
 template <class Group>
 const char* scale_name() {
@@ -423,27 +406,8 @@ int run(const Config& c) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
   Config c;
-  try {
-    if (!closure::parse(c, argc, argv, world_rank() == 0)) {
-      MPI_Finalize();
-      return 0;
-    }
-  } catch (const std::exception& e) {
-    if (world_rank() == 0) std::fprintf(stderr, "online_closure: %s\n", e.what());
-    MPI_Finalize();
-    return 2;
-  }
-  Kokkos::initialize(argc, argv);
-  int status = 0;
-  try {
-    status = c.scale_local ? run<Heads>(c) : run<HeadsUnscaled>(c);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "online_closure (rank %d): %s\n", world_rank(), e.what());
-    MPI_Abort(MPI_COMM_WORLD, 2);
-  }
-  Kokkos::finalize();
-  MPI_Finalize();
-  return status;
+  return examples::mpi_main(
+      "online_closure", argc, argv, [&](bool print) { return closure::parse(c, argc, argv, print); },
+      [&] { return c.scale_local ? run<Heads>(c) : run<HeadsUnscaled>(c); });
 }
