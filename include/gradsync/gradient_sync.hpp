@@ -713,6 +713,8 @@ class GradientSync {
         impl::FusionPlan<value_type>::build(dp, std::int64_t(chunk_limit()), fusion_threshold_bytes() == 0, own_min,
                                             merge_neighbours_, std::int64_t(chunk_limit(sizeof(std::uint16_t))));
     chunks_ = std::move(plan.chunks);
+    for (impl::Chunk& ch : chunks_)  // compressed chunks in place: the ring converts as it goes
+      ch.wire_ring = in_place_ && !blocking_ && ch.contiguous && impl::wire_ring_fits(backend_, ch.kind, ch.size());
     const std::vector<Seg>& segs = plan.segments;
     std::vector<const void*> dp_data;
     for (const auto& t : dp) dp_data.push_back(t.data);
@@ -870,8 +872,10 @@ class GradientSync {
   // Where chunk c lives in the buffer: its slot when windowed, its own place otherwise.
   std::int64_t buffer_pos(std::size_t c) const { return windowed_ ? slot_of_[c] * slot_size_ : chunks_[c].begin; }
 
-  // Compressed chunks never are: they need their 16-bit copy.
-  bool reduced_in_place(std::size_t c) const { return in_place_ && chunks_[c].contiguous && chunks_[c].kind == 0; }
+  // Compressed chunks only where the backend's ring converts as it goes; others need their 16-bit copy.
+  bool reduced_in_place(std::size_t c) const {
+    return chunks_[c].kind == 0 ? in_place_ && chunks_[c].contiguous : chunks_[c].wire_ring;
+  }
 
   void scale_in_place(std::size_t c, value_type factor) {
     if (factor == value_type(1)) return;
@@ -938,6 +942,7 @@ class GradientSync {
   // A compressed chunk: packed into 16-bit values by the pack kernel, summed by the backend in its
   // wire format (staged through host memory when the backend cannot sum it where it lives).
   void launch_compressed(std::size_t c, bool aggregated) {
+    if (chunks_[c].wire_ring) return launch_wire_ring(c);
     const std::int64_t pos = buffer_pos(c), len = chunks_[c].size();
     pack_chunk(c, aggregated);
     if (wire_staged_)
@@ -951,6 +956,19 @@ class GradientSync {
       sum_wire(c, reinterpret_cast<WireBf16*>(data), std::size_t(len));
     ++stats_.allreduce_calls;
     stats_.bytes_allreduced += std::size_t(len) * sizeof(std::uint16_t);
+    stats_.bytes_uncompressed += std::size_t(len) * sizeof(value_type);
+  }
+  // A compressed chunk summed in place by the backend's ring (impl/wire_ring.hpp): both factors and
+  // the residuals go with it; nothing is packed or unpacked.
+  void launch_wire_ring(std::size_t c) {
+    const std::int64_t len = chunks_[c].size();
+    if (!impl::ordered_on(backend_, exec_)) impl::fence(exec_, impl::label_fence_pack());
+    if (timeline_) timeline_->reduce_begin(c);
+    value_type* res = residual_.extent(0) > 0 ? residual_.data() + chunks_[c].begin : nullptr;
+    requests_[c] = impl::start_wire_ring(backend_, chunks_[c].kind, chunk_data(c), len, pre_factor_, post_factor_, res);
+    ++stats_.allreduce_calls;
+    stats_.bytes_allreduced += std::size_t(len) * sizeof(std::uint16_t);
+    stats_.bytes_in_place += std::size_t(len) * sizeof(std::uint16_t);
     stats_.bytes_uncompressed += std::size_t(len) * sizeof(value_type);
   }
   template <class W>
@@ -980,7 +998,11 @@ class GradientSync {
       impl::wait_for(backend_, requests_[c], ctl_, opt_,
                      impl::WaitSite{"allreduce", std::int64_t(stats_.passes), std::int64_t(c), std::int64_t(chunks_.size())});
     if (timeline_) timeline_->reduce_end(c, waited_from);
-    if (reduced_in_place(c)) return;  // scaled before the reduction
+    if (reduced_in_place(c)) {  // scaled before or in the reduction
+      if (chunks_[c].wire_ring && impl::wire_ring_non_finite<Backend>(requests_[c]) >= 0)
+        wire_non_finite_ = chunk_data(c) + impl::wire_ring_non_finite<Backend>(requests_[c]);  // fp16 only
+      return;
+    }
     const std::int64_t pos = buffer_pos(c), len = chunks_[c].size();
     if (chunks_[c].kind != 0) {
       if (wire_staged_)
@@ -1000,6 +1022,7 @@ class GradientSync {
     if (step_open_) return;
     if (dirty_) build_plan();
     ready_.reset();
+    wire_non_finite_ = nullptr;
     launched_ = completed_ = 0;
     step_open_ = true;
   }
@@ -1215,10 +1238,11 @@ class GradientSync {
     impl::copy_buffer(exec_, overflow_host_, 0, overflow_, 0, 1);
     impl::fence(exec_, impl::label_fence_sync());
     const std::int64_t k = overflow_host_.data()[0];
-    if (k == 0) return;
+    if (k == 0 && !wire_non_finite_) return;
     const std::int64_t zero = 0;
-    impl::upload_buffer(overflow_, &zero, 1);
-    const value_type* p = host_segs_[std::size_t(k - 1)].ptr;
+    if (k != 0) impl::upload_buffer(overflow_, &zero, 1);
+    const value_type* p = k != 0 ? host_segs_[std::size_t(k - 1)].ptr : wire_non_finite_;  // the same on every rank
+    wire_non_finite_ = nullptr;
     std::string which = "a data-parallel gradient";
     for (const Entry& e : entries_)
       if (!e.local() && p >= e.data && p < e.data + e.size)
@@ -1292,6 +1316,7 @@ class GradientSync {
   WireBuffer wire_;
   impl::BufferView<std::uint16_t, impl::staging_space_t<memory_space>> wire_staging_;
   bool wire_staged_ = false;
+  const value_type* wire_non_finite_ = nullptr;  // fp16 in place: a sum the ring found not finite this step
   Buffer residual_;
   impl::BufferView<std::int64_t, memory_space> overflow_;
   impl::BufferView<std::int64_t, impl::staging_space_t<memory_space>> overflow_host_;
