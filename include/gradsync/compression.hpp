@@ -1,5 +1,6 @@
 // gradsync: wire compression. Data-parallel gradients travel as 16-bit floats (IEEE fp16 or bfloat16)
-// and are added in fp32 wherever gradsync adds; the conversions ride in the pack and unpack kernels.
+// and are added in fp32 wherever gradsync adds; the conversions ride in the pack and unpack kernels,
+// or, for chunks summed in place by MpiBackend's ring, in the ring's own passes (impl/wire_ring.hpp).
 //
 // The formats are bit patterns (no CUDA or compiler half type), converted with integer arithmetic that
 // is the same on host and device: round to nearest even, NaN kept, overflow to infinity (which the

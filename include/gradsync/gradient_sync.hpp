@@ -544,7 +544,7 @@ class GradientSync {
     impl::TimelineScope span(timeline_.get(), impl::Timeline::Kind::plan, "plan build");
     Context cx = ctx();
     checks_.require_staging_possible(cx);
-    const auto layout = plan_.build(registry_, opt_, backend_.size(), Plan::staging_wanted(backend_, opt_));
+    const auto layout = plan_.build(registry_, opt_, backend_.size(), Plan::staging_wanted(backend_, opt_), backend_);
     std::vector<std::shared_ptr<void>> keep;
     for (const Entry& e : registry_)
       if (!e.local() && e.keepalive) keep.push_back(e.keepalive);

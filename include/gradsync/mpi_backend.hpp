@@ -117,6 +117,7 @@ class MpiBackend {
     int count = 0;
     MPI_Datatype type = MPI_DATATYPE_NULL;
     MPI_Op op = MPI_OP_NULL;
+    std::int64_t non_finite = -1;  // a completed compressed sum in place: its first non-finite value (fp16)
   };
 
   /// Works on a duplicate of `comm`; MPI must already be initialized by the caller. `cuda_aware`
@@ -228,6 +229,23 @@ class MpiBackend {
   bool can_reduce_wire() const {
     return impl::host_accessible_v<MemorySpace>;
   }
+  /// Compressed sums in place (impl/wire_ring.hpp): whether a sum of this many bytes on the wire
+  /// runs the ring, which converts the gradients to 16 bits as it sends them and adds what it
+  /// receives in fp32, so that no 16-bit copy of them is packed and unpacked.
+  bool sums_wire_in_place(std::size_t wire_bytes) const { return folds_factor(wire_bytes); }
+  /// buf[0, n) = post * sum over ranks of (pre * buf + residual), the values crossing as 16-bit W
+  /// (WireFp16, WireBf16), added in fp32 and rounded once by each rank; every rank ends with the same
+  /// bits. `residual` (or null) keeps what this rank's roundings dropped (error feedback). Host memory,
+  /// where sums_wire_in_place() says so; the Request's `non_finite` tells, once complete, the first
+  /// value that is not finite (fp16 only).
+  template <class W, class T>
+  Request iallreduce_wire_in_place(T* buf, std::size_t n, T pre, T post, T* residual) const {
+    static_assert(impl::is_wire_v<W> && std::is_floating_point_v<T>,
+                  "gradsync: iallreduce_wire_in_place<W>(T*, ...) takes a wire format and float or double values");
+    Request r;
+    r.ring = comm_->rings.template start_wire<W>(buf, checked_count(n), pre, post, residual, comm(), rank_, size_);
+    return r;
+  }
   void wait(Request& r) const {
     if (r.ring || r.stage != 0) {
       while (!test(r)) {
@@ -240,6 +258,7 @@ class MpiBackend {
     if (r.ring) {
       comm_->rings.progress();
       if (r.ring->busy()) return false;
+      r.non_finite = r.ring->non_finite();
       r.ring.reset();
       return true;
     }

@@ -11,6 +11,7 @@
 //   bench_sync timeline_cost <models_dir> <reps>          ResNet-50 with Options::timeline off and on
 //   bench_sync compression <models_dir> <out.csv> [budget_s] [model]  fp32 vs bf16/fp16 on the wire
 //   bench_sync hostpath <tensors> <reps>                   host path only (for callgrind)
+//   bench_sync dlrmstep <models_dir> <average|sum|raw> <reps>  DLRM's sync only (for callgrind)
 //   bench_sync tablesize <models_dir> <out.csv> [budget_s] DLRM's sync at 1x and 10x the table rows
 //   bench_sync smoke                                       a few tiny runs of every path (ctest)
 #include <chrono>
@@ -315,8 +316,9 @@ void bench_model(const bench::Model& m, double budget, gradsync::Options opt, co
 }
 
 // Wire compression (issue 19): the same gradients synchronized in fp32 and as bf16 / fp16 on the wire,
-// interleaved, same run. fp32 reduces large tensors in place; a compressed chunk always goes through
-// the 16-bit buffer, so "fp32 packed" (nothing in place) shows what the conversion itself costs.
+// interleaved, same run. Large tensors are reduced in place in both (compressed: gradsync's ring
+// converts as it sends and receives, impl/wire_ring.hpp); "packed" variants put every chunk through
+// the fusion buffer (compressed: its 16-bit copy, the path before the ring converted in place).
 // Run it over a shaped link (the namespace test bed) for the bandwidth win; `model` picks models by
 // name ("ResNet-50", "ViT-B/16", ...; default both of those). BENCH_METHOD=bf16 keeps the methods whose
 // label has "bf16", beside the fp32 baseline.
@@ -342,6 +344,13 @@ void run_compression(const std::string& dir, double budget, const std::string& o
     o = {};
     o.compression = gradsync::Compression::bf16;
     method("gradsync bf16", o);
+    o.in_place_min_fraction = HUGE_VAL;  // every chunk packed into its 16-bit copy (before the ring converted in place)
+    method("gradsync bf16 packed", o);
+    o = {};
+    o.compression = gradsync::Compression::bf16;
+    o.fusion_threshold_bytes = std::size_t(2) << 20;  // chunks of as many values as fp32's 4 MiB
+    method("gradsync bf16 2MiB chunks", o);
+    o = {};
     o.compression = gradsync::Compression::fp16;
     method("gradsync fp16", o);
     o.compression = gradsync::Compression::bf16;
@@ -613,6 +622,28 @@ void run_hostpath(std::size_t n, int reps) {
   if (bench::rank() == 0) std::printf("hostpath: %zu tensors, %d syncs\n", n, reps);
 }
 
+// DLRM's steady-state sync alone (op average or sum), or raw MPI_Allreduce of the same MLP bytes in
+// 256 KiB chunks, `reps` times: what callgrind counts, with --toggle-collect='*dlrm_steps*'.
+__attribute__((noinline)) void dlrm_steps(const std::function<void()>& step, int reps) {
+  for (int r = 0; r < reps; ++r) step();
+}
+void run_dlrmstep(const std::string& dir, const std::string& op, int reps) {
+  std::size_t mlp = 0;
+  const bench::Model m = bench::read_dlrm_model(dir + "/dlrm_criteo_kaggle.json", 100000, &mlp);
+  Tensors t(m);
+  gradsync::Options o;
+  o.read_environment = false;
+  if (op == "sum") o.op = gradsync::ReduceOp::sum;
+  auto sync = make_sync(m, t, o);
+  sync->synchronize();  // builds the plan: not part of the steady state
+  std::vector<float> raw(m.dp_elements(), 1e-3f);
+  if (op == "raw")
+    dlrm_steps([&] { raw_chunked(raw.data(), raw.size(), 256 * KiB); }, reps);
+  else
+    dlrm_steps([&] { sync->synchronize(); }, reps);
+  if (bench::rank() == 0) std::printf("dlrmstep: %s, %d steps\n", op.c_str(), reps);
+}
+
 // ctest: every path once, briefly (no timing is asserted; the DLRM byte check is).
 void run_smoke(const std::string& dir) {
   std::size_t mlp = 0;
@@ -661,6 +692,8 @@ int main(int argc, char** argv) {
       run_tablesize(arg(2, "."), std::stod(arg(4, "8")));
     else if (mode == "hostpath")
       run_hostpath(std::stoul(arg(2, "1000")), std::stoi(arg(3, "100")));
+    else if (mode == "dlrmstep")
+      run_dlrmstep(arg(2, GRADSYNC_BENCH_MODELS_DIR), arg(3, "average"), std::stoi(arg(4, "100")));
     else if (mode == "smoke")
       run_smoke(arg(2, GRADSYNC_BENCH_MODELS_DIR));
     else

@@ -7,12 +7,16 @@ DDP's bucketed reducer (25 MiB buckets, reverse order, rebuilt after the first s
 them over gloo exactly as in training. The sync time is the median of (DDP backward) minus the
 median of (the same backward under no_sync()), interleaved repetitions, slowest rank.
 
-usage: ddp_gloo.py <models_dir> <out.csv> <ranks> [budget_s] [section] [model name filter]
-       mpirun ... ddp_gloo.py <models_dir> <out.csv> mpi [budget_s] [section] [model name filter]
+usage: ddp_gloo.py <models_dir> <out.csv> <ranks> [budget_s] [section] [model name filter] [--hook=bf16|fp16]
+       mpirun ... ddp_gloo.py <models_dir> <out.csv> mpi [budget_s] [section] [model name filter] [--hook=...]
 The first spawns <ranks> local processes; the second takes rank and size from Open MPI's launcher
 (OMPI_COMM_WORLD_*) and the rendezvous from MASTER_ADDR / MASTER_PORT (across hosts: host 0's
 address; GLOO_SOCKET_IFNAME names the interface gloo uses).
 Appends rows  <section, default models>,<model>,DDP gloo,<bytes>,<tensors>,<ranks>,<median_s>,<reps>  (rank 0).
+--hook=bf16 / --hook=fp16 registers PyTorch's bf16_compress_hook / fp16_compress_hook (each bucket cast
+to the 16-bit type and divided by the world size, allreduced, cast back): the method is then
+"DDP gloo bf16 hook" / "DDP gloo fp16 hook". A hook that gloo cannot run is reported as a row-less
+message with the error.
 """
 import json
 import os
@@ -78,7 +82,13 @@ def timed(fn):
     return dt.item()
 
 
-def worker(rank, world, port, models_dir, out, budget, section="models", only=""):
+def register_hook(ddp, hook):
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    ddp.register_comm_hook(None, {"bf16": default_hooks.bf16_compress_hook,
+                                  "fp16": default_hooks.fp16_compress_hook}[hook])
+
+
+def worker(rank, world, port, models_dir, out, budget, section="models", only="", hook=""):
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ["MASTER_PORT"] = str(port)
     torch.set_num_threads(1)
@@ -88,8 +98,17 @@ def worker(rank, world, port, models_dir, out, budget, section="models", only=""
             continue
         torch.manual_seed(0)
         ddp = torch.nn.parallel.DistributedDataParallel(Dummy(shapes))
-        for _ in range(3):  # the first step rebuilds the buckets in ready order
-            step(ddp)
+        label = "DDP gloo" + (f" {hook} hook" if hook else "")
+        if hook:
+            register_hook(ddp, hook)
+        try:
+            for _ in range(3):  # the first step rebuilds the buckets in ready order
+                step(ddp)
+        except Exception as e:  # e.g. a dtype gloo's allreduce does not take
+            if rank == 0:
+                print(f"  {section:<10} {name:<22} {label}: refused: {str(e).splitlines()[0]}", flush=True)
+            del ddp
+            continue
 
         def local():
             with ddp.no_sync():
@@ -104,29 +123,33 @@ def worker(rank, world, port, models_dir, out, budget, section="models", only=""
         sync = statistics.median(t_ddp) - statistics.median(t_local)
         numel = sum(p.numel() for p in ddp.parameters())
         if rank == 0:
-            row = f"{section},{name},DDP gloo,{4 * numel},{len(shapes)},{world},{sync:.9g},{reps}\n"
+            row = f"{section},{name},{label},{4 * numel},{len(shapes)},{world},{sync:.9g},{reps}\n"
             with open(out, "a") as f:
                 f.write(row)
-            print(f"  {section:<10} {name:<22} DDP gloo (backward {statistics.median(t_ddp) * 1e3:.3f} ms, "
+            print(f"  {section:<10} {name:<22} {label} (backward {statistics.median(t_ddp) * 1e3:.3f} ms, "
                   f"no_sync {statistics.median(t_local) * 1e3:.3f} ms)  sync {sync * 1e3:10.3f} ms", flush=True)
         del ddp
     dist.destroy_process_group()
 
 
 def main():
-    models_dir, out = sys.argv[1], sys.argv[2]
-    budget = float(sys.argv[4]) if len(sys.argv) > 4 else 8.0
-    section = sys.argv[5] if len(sys.argv) > 5 else "models"
-    only = sys.argv[6] if len(sys.argv) > 6 else ""
-    if sys.argv[3] == "mpi":
+    hook = next((a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--hook=")), "")
+    argv = [a for a in sys.argv if not a.startswith("--hook=")]
+    if hook not in ("", "bf16", "fp16"):
+        sys.exit(f"ddp_gloo.py: --hook={hook}: use bf16 or fp16")
+    models_dir, out = argv[1], argv[2]
+    budget = float(argv[4]) if len(argv) > 4 else 8.0
+    section = argv[5] if len(argv) > 5 else "models"
+    only = argv[6] if len(argv) > 6 else ""
+    if argv[3] == "mpi":
         worker(int(os.environ["OMPI_COMM_WORLD_RANK"]), int(os.environ["OMPI_COMM_WORLD_SIZE"]),
-               int(os.environ.get("MASTER_PORT", "29500")), models_dir, out, budget, section, only)
+               int(os.environ.get("MASTER_PORT", "29500")), models_dir, out, budget, section, only, hook)
         return
-    world = int(sys.argv[3])
+    world = int(argv[3])
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.spawn(worker, args=(world, port, models_dir, out, budget, section, only), nprocs=world, join=True)
+    mp.spawn(worker, args=(world, port, models_dir, out, budget, section, only, hook), nprocs=world, join=True)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,8 @@ benchmark runs 4 MiB and Horovod's default 64 MiB and keeps each one's rows). Wi
 gradient is compressed as hvd.Compression.fp16 does (a cast to float16 before, back after).
 Time: median over repetitions of the slowest rank's step (a barrier before each).
 
-usage: mpirun ... horovod_bench.py <models_dir> <out.csv> <section> [budget_s] [--fp16]
+usage: mpirun ... horovod_bench.py <models_dir> <out.csv> <section> [budget_s] [--fp16] [--only=NAME]
+(--only: the models whose name contains NAME, e.g. --only=ResNet)
 Appends rows  <section>,<model>,Horovod <fusion>[ fp16],<bytes>,<tensors>,<ranks>,<median_s>,<reps>  (rank 0).
 """
 import os
@@ -27,6 +28,7 @@ from ddp_gloo import models  # noqa: E402  (the same shapes DDP is measured on)
 def main():
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
     fp16 = "--fp16" in sys.argv
+    only = next((a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--only=")), "")
     models_dir, out, section = args[0], args[1], args[2]
     budget = float(args[3]) if len(args) > 3 else 6.0
     hvd.init()
@@ -34,6 +36,8 @@ def main():
     fusion = int(os.environ.get("HOROVOD_FUSION_THRESHOLD", 64 << 20))
     label = f"Horovod {fusion >> 20}MiB fusion" + (" fp16" if fp16 else "")
     for name, shapes in models(models_dir):
+        if only not in name:
+            continue
         grads = [torch.full(s, 1e-3) for s in shapes]
         order = list(reversed(range(len(grads))))
 

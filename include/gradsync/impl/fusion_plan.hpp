@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "fusion_kernels.hpp"
+#include "wire_ring.hpp"
 
 namespace gradsync::impl {
 
@@ -25,6 +26,9 @@ struct Chunk {
   // it can be reduced in place, without a copy through the fusion buffer.
   bool contiguous = false;
   int kind = 0;  // its tensors' wire format (int(Compression)); a chunk never mixes formats
+  // Compressed, contiguous, and summed in place by the backend's ring, which converts as it goes
+  // (impl/wire_ring.hpp): no 16-bit copy. Set by the sync, which knows the backend.
+  bool wire_ring = false;
   std::int64_t size() const { return end - begin; }
 };
 

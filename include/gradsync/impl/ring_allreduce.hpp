@@ -10,6 +10,11 @@
 // then copied to the others, so every rank ends with the same bits. An optional factor (the 1/n of
 // an average) multiplies each segment once, by its owner, in the pass of its last addition: no pass
 // of its own over the bytes, where a scale after the allreduce would cost one.
+//
+// Compressed sums in place (impl/wire_ring.hpp) run the same schedule over the gradients' memory with
+// 16-bit values on the wire: each send converts its segment, each receive adds into fp32 and rounds
+// once, the owner rounds the whole sum and writes back post * it, and the allgather forwards those
+// 16-bit values as received and writes each back the same way, so every rank ends with the same bits.
 #pragma once
 
 #include <mpi.h>
@@ -22,6 +27,7 @@
 #include <vector>
 
 #include "../error.hpp"
+#include "wire_ring.hpp"
 
 namespace gradsync::impl {
 
@@ -47,6 +53,8 @@ class RingAllreduce {
     elem_ = sizeof(T);
     op_ = op;
     factor_ = factor;
+    wire_ = nullptr;
+    non_finite_ = -1;
     if constexpr (std::is_floating_point_v<T>)
       sum_scale_ = factor == 1.0 ? nullptr : &sum_scale<T>;
     else
@@ -61,22 +69,67 @@ class RingAllreduce {
     post();
   }
 
-  /// In the reduce-scatter without a receive buffer (its send is posted).
-  bool wants_buffer() const { return busy_ && step_ < size_ - 1 && !has_buffer_ && !reduced_; }
-  bool has_buffer() const { return has_buffer_; }
-  /// Bytes of this sum's widest segment: what its receive buffer must hold.
-  std::size_t buffer_bytes() const { return (n_ + std::size_t(size_) - 1) / std::size_t(size_) * elem_; }
-  std::uint64_t order() const { return order_; }
+  /// Starts the compressed sum in place: buf[0, count) = post * (sum over ranks of pre * buf + residual),
+  /// the values crossing as 16-bit W and added in T (WireRingOps). `residual` (or null) is this rank's
+  /// error feedback: it gets what each of this rank's roundings dropped. Nothing is posted before a
+  /// buffer is lent: the first send is converted into it. The sum holds its buffer to the end (its
+  /// allgather receives 16-bit values too).
+  template <class W, class T>
+  void start_wire(T* buf, int count, T pre, T post, T* residual, MPI_Comm comm, int rank, int size, int tag,
+                  std::uint64_t order) {
+    busy_ = true;
+    buf_ = reinterpret_cast<unsigned char*>(buf);
+    res_ = reinterpret_cast<unsigned char*>(residual);
+    n_ = std::size_t(count);
+    type_ = MPI_UINT16_T;
+    elem_ = sizeof(T);
+    op_ = MPI_OP_NULL;
+    pre_ = double(pre);
+    factor_ = double(post);
+    sum_scale_ = nullptr;
+    wire_ = &wire_ring_ops<W, T>;
+    non_finite_ = -1;
+    comm_ = comm;
+    rank_ = rank;
+    size_ = size;
+    tag_ = tag;
+    order_ = order;
+    step_ = 0;
+    reduced_ = false;
+    reqs_[0] = reqs_[1] = MPI_REQUEST_NULL;
+  }
 
-  /// Takes a receive buffer of at least buffer_bytes() and posts the waiting receive.
+  /// Without a buffer and needing one: in the reduce-scatter (its send is posted), or a compressed
+  /// sum not yet begun.
+  bool wants_buffer() const {
+    return busy_ && !has_buffer_ && (wire_ != nullptr || (step_ < size_ - 1 && !reduced_));
+  }
+  bool has_buffer() const { return has_buffer_; }
+  /// What its buffer must hold: the widest segment, or for a compressed sum two of them in 16 bits
+  /// (one received while the other is sent).
+  std::size_t buffer_bytes() const {
+    const std::size_t seg = (n_ + std::size_t(size_) - 1) / std::size_t(size_);
+    return wire_ ? 2 * seg * sizeof(std::uint16_t) : seg * elem_;
+  }
+  std::uint64_t order() const { return order_; }
+  /// Of a finished compressed sum: the first value (from buf) that is not finite (fp16), or -1.
+  std::int64_t non_finite() const { return non_finite_; }
+
+  /// Takes a buffer of at least buffer_bytes() and posts the waiting receive (a compressed sum: its
+  /// first step).
   void lend(std::vector<unsigned char> buffer) {
     tmp_ = std::move(buffer);
     has_buffer_ = true;
-    post_receive();
+    if (wire_)
+      post_wire();
+    else
+      post_receive();
   }
-  /// The buffer back once the last received segment is reduced, or an empty vector before.
+  /// The buffer back once the last received segment is reduced (a compressed sum: once done), or
+  /// an empty vector before.
   std::vector<unsigned char> give_back() {
-    if (!has_buffer_ || step_ < size_ - 2 || (step_ == size_ - 2 && !reduced_)) return {};
+    if (wire_ && (!has_buffer_ || busy_)) return {};
+    if (!wire_ && (!has_buffer_ || step_ < size_ - 2 || (step_ == size_ - 2 && !reduced_))) return {};
     has_buffer_ = false;
     return std::move(tmp_);
   }
@@ -88,6 +141,7 @@ class RingAllreduce {
   /// reduces a received segment as soon as it is in (the buffer can go back before the send
   /// completes) and posts the next step. Calls no MPI progress itself.
   void advance_tested() {
+    if (wire_) return advance_wire();
     while (busy_) {
       if (step_ < size_ - 1 && !reduced_) {  // reduce-scatter: add the received segment into ours
         if (!has_buffer_ || reqs_[0] != MPI_REQUEST_NULL) return;
@@ -132,6 +186,63 @@ class RingAllreduce {
     check_ring_call(MPI_Irecv(into, len(recv_seg), type_, mod(rank_ - 1), tag_, comm_, &reqs_[0]), "MPI_Irecv");
   }
 
+  // A compressed sum: step k receives into half(k) and sends from half(k + 1). The reduce-scatter's
+  // first send is this rank's segment converted; each later one is the segment received and added
+  // to in the step before (in place in its half); the allgather forwards what it received.
+  std::uint16_t* half(int k) {
+    const std::size_t seg = (n_ + std::size_t(size_) - 1) / std::size_t(size_);
+    return reinterpret_cast<std::uint16_t*>(tmp_.data()) + std::size_t(k % 2) * seg;
+  }
+  unsigned char* values(int seg) const { return buf_ + begin(seg) * elem_; }
+  unsigned char* residual(int seg) const { return res_ ? res_ + begin(seg) * elem_ : nullptr; }
+
+  void post_wire() {
+    const bool scatter = step_ < size_ - 1;
+    const int s = scatter ? step_ : step_ - (size_ - 1) - 1;
+    const int send_seg = mod(rank_ - s);
+    const int recv_seg = scatter ? mod(rank_ - step_ - 1) : mod(rank_ - (step_ - (size_ - 1)));
+    std::uint16_t* out = half(step_ + 1);
+    if (step_ == 0) wire_->first(values(send_seg), out, residual(send_seg), pre_, std::size_t(len(send_seg)));
+    check_ring_call(MPI_Irecv(half(step_), len(recv_seg), MPI_UINT16_T, mod(rank_ - 1), tag_, comm_, &reqs_[0]),
+                    "MPI_Irecv");
+    check_ring_call(MPI_Isend(out, len(send_seg), MPI_UINT16_T, mod(rank_ + 1), tag_, comm_, &reqs_[1]), "MPI_Isend");
+  }
+
+  void advance_wire() {
+    while (busy_) {
+      if (!has_buffer_) return;  // not begun: lend() posts the first step
+      if (!reduced_) {
+        if (reqs_[0] != MPI_REQUEST_NULL) return;
+        std::uint16_t* in = half(step_);
+        std::int64_t bad = -1;
+        int seg = 0;
+        if (step_ < size_ - 1) {
+          seg = mod(rank_ - step_ - 1);
+          const std::size_t n = std::size_t(len(seg));
+          if (step_ == size_ - 2)  // the last addition: the segment is ours
+            bad = wire_->finish(values(seg), in, residual(seg), pre_, factor_, n);
+          else
+            wire_->add(values(seg), in, residual(seg), pre_, n);
+        } else {
+          seg = mod(rank_ - (step_ - (size_ - 1)));
+          bad = wire_->write(values(seg), in, factor_, std::size_t(len(seg)));
+        }
+        // Every rank sees every final value once, in some order: the smallest index is the same everywhere.
+        if (bad >= 0) {
+          const std::int64_t at = std::int64_t(begin(seg)) + bad;
+          non_finite_ = non_finite_ < 0 ? at : std::min(non_finite_, at);
+        }
+        reduced_ = true;
+      }
+      if (reqs_[1] != MPI_REQUEST_NULL) return;
+      reduced_ = false;
+      if (++step_ == 2 * (size_ - 1))
+        busy_ = false;
+      else
+        post_wire();
+    }
+  }
+
   // The last addition and the factor in one pass: (ours + received) * factor. The same bits as
   // MPI_SUM followed by the multiplication (IEEE addition is commutative), one memory pass fewer.
   template <class T>
@@ -144,8 +255,11 @@ class RingAllreduce {
 
   bool busy_ = false, has_buffer_ = false, reduced_ = false;
   unsigned char* buf_ = nullptr;
+  unsigned char* res_ = nullptr;  // compressed: this rank's residuals (error feedback), or null
   std::size_t n_ = 0, elem_ = 0;
-  double factor_ = 1;
+  double factor_ = 1, pre_ = 1;
+  const WireRingOps* wire_ = nullptr;  // compressed: the conversions; null for a sum of T's
+  std::int64_t non_finite_ = -1;
   void (*sum_scale_)(unsigned char*, const unsigned char*, std::size_t, double) = nullptr;
   MPI_Datatype type_ = MPI_DATATYPE_NULL;
   MPI_Op op_ = MPI_SUM;
@@ -175,6 +289,16 @@ class RingPool {
                                        MPI_Comm comm, int rank, int size) {
     std::shared_ptr<RingAllreduce> s = idle_state();
     s->start(buf, count, factor, type, op, comm, rank, size, next_tag(), ++started_);
+    lend();
+    return s;
+  }
+
+  /// Starts a compressed sum in place (RingAllreduce::start_wire).
+  template <class W, class T>
+  std::shared_ptr<RingAllreduce> start_wire(T* buf, int count, T pre, T post, T* residual, MPI_Comm comm, int rank,
+                                            int size) {
+    std::shared_ptr<RingAllreduce> s = idle_state();
+    s->template start_wire<W>(buf, count, pre, post, residual, comm, rank, size, next_tag(), ++started_);
     lend();
     return s;
   }

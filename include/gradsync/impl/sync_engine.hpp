@@ -94,6 +94,7 @@ class SyncEngine {
   // The first reducing call of a step (mark_ready or synchronize): nothing is ready or in flight.
   void open_step() {
     ready_.reset();
+    wire_non_finite_ = nullptr;
     launched_ = completed_ = 0;
     step_open_ = true;
   }
@@ -140,7 +141,9 @@ class SyncEngine {
     copy_buffer(cx.exec, overflow_host_, 0, overflow_, 0, 1);
     fence(cx.exec, label_fence_sync());
     const std::int64_t k = overflow_host_.data()[0];
-    if (k == 0) return nullptr;
+    const V* in_ring = wire_non_finite_;  // fp16 summed in place: found by the ring, the same on every rank
+    wire_non_finite_ = nullptr;
+    if (k == 0) return in_ring;
     const std::int64_t zero = 0;
     upload_buffer(overflow_, &zero, 1);
     return host_segs_[std::size_t(k - 1)].ptr;
@@ -295,6 +298,7 @@ class SyncEngine {
   // A compressed chunk: packed into 16-bit values by the pack kernel, summed by the backend in its
   // wire format (staged through host memory when the backend cannot sum it where it lives).
   void launch_compressed(Context& cx, const Plan& plan, std::size_t c, bool aggregated) {
+    if (plan.chunk(c).wire_ring) return launch_wire_ring(cx, plan, c);
     const std::int64_t pos = plan.buffer_pos(c), len = plan.chunk(c).size();
     pack_chunk(cx, plan, c, aggregated);
     if (wire_staged_)
@@ -308,6 +312,20 @@ class SyncEngine {
       sum_wire(cx, plan, c, reinterpret_cast<WireBf16*>(data), std::size_t(len));
     ++cx.stats.allreduce_calls;
     cx.stats.bytes_allreduced += std::size_t(len) * sizeof(std::uint16_t);
+    cx.stats.bytes_uncompressed += std::size_t(len) * sizeof(V);
+  }
+  // A compressed chunk summed in place by the backend's ring (impl/wire_ring.hpp): both factors and
+  // the residuals go with it; nothing is packed or unpacked.
+  void launch_wire_ring(Context& cx, const Plan& plan, std::size_t c) {
+    const std::int64_t len = plan.chunk(c).size();
+    if (!ordered_on(cx.backend, cx.exec)) fence(cx.exec, label_fence_pack());
+    if (cx.timeline) cx.timeline->reduce_begin(c);
+    V* res = residual_.extent(0) > 0 ? residual_.data() + plan.chunk(c).begin : nullptr;
+    requests_[c] = start_wire_ring(cx.backend, plan.chunk(c).kind, plan.chunk_data(c), len, plan.pre_factor(),
+                                   plan.post_factor(), res);
+    ++cx.stats.allreduce_calls;
+    cx.stats.bytes_allreduced += std::size_t(len) * sizeof(std::uint16_t);
+    cx.stats.bytes_in_place += std::size_t(len) * sizeof(std::uint16_t);
     cx.stats.bytes_uncompressed += std::size_t(len) * sizeof(V);
   }
   template <class W>
@@ -353,7 +371,11 @@ class SyncEngine {
       wait_for(cx.backend, requests_[c], cx.ctl, cx.opt,
                WaitSite{"allreduce", std::int64_t(cx.stats.passes), std::int64_t(c), std::int64_t(plan.num_chunks())});
     if (cx.timeline) cx.timeline->reduce_end(c, waited_from);
-    if (plan.reduced_in_place(c)) return;  // scaled before the reduction
+    if (plan.reduced_in_place(c)) {  // scaled before or in the reduction
+      if (plan.chunk(c).wire_ring && wire_ring_non_finite<Backend>(requests_[c]) >= 0)  // fp16 only
+        wire_non_finite_ = plan.chunk_data(c) + wire_ring_non_finite<Backend>(requests_[c]);
+      return;
+    }
     const std::int64_t pos = plan.buffer_pos(c), len = plan.chunk(c).size();
     if (plan.chunk(c).kind != 0) {
       if (wire_staged_)
@@ -399,6 +421,7 @@ class SyncEngine {
   WireBuffer wire_;
   BufferView<std::uint16_t, staging_space_t<MemorySpace>> wire_staging_;
   bool wire_staged_ = false;
+  const V* wire_non_finite_ = nullptr;  // fp16 in place: a sum the ring found not finite this step
   Buffer residual_;
   BufferView<std::int64_t, MemorySpace> overflow_;
   BufferView<std::int64_t, staging_space_t<MemorySpace>> overflow_host_;

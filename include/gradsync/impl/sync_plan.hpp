@@ -157,7 +157,7 @@ class SyncPlan {
     merge_neighbours_ = agreed;
   }
 
-  Layout build(const SyncRegistry<V>& registry, const Options& opt, int ranks, bool staged) {
+  Layout build(const SyncRegistry<V>& registry, const Options& opt, int ranks, bool staged, const Backend& backend) {
     const int N = opt.backward_passes_per_step;
     const V inv_agg = opt.average_aggregated_gradients ? V(1) / V(N) : V(1);
     Layout L;
@@ -176,6 +176,8 @@ class SyncPlan {
     auto plan = FusionPlan<V>::build(L.data_parallel, std::int64_t(chunk_limit()), fusion_threshold_bytes() == 0,
                                      own_min, merge_neighbours_, std::int64_t(chunk_limit(sizeof(std::uint16_t))));
     chunks_ = std::move(plan.chunks);
+    for (Chunk& ch : chunks_)  // compressed chunks in place where the backend's ring converts as it goes
+      ch.wire_ring = in_place_ && !blocking_ && !hierarchical_ && ch.contiguous && wire_ring_fits(backend, ch.kind, ch.size());
     // Without aggregation the buffer is chunk-sized slots that chunks cycle through (one when each
     // chunk is reduced before the next is packed); with it the buffer holds every data-parallel
     // sum between passes.
@@ -243,8 +245,10 @@ class SyncPlan {
   std::int64_t buffer_pos(std::size_t c) const { return windowed_ ? slot_of_[c] * slot_size_ : chunks_[c].begin; }
   // A packed chunk waits for the previous user of its slot (-1: none, or in place).
   std::int64_t prev_in_slot(std::size_t c) const { return prev_in_slot_[c]; }
-  // Compressed chunks never are: they need their 16-bit copy.
-  bool reduced_in_place(std::size_t c) const { return in_place_ && chunks_[c].contiguous && chunks_[c].kind == 0; }
+  // Compressed chunks only where the backend's ring converts as it goes; others need their 16-bit copy.
+  bool reduced_in_place(std::size_t c) const {
+    return chunks_[c].kind == 0 ? in_place_ && chunks_[c].contiguous : chunks_[c].wire_ring;
+  }
   // Where an in-place chunk starts in the gradients' memory.
   V* chunk_data(std::size_t c) const { return first_ptr_[c]; }
   // Bytes chunk c hands to the backend.
