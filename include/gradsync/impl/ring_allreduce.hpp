@@ -59,13 +59,7 @@ class RingAllreduce {
       sum_scale_ = factor == 1.0 ? nullptr : &sum_scale<T>;
     else
       sum_scale_ = nullptr;  // 16-bit wire values (op adds them in fp32): never scaled here
-    comm_ = comm;
-    rank_ = rank;
-    size_ = size;
-    tag_ = tag;
-    order_ = order;
-    step_ = 0;
-    reduced_ = false;
+    begin_on(comm, rank, size, tag, order);
     post();
   }
 
@@ -89,13 +83,7 @@ class RingAllreduce {
     sum_scale_ = nullptr;
     wire_ = &wire_ring_ops<W, T>;
     non_finite_ = -1;
-    comm_ = comm;
-    rank_ = rank;
-    size_ = size;
-    tag_ = tag;
-    order_ = order;
-    step_ = 0;
-    reduced_ = false;
+    begin_on(comm, rank, size, tag, order);
     reqs_[0] = reqs_[1] = MPI_REQUEST_NULL;
   }
 
@@ -163,6 +151,17 @@ class RingAllreduce {
   }
 
  private:
+  // Where and as which step a sum starts (start and start_wire alike).
+  void begin_on(MPI_Comm comm, int rank, int size, int tag, std::uint64_t order) {
+    comm_ = comm;
+    rank_ = rank;
+    size_ = size;
+    tag_ = tag;
+    order_ = order;
+    step_ = 0;
+    reduced_ = false;
+  }
+
   int mod(int x) const { return ((x % size_) + size_) % size_; }
   std::size_t begin(int seg) const { return std::size_t(seg) * n_ / std::size_t(size_); }
   int len(int seg) const { return int(begin(seg + 1) - begin(seg)); }
