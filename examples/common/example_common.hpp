@@ -120,6 +120,8 @@ int mpi_main(const char* name, int& argc, char**& argv, Parse&& parse, Run&& run
     MPI_Abort(MPI_COMM_WORLD, 2);
   }
   Kokkos::finalize();
+  // the verdict must be out before MPI_Finalize: once a rank exits non-zero, mpirun kills the rest
+  std::fflush(stdout);
   MPI_Finalize();
   return status;
 }

@@ -132,6 +132,7 @@ int main(int argc, char** argv) {
       std::printf("torch_hybrid: check %s\n", failed ? "FAILED" : "PASSED");
     }
   }
+  std::fflush(stdout);  // out before MPI_Finalize: a rank exiting 1 lets mpirun kill the others
   MPI_Finalize();
   return failed ? 1 : 0;
 }
