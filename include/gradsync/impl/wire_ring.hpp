@@ -20,6 +20,7 @@
 
 #include "../compression.hpp"
 #include "../error.hpp"
+#include "vector_clones.hpp"
 
 namespace gradsync::impl {
 
@@ -36,7 +37,8 @@ struct WireRingOps {
   std::int64_t (*write)(void* v, const std::uint16_t* in, double post, std::size_t n);
 };
 
-// One loop per case, each without branches, so that each vectorizes (as the pack and unpack kernels).
+// One loop per case, each without branches, so that each vectorizes (as the pack and unpack kernels),
+// in the CPU's widest vectors (impl/vector_clones.hpp).
 template <class W, class T>
 struct WireRingLoops {
   using F = Wire<W>;
@@ -54,6 +56,7 @@ struct WireRingLoops {
     return -1;
   }
 
+  GRADSYNC_IMPL_VECTOR_CLONES
   static void first(const void* vp, std::uint16_t* out, void* rp, double pre_d, std::size_t n) {
     const T* v = static_cast<const T*>(vp);
     T* res = static_cast<T*>(rp);
@@ -70,6 +73,7 @@ struct WireRingLoops {
     }
   }
 
+  GRADSYNC_IMPL_VECTOR_CLONES
   static void add(const void* vp, std::uint16_t* io, void* rp, double pre_d, std::size_t n) {
     const T* v = static_cast<const T*>(vp);
     T* res = static_cast<T*>(rp);
@@ -86,6 +90,7 @@ struct WireRingLoops {
     }
   }
 
+  GRADSYNC_IMPL_VECTOR_CLONES
   static std::int64_t finish(void* vp, std::uint16_t* io, void* rp, double pre_d, double post_d, std::size_t n) {
     T* v = static_cast<T*>(vp);
     T* res = static_cast<T*>(rp);
@@ -111,6 +116,7 @@ struct WireRingLoops {
     return bad ? first_non_finite(io, n) : -1;
   }
 
+  GRADSYNC_IMPL_VECTOR_CLONES
   static std::int64_t write(void* vp, const std::uint16_t* in, double post_d, std::size_t n) {
     T* v = static_cast<T*>(vp);
     const T post = T(post_d);
