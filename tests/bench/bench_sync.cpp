@@ -12,6 +12,7 @@
 //   bench_sync compression <models_dir> <out.csv> [budget_s] [model]  fp32 vs bf16/fp16 on the wire
 //   bench_sync hostpath <tensors> <reps>                   host path only (for callgrind)
 //   bench_sync dlrmstep <models_dir> <average|sum|raw> <reps>  DLRM's sync only (for callgrind)
+//   bench_sync wireloops [values]                          the ring's host passes per value (1 rank)
 //   bench_sync tablesize <models_dir> <out.csv> [budget_s] DLRM's sync at 1x and 10x the table rows
 //   bench_sync smoke                                       a few tiny runs of every path (ctest)
 #include <chrono>
@@ -644,6 +645,45 @@ void run_dlrmstep(const std::string& dir, const std::string& op, int reps) {
   if (bench::rank() == 0) std::printf("dlrmstep: %s, %d steps\n", op.c_str(), reps);
 }
 
+// The ring's host passes alone, on one rank, per value of a segment (default 512 Ki values: a 4 MiB
+// chunk's half at 2 ranks): what an in-place fp32 average and an in-place bf16 / fp16 sum do to each
+// value besides the transport's copies. At 2 ranks a value of the fp32 average crosses as 4 bytes
+// twice (reduce-scatter, allgather) and meets one last addition; a bf16 value crosses as 2 bytes twice
+// and meets the first send's conversion, the owner's addition and rounding, and the write back.
+void run_wire_loops(std::size_t n) {
+  if (bench::rank() != 0) return;
+  std::vector<float> v(n, 1.5f), w(n, 0.25f), copy(n);
+  std::vector<std::uint16_t> io(n, 0x3f80), in(n, 0x3f80), copy16(n);
+  auto ns = [&](auto&& f) {  // median of 41 passes, in ns per value
+    std::vector<double> t;
+    for (int r = 0; r < 41; ++r) {
+      const auto a = std::chrono::steady_clock::now();
+      f();
+      t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - a).count());
+    }
+    return 1e9 * bench::median(t) / double(n);
+  };
+  using gradsync::impl::WireRingLoops;
+  const double sum = ns([&] { gradsync::impl::sum_scale_loop(v.data(), w.data(), n, 0.5f); });
+  const double c32 = ns([&] { std::memcpy(copy.data(), v.data(), n * sizeof(float)); });
+  const double c16 = ns([&] { std::memcpy(copy16.data(), in.data(), n * sizeof(std::uint16_t)); });
+  std::printf("wireloops: %zu values, ns per value: fp32 last addition %.3f, copy of 4 B %.3f, of 2 B %.3f\n", n, sum,
+              c32, c16);
+  const double fp32 = sum + 2 * c32;
+  auto wire = [&](const char* name, auto loops) {
+    using L = decltype(loops);
+    const double first = ns([&] { L::first(v.data(), io.data(), nullptr, 1.0, n); });
+    const double finish = ns([&] { L::finish(v.data(), io.data(), nullptr, 1.0, 0.5, n); });
+    const double write = ns([&] { L::write(v.data(), in.data(), 0.5, n); });
+    const double total = first + finish + write + 2 * c16;
+    std::printf("wireloops: %s first send %.3f, owner's addition %.3f, write back %.3f; per value with the copies "
+                "%.3f against fp32's %.3f: %.2fx\n",
+                name, first, finish, write, total, fp32, total / fp32);
+  };
+  wire("bf16", WireRingLoops<gradsync::WireBf16, float>{});
+  wire("fp16", WireRingLoops<gradsync::WireFp16, float>{});
+}
+
 // ctest: every path once, briefly (no timing is asserted; the DLRM byte check is).
 void run_smoke(const std::string& dir) {
   std::size_t mlp = 0;
@@ -655,6 +695,7 @@ void run_smoke(const std::string& dir) {
   small.numel[7] = 600000;  // one tensor reduced in place
   bench_model(small, 0.05, {}, "smoke", 0);
   run_hostpath(100, 3);
+  run_wire_loops(4096);
 }
 
 }  // namespace
@@ -694,6 +735,8 @@ int main(int argc, char** argv) {
       run_hostpath(std::stoul(arg(2, "1000")), std::stoi(arg(3, "100")));
     else if (mode == "dlrmstep")
       run_dlrmstep(arg(2, GRADSYNC_BENCH_MODELS_DIR), arg(3, "average"), std::stoi(arg(4, "100")));
+    else if (mode == "wireloops")
+      run_wire_loops(std::stoul(arg(2, "524288")));
     else if (mode == "smoke")
       run_smoke(arg(2, GRADSYNC_BENCH_MODELS_DIR));
     else
