@@ -50,6 +50,12 @@ struct WireRingLoops {
     const T d = x - T(F::decode(b));
     return d - d == T(0) ? d : T(0);
   }
+  // x rounded to the wire, what the rounding dropped kept in res (error feedback).
+  static std::uint16_t round_keeping(T x, T& res) {
+    const std::uint16_t b = F::encode(x);
+    res = kept(x, b);
+    return b;
+  }
   static std::int64_t first_non_finite(const std::uint16_t* w, std::size_t n) {
     for (std::size_t i = 0; i < n; ++i)
       if (F::non_finite(w[i])) return std::int64_t(i);
@@ -62,12 +68,7 @@ struct WireRingLoops {
     T* res = static_cast<T*>(rp);
     const T pre = T(pre_d);
     if (res) {
-      for (std::size_t i = 0; i < n; ++i) {
-        const T x = pre * v[i] + res[i];
-        const std::uint16_t b = F::encode(x);
-        out[i] = b;
-        res[i] = kept(x, b);
-      }
+      for (std::size_t i = 0; i < n; ++i) out[i] = round_keeping(pre * v[i] + res[i], res[i]);
     } else {
       for (std::size_t i = 0; i < n; ++i) out[i] = F::encode(T(pre * v[i]));
     }
@@ -79,12 +80,7 @@ struct WireRingLoops {
     T* res = static_cast<T*>(rp);
     const T pre = T(pre_d);
     if (res) {
-      for (std::size_t i = 0; i < n; ++i) {
-        const T x = (pre * v[i] + res[i]) + T(F::decode(io[i]));
-        const std::uint16_t b = F::encode(x);
-        io[i] = b;
-        res[i] = kept(x, b);
-      }
+      for (std::size_t i = 0; i < n; ++i) io[i] = round_keeping((pre * v[i] + res[i]) + T(F::decode(io[i])), res[i]);
     } else {
       for (std::size_t i = 0; i < n; ++i) io[i] = F::encode(T(pre * v[i] + T(F::decode(io[i]))));
     }
@@ -98,10 +94,8 @@ struct WireRingLoops {
     std::uint32_t bad = 0;
     if (res) {
       for (std::size_t i = 0; i < n; ++i) {
-        const T x = (pre * v[i] + res[i]) + T(F::decode(io[i]));
-        const std::uint16_t b = F::encode(x);
+        const std::uint16_t b = round_keeping((pre * v[i] + res[i]) + T(F::decode(io[i])), res[i]);
         io[i] = b;
-        res[i] = kept(x, b);
         v[i] = post * T(F::decode(b));  // the value every other rank writes from b
         if constexpr (flags) bad |= F::non_finite(b) ? 1u : 0u;
       }
