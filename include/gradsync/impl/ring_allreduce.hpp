@@ -34,12 +34,8 @@ namespace gradsync::impl {
 
 // The last addition of an average, (ours + received) * factor, in the CPU's widest vectors
 // (impl/vector_clones.hpp).
-GRADSYNC_IMPL_VECTOR_CLONES inline void sum_scale_loop(float* __restrict v, const float* __restrict w, std::size_t n,
-                                                       float f) {
-  for (std::size_t i = 0; i < n; ++i) v[i] = (v[i] + w[i]) * f;
-}
-GRADSYNC_IMPL_VECTOR_CLONES inline void sum_scale_loop(double* __restrict v, const double* __restrict w,
-                                                       std::size_t n, double f) {
+template <class T>
+GRADSYNC_IMPL_VECTOR_CLONES void sum_scale_loop(T* __restrict v, const T* __restrict w, std::size_t n, T f) {
   for (std::size_t i = 0; i < n; ++i) v[i] = (v[i] + w[i]) * f;
 }
 
