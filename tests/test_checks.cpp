@@ -298,9 +298,18 @@ TEST_CASE("check_finite and resize detection on the single-process backend") {
   CHECK_NOTHROW(sync.synchronize());
   v[13] = std::numeric_limits<double>::quiet_NaN();
   CHECK(has(outcome_of([&] { sync.synchronize(); }).what, "gradient 'v' (group Dense, 20 values) holds NaN or Inf on rank 0"));
+  // The sync failed: every later call says so at once, with the first failure's reason.
   v[13] = 1.0;
+  const Outcome again = outcome_of([&] { sync.synchronize(); });
+  CHECK(again.kind == "error");
+  CHECK(has(again.what, "synchronize(): this GradientSync failed in synchronize() (synchronize() call 2) on rank 0: "
+                        "gradient 'v' (group Dense, 20 values) holds NaN or Inf on rank 0"));
+  CHECK(has(again.what, "build a new one on every rank"));
+  gradsync::GradientSync<gradsync::SelfBackend, std::vector<double>> fresh(gradsync::SelfBackend{}, o);
+  fresh.add<Dense>(v, "v");
+  CHECK_NOTHROW(fresh.synchronize());
   v.push_back(2.0);
-  CHECK(has(outcome_of([&] { sync.synchronize(); }).what, "(20 -> 21 elements) on rank 0"));
+  CHECK(has(outcome_of([&] { fresh.synchronize(); }).what, "(20 -> 21 elements) on rank 0"));
 }
 
 TEST_CASE("a NaN or Inf in a gradient: every rank throws, naming the tensor and the rank (check_finite)") {

@@ -386,8 +386,9 @@ TEST_CASE("prepare() inside an aggregation cycle is refused; on some ranks only 
     sync.add<Dense>(g);
     GRADSYNC_CHECK_ALL(!sync.synchronize());
     const std::string e = gradsync_test::error_of([&] { sync.prepare(); });
-    GRADSYNC_CHECK_ALL(e == "gradsync: prepare() called inside a step (after pass 1 of 2, or after mark_ready); "
-                            "call it between steps");
+    GRADSYNC_CHECK_ALL(e == "gradsync: prepare() called after pass 1 of 2 of an aggregation cycle; call it only "
+                            "between steps (after synchronize() returned true): the sums held for the cycle would "
+                            "no longer match");
     GRADSYNC_CHECK_ALL(sync.synchronize());
   }
   if (n < 2) return;

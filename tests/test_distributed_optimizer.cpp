@@ -340,15 +340,23 @@ double single_process_norm(int n) {
   return std::sqrt(sq);
 }
 
-// Counts the backend's blocking allreduces (global_norm must make exactly one of one value).
+// Counts the backend's allreduces, blocking or not (global_norm must make exactly one of one value;
+// it starts a nonblocking one and waits for it under the stall watchdog).
 struct CountingBackend : gradsync::MpiBackend {
   using gradsync::MpiBackend::MpiBackend;
+  using gradsync::MpiBackend::iallreduce_sum;
   mutable long calls = 0, values = 0;
   template <class T>
   void allreduce_sum(T* buf, std::size_t n) const {
     ++calls;
     values += long(n);
     gradsync::MpiBackend::allreduce_sum(buf, n);
+  }
+  template <class T>
+  Request iallreduce_sum(T* buf, std::size_t n) const {
+    ++calls;
+    values += long(n);
+    return gradsync::MpiBackend::iallreduce_sum(buf, n);
   }
 };
 

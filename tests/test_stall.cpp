@@ -109,6 +109,12 @@ TEST_CASE("a rank that skips one synchronize() is reported missing by every othe
       CHECK(c.stall);
       CHECK(has(c.what, missing_report(victim, world_size())));
       CHECK(has(c.what, "for the arrival check in synchronize() call 5"));
+      // The deadline holds: within 1.1x stall_timeout (1 s), the grace for late notices included.
+      const auto at = c.what.find("has waited ");
+      REQUIRE(at != std::string::npos);
+      const double waited = std::stod(c.what.substr(at + 11));
+      CHECK(waited >= 1.0);
+      CHECK(waited <= 1.1);
     }
   }
 }

@@ -11,12 +11,14 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "config.hpp"
 #include "error.hpp"
 #include "impl/segment_table.hpp"
+#include "impl/stall.hpp"
 
 namespace gradsync {
 namespace impl {
@@ -86,8 +88,9 @@ class GlobalNorm {
 
   explicit GlobalNorm(execution_space exec = {}) : exec_(exec) {}
 
-  /// sqrt(Σ over the whole model of g²), equal on every rank.
-  double norm(const Sync& sync) {
+  /// sqrt(Σ over the whole model of g²), equal on every rank. Collective, under the sync's stall
+  /// watchdog: a rank that skips it is named by the ranks that wait.
+  double norm(Sync& sync) {
     refresh(sync);
     double local_part = 0;
     const std::int64_t nsegs = std::int64_t(segs_.extent(0));
@@ -99,16 +102,28 @@ class GlobalNorm {
       impl::fence(exec_, impl::label_fence_reduce());
       for (std::int64_t k = 0; k < nsegs; ++k) local_part += partial_host_(k);
     }
-    const auto& b = sync.backend();
-    if (b.template can_access<Kokkos::HostSpace>()) {
-      b.allreduce_sum(&local_part, 1);
-    } else {  // a device-only backend: reduce through a one-value View in the gradients' memory space
-      if (!device_value_.data()) device_value_ = Kokkos::View<double, memory_space>("gradsync::global_norm");
-      Kokkos::deep_copy(exec_, device_value_, impl::HostScalar<double>(&local_part));
-      impl::fence(exec_, impl::label_fence_reduce());
-      b.allreduce_sum(device_value_.data(), 1);
-      Kokkos::deep_copy(exec_, impl::HostScalar<double>(&local_part), device_value_);
-      impl::fence(exec_, impl::label_fence_reduce());
+    // The value crosses in a cell of its own, not on the stack: a collective abandoned by a stall
+    // may be completed by a late peer, which then writes there (the cell is parked on failure).
+    if (!cell_) cell_ = std::make_shared<double>();
+    *cell_ = local_part;
+    try {
+      sync.impl_collective("global_norm()", "global norm's allreduce", [&](const auto& b) {
+        if (b.template can_access<Kokkos::HostSpace>()) {
+          b.allreduce_sum(cell_.get(), 1);
+          local_part = *cell_;
+        } else {  // a device-only backend: reduce through a one-value View in the gradients' memory space
+          if (!device_value_.data()) device_value_ = Kokkos::View<double, memory_space>("gradsync::global_norm");
+          Kokkos::deep_copy(exec_, device_value_, impl::HostScalar<double>(&local_part));
+          impl::fence(exec_, impl::label_fence_reduce());
+          b.allreduce_sum(device_value_.data(), 1);
+          Kokkos::deep_copy(exec_, impl::HostScalar<double>(&local_part), device_value_);
+          impl::fence(exec_, impl::label_fence_reduce());
+        }
+      });
+    } catch (...) {
+      impl::graveyard().push_back(std::make_shared<Kokkos::View<double, memory_space>>(device_value_));
+      impl::graveyard().push_back(std::move(cell_));
+      throw;
     }
     return std::sqrt(local_part);
   }
@@ -175,11 +190,12 @@ class GlobalNorm {
   Kokkos::View<double*, memory_space> partial_;  // one partial sum per segment
   typename Kokkos::View<double*, memory_space>::HostMirror partial_host_;
   Kokkos::View<double, memory_space> device_value_;  // allocated on first use, by device-only backends only
+  std::shared_ptr<double> cell_;  // the host path's value in flight (see norm)
 };
 
 /// The global gradient norm of everything `sync` holds (see GlobalNorm; builds its table each call).
 template <class Sync>
-double global_norm(const Sync& sync) {
+double global_norm(Sync& sync) {
   return GlobalNorm<Sync>().norm(sync);
 }
 

@@ -4,11 +4,15 @@
 // reduced chunk by chunk by the backend, and unpacked with every scale factor folded into one
 // multiplication. Local groups never enter the buffer; their scale is applied in place.
 //
-// GradientSync is the facade: it keeps the public API and the step's bookkeeping (passes of an
-// aggregation cycle, pending deferred scales) and wires together the parts that do the work, each
-// readable alone: impl::SyncRegistry (the registered gradients), impl::SyncPlan (what to send, in
-// which chunks, by which algorithm), impl::SyncEngine (running the plan on the backend) and
-// impl::SyncChecks (every cross-rank agreement). It owns what they share (impl::SyncContext).
+// GradientSync is the facade: it keeps the public API and wires together the parts that do the
+// work, each readable alone: impl::SyncStep (the step's states, which call is legal when, and the
+// failure protocol: read it first), impl::SyncRegistry (the registered gradients), impl::SyncPlan
+// (what to send, in which chunks, by which algorithm), impl::SyncEngine (running the plan on the
+// backend) and impl::SyncChecks (every cross-rank agreement). It owns what they share
+// (impl::SyncContext).
+//
+// Each public function's comment says whether it is collective (every rank of the backend's
+// communicator calls it, in the same order) and in which states it is legal.
 #pragma once
 
 #include <algorithm>
@@ -17,6 +21,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
+#include <exception>
 #include <memory>
 #include <string>
 #include <type_traits>
@@ -37,7 +43,9 @@
 #include "impl/sync_engine.hpp"
 #include "impl/sync_plan.hpp"
 #include "impl/sync_registry.hpp"
+#include "impl/sync_step.hpp"
 #include "impl/timeline.hpp"
+#include "impl/watched.hpp"
 #include "local_var_policy.hpp"
 #include "options.hpp"
 #include "process_set.hpp"
@@ -86,11 +94,36 @@ class GradientSync {
     timeline_ = impl::open_timeline(opt_.timeline, backend_.rank(), backend_.size(), ctl_);
   }
 
+  // One sync owns one communicator's exchange: copies would share it.
+  GradientSync(const GradientSync&) = delete;
+  GradientSync& operator=(const GradientSync&) = delete;
+  /// Moving (into a DistributedOptimizer) is legal in any state: requests and buffers in flight are
+  /// handles to heap memory, which the new object takes over. The moved-from object only accepts
+  /// destruction; its other calls throw.
+  GradientSync(GradientSync&&) = default;
+  GradientSync& operator=(GradientSync&&) = delete;
+
+  /// Destroying a sync between steps frees its buffers and communicators. Destroying it while a
+  /// step is open (an exception from the user's backward after mark_ready(), say) abandons the step:
+  /// its peers are told (each throws an Error naming this rank) and everything its collectives in
+  /// flight may still touch is parked, never freed, so later MPI calls of the program are safe.
+  ~GradientSync() {
+    if (!step_.open()) return;
+    fail_step(impl::ErrorKind::error,
+              impl::cat("rank ", backend_.rank(), " abandoned its step with the exchange in flight: its GradientSync was "
+                        "destroyed", std::uncaught_exceptions() > 0 ? " while an exception unwound the stack" : "",
+                        " before synchronize() returned"),
+              "the GradientSync's destructor");
+  }
+
   /// Registers a gradient in `Group`. Any contiguous tensor with this sync's value type and memory
   /// space is accepted (a View of any rank, a vector, a Span). `name` appears in error messages.
+  /// Local (not collective); legal between steps only. The ranks compare the data-parallel
+  /// registrations at the next collective call.
   template <class Group, class U>
   void add(const U& tensor, std::string name = {}) {
     using UT = TensorTraits<U>;
+    step_.require_between_steps("add()", opt_.backward_passes_per_step);
     static_assert(is_tensor_v<U>, "gradsync::GradientSync::add: argument is not a tensor gradsync knows");
     static_assert(std::is_same_v<typename UT::value_type, value_type>,
                   "gradsync::GradientSync::add: the tensor's value type differs from the sync's");
@@ -134,21 +167,25 @@ class GradientSync {
   }
 
   /// Binds this rank's process set for the groups whose policy is ReduceOver<Tag>
-  /// (process_set.hpp): the ranks it reduces those groups with, itself included. Between steps;
-  /// the communicator is created, collectively, at the next synchronize() or prepare().
+  /// (process_set.hpp): the ranks it reduces those groups with, itself included. Local; legal
+  /// between steps only; the communicator is created, collectively, at the next synchronize() or
+  /// prepare().
   template <class Tag>
   void bind_process_set(std::vector<int> ranks) {
     static_assert(impl::has_split<Backend>::value,
                   "gradsync::GradientSync::bind_process_set: the backend cannot split its communicator "
                   "(MpiBackend and SelfBackend can)");
+    step_.require_between_steps("bind_process_set()", opt_.backward_passes_per_step);
     begin_change();
     sets_.bind(impl::type_name<Tag>(), std::move(ranks), backend_.rank(), backend_.size());
   }
 
   /// Registers a row-sparse gradient (row_sparse.hpp): only its rows are scaled (local group) or
   /// exchanged (data-parallel group), after the dense chunks. Needs backward_passes_per_step == 1.
+  /// Local; legal between steps only.
   template <class Group, class V, class I>
   void add(const RowSparse<V, I>& rows, std::string name = {}) {
+    step_.require_between_steps("add()", opt_.backward_passes_per_step);
     static_assert(std::is_same_v<typename RowSparse<V, I>::value_type, value_type>,
                   "gradsync::GradientSync::add: the RowSparse values' type differs from the sync's");
     static_assert(std::is_same_v<typename RowSparse<V, I>::memory_space, memory_space>,
@@ -174,11 +211,13 @@ class GradientSync {
   }
 
   /// Horovod parity: at run time, makes a registered gradient local (never communicated). It is
-  /// scaled by 1/world_size when Options::scale_local_gradients is set.
+  /// scaled by 1/world_size when Options::scale_local_gradients is set. Local; legal between steps
+  /// only (the ranks compare the change at the next collective call).
   template <class U>
   void register_local_var(const U& tensor) {
     using UT = TensorTraits<U>;
     static_assert(is_tensor_v<U>, "gradsync::GradientSync::register_local_var: argument is not a tensor");
+    step_.require_between_steps("register_local_var()", opt_.backward_passes_per_step);
     Entry* e = registry_.find(UT::data(tensor), UT::size(tensor));
     if (!e)
       throw Error(impl::cat("register_local_var: the tensor (", UT::size(tensor),
@@ -190,60 +229,35 @@ class GradientSync {
 
   /// Call after each backward pass. Returns true when the gradients hold synchronized values
   /// (every Nth call, N = backward_passes_per_step); otherwise they are accumulated internally.
+  /// Collective; legal in every state but failed. An exception from it leaves the sync failed on
+  /// every rank (each names the rank that failed first), except the fp16 overflow, after which the
+  /// sync goes on (docs/ERRORS.md).
   bool synchronize() {
-    const std::int64_t t_begin = timeline_ ? impl::Timeline::now() : 0;  // no RAII here: keeps the inlining of the timeline-off path
-    pending_ = false;  // the tensors are about to hold this pass's values
-    const bool step_open = engine_.step_open();
-    if (!step_open) checks_before_pass();  // else mark_ready ran them when it opened the step
-    const auto t0 = std::chrono::steady_clock::now();
-    if (plan_.dirty() && !step_open) build_plan();
-    Context cx = ctx();
-    if (opt_.check_finite)
-      checks_.check_finite(cx, registry_, engine_.data_parallel_segments(), engine_.num_data_parallel_segments());
-    if (checks_.agrees_each_call() && plan_.blocking()) agree_before_exchange(true);  // after every local check: the collectives follow
-    ++stats_.passes;
-    ++pass_;
-    const int n_passes = opt_.backward_passes_per_step;
-    if (pass_ < n_passes) {
-      engine_.accumulate(cx, plan_, pass_ == 1);
-      impl::fence(exec_, impl::label_fence_sync());
-      if (timeline_) timeline_->step_span(t_begin, stats_.passes);
-      return false;
+    step_.require_usable("synchronize()");
+    call_ = std::int64_t(stats_.passes) + 1;
+    const value_type* overflow = nullptr;
+    const bool done = collective("synchronize()", [&] { return sync_pass(overflow); });
+    if (overflow) {  // every rank holds the same sums, so every rank throws this; the sync goes on
+      Context cx = ctx();
+      Checks::throw_wire_overflow(cx, registry_, overflow);
     }
-    pass_ = 0;
-    begin_step();
-    engine_.reduce(cx, plan_, n_passes > 1);
-    engine_.finish_local(cx, n_passes > 1);
-    if constexpr (sets_supported) {
-      if (sets_.has_tensors())
-        sets_.reduce(exec_, opt_, ctl_, backend_.size(), std::int64_t(stats_.passes), stats_);
-    }
-    if (!sparse_.empty()) finish_row_sparse();
-    impl::fence(exec_, impl::label_fence_sync());
-    pending_ = engine_.has_deferred();
-    ++stats_.steps;
-    if (engine_.watches_overflow())
-      if (const value_type* p = engine_.take_overflow(cx)) Checks::throw_wire_overflow(cx, registry_, p);
-    if (plan_.tuner().active()) {
-      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      plan_.tune(seconds, [&](double* v, std::size_t n) { backend_.allreduce_max(v, n); }, stats_, timeline_.get());
-    }
-    if (timeline_) timeline_->step_span(t_begin, stats_.passes);
-    return true;
+    return done;
   }
 
   /// Pays the first call's one-time costs before training starts: the ranks compare their
   /// registrations (the consistency check), the plan is built, host gradients reduced in place move
   /// onto huge pages and the buffers are allocated. Collective: every rank calls it, at the same
-  /// point (over MpiBackend, a rank that calls synchronize() instead is a MismatchError everywhere).
+  /// point (over MpiBackend, a rank that calls synchronize() instead is a MismatchError everywhere);
+  /// legal between steps only.
   /// Gradient values are not touched; the next synchronize() builds nothing unless registrations
   /// change in between. fusion_threshold_auto still times its candidates on the first steps.
   void prepare() {
-    if (pass_ != 0 || engine_.step_open())
-      throw Error(impl::cat("prepare() called inside a step (after pass ", pass_, " of ",
-                            opt_.backward_passes_per_step, ", or after mark_ready); call it between steps"));
-    checks_before_pass(true);
-    if (plan_.dirty()) build_plan();
+    step_.require_between_steps("prepare()", opt_.backward_passes_per_step);
+    call_ = std::int64_t(stats_.passes) + 1;
+    collective("prepare()", [&] {
+      checks_before_pass(true);
+      if (plan_.dirty()) build_plan();
+    });
   }
 
   /// Overlap with backward: tells the sync that this gradient is final for the current pass. A
@@ -254,35 +268,43 @@ class GradientSync {
   /// local tensors need none. With backward_passes_per_step = N > 1 only the Nth pass of a cycle
   /// reduces: marks on passes 1 .. N-1 have no effect (synchronize() accumulates them), marks on
   /// the Nth pass launch chunks of the accumulated sums. A gradient must not change after its mark
-  /// until synchronize() returns.
+  /// until synchronize() returns. Collective when it opens the step (the ranks' arrival check runs
+  /// then), and with Options::check_finite each chunk is scanned before it is launched; legal in
+  /// every state but failed.
   template <class U>
   void mark_ready(const U& tensor) {
     static_assert(is_tensor_v<U>, "gradsync::GradientSync::mark_ready: argument is not a tensor");
-    if (plan_.dirty() && !engine_.step_open()) build_plan();
+    step_.require_usable("mark_ready()");
     const value_type* p = TensorTraits<U>::data(tensor);
-    const std::int64_t i = engine_.find_ready_slot(p);
-    if (i < 0) {
-      if (registry_.find(p, TensorTraits<U>::size(tensor))) return;  // local or empty
+    std::int64_t i = plan_.dirty() ? -1 : engine_.find_ready_slot(p);
+    if (i < 0 && !registry_.find(p, TensorTraits<U>::size(tensor)))  // misuse: rejected, the step goes on
       throw Error(impl::cat("mark_ready: the tensor (", TensorTraits<U>::size(tensor),
                             " elements) is not registered with add<Group>() on rank ", backend_.rank()));
-    }
-    if (timeline_) timeline_->mark(i);
-    // Blocking collectives are never started here: a rank blocked in chunk k while another is
-    // still in backward (or in the model's own collectives) would hang both.
-    if (plan_.blocking() || pass_ + 1 < opt_.backward_passes_per_step) return;  // not a reducing pass
-    if (!engine_.step_open()) checks_before_pass();  // the ranks agree before the step's first collective
-    begin_step();
-    engine_.mark_ready(std::size_t(i));
-    progress();
+    call_ = std::int64_t(stats_.passes) + 1;
+    collective("mark_ready()", [&] {
+      if (plan_.dirty() && !step_.open()) {
+        build_plan();
+        i = engine_.find_ready_slot(p);
+      }
+      if (i < 0) return;  // local or empty
+      if (timeline_) timeline_->mark(i);
+      // Blocking collectives are never started here: a rank blocked in chunk k while another is
+      // still in backward (or in the model's own collectives) would hang both.
+      if (plan_.blocking() || step_.pass() + 1 < opt_.backward_passes_per_step) return;  // not a reducing pass
+      if (!step_.open()) checks_before_pass();  // the ranks agree before the step's first collective
+      begin_step();
+      engine_.mark_ready(std::size_t(i));
+      advance();
+    });
   }
 
   /// Lets chunks launched by mark_ready advance and launches those that became possible. Call it
   /// while waiting during backward (e.g. while polling device events): MPI's nonblocking
-  /// collectives progress only inside MPI calls. Never blocks.
+  /// collectives progress only inside MPI calls. Never blocks; legal in every state but failed.
   void progress() {
-    if (!engine_.step_open() || plan_.blocking()) return;
-    Context cx = ctx();
-    engine_.progress(cx, plan_, opt_.backward_passes_per_step > 1);
+    step_.require_usable("progress()");
+    if (!step_.open() || plan_.blocking()) return;
+    collective("progress()", [&] { advance(); });
   }
 
   /// The chunk size the sync uses now (fusion_threshold_auto: the candidate being timed, then the
@@ -379,9 +401,8 @@ class GradientSync {
     Entry& e = registry_.at(TensorTraits<U>::data(tensor), TensorTraits<U>::size(tensor), "defer_local_scale",
                             backend_.rank());
     if (e.defer_scale == defer) return;
-    if (pass_ != 0)
-      throw Error(impl::cat("defer_local_scale('", e.name, "', group ", e.group, ") called after pass ", pass_, " of ",
-                            opt_.backward_passes_per_step, " of an aggregation cycle; call it between steps"));
+    step_.require_between_steps(impl::cat("defer_local_scale('", e.name, "', group ", e.group, ")"),
+                                opt_.backward_passes_per_step);
     e.defer_scale = defer;
     plan_.invalidate();  // the local segments change; nothing the ranks compare does
   }
@@ -412,6 +433,7 @@ class GradientSync {
   /// Applies the pending deferred scales in place (one pass over the deferred tensors, the values
   /// synchronize() would have left without deferral), after which nothing is pending.
   void apply_local_scale() {
+    step_.require_usable("apply_local_scale()");
     if (!pending_) return;
     Context cx = ctx();
     engine_.apply_deferred(cx);
@@ -424,6 +446,22 @@ class GradientSync {
   template <class F>
   void for_each_gradient(F&& f) const {
     for (const Entry& e : registry_) f(e.data, e.size, e.local(), Registry::deferred_factor(e, opt_, backend_.size()));
+  }
+
+  /// For gradsync's own collective helpers (GlobalNorm, DistributedOptimizer), not for users (the
+  /// impl_ prefix, as in Kokkos): runs `run(watched)`, where `watched` (impl::Watched) has the
+  /// backend's collectives, each waited under the stall watchdog and listening for the peers'
+  /// failures; `what` names them in reports. An exception fails the sync like any collective phase.
+  /// Collective; legal in every state but open and failed.
+  template <class F>
+  decltype(auto) impl_collective(const char* call, const char* what, F&& run) {
+    step_.require_usable(call);
+    if (step_.open())
+      throw Error(impl::cat(call, " called while a step is open (mark_ready() started its exchange); call it after "
+                                  "synchronize() returned"));
+    return collective(call, [&]() -> decltype(auto) {
+      return run(impl::Watched<Backend>(backend_, ctl_, opt_, std::int64_t(stats_.passes), what));
+    });
   }
 
   /// Bytes of data-parallel gradient one synchronize() hands to the backend.
@@ -455,6 +493,12 @@ class GradientSync {
                                sets_.factor(scale, opt_, backend_.size(), sets_.set_size(tag))};
                      else
                        return {nullptr, value_type(1)};  // never asked: no sets without split()
+                   },
+                   [&](const auto& b) -> decltype(auto) {  // the sync's own backend type: watched
+                     if constexpr (std::is_same_v<std::decay_t<decltype(b)>, Backend>)
+                       return impl::Watched<Backend>(b, ctl_, opt_, std::int64_t(stats_.passes), "row-sparse exchange");
+                     else
+                       return (b);
                    });
   }
 
@@ -516,7 +560,7 @@ class GradientSync {
   void check_consistency(bool needed, bool force) {
     const std::int64_t call = std::int64_t(stats_.passes) + 1;
     if constexpr (sets_supported)
-      if (needed) sets_.connect(backend_);
+      if (needed) sets_.connect(impl::Watched<Backend>(backend_, ctl_, opt_, call, "process sets' setup"));
     if (!checks_.comparison_due(opt_, needed, force)) return;
     impl::TimelineScope span(timeline_.get(), impl::Timeline::Kind::call, "consistency check", call);
     Context cx = ctx();
@@ -529,12 +573,9 @@ class GradientSync {
     checks_.registrations_compared();
   }
 
-  // Registrations may change between steps, never inside an aggregation cycle: the internal sums
-  // would no longer match the tensors.
+  // Registrations change between steps only (SyncStep::require_between_steps, checked by the
+  // caller before anything changed).
   void begin_change() {
-    if (pass_ != 0)
-      throw Error(impl::cat("registrations changed after pass ", pass_, " of ", opt_.backward_passes_per_step,
-                            " of an aggregation cycle; change them only after synchronize() returned true"));
     plan_.registrations_changed();
     checks_.registrations_changed();
   }
@@ -579,9 +620,126 @@ class GradientSync {
   // The first reducing call of a step (mark_ready or synchronize): nothing is ready or in flight.
   // Anything every rank must agree on before the step's first collective belongs here.
   void begin_step() {
-    if (engine_.step_open()) return;
+    if (step_.open()) return;
     if (plan_.dirty()) build_plan();
     engine_.open_step();
+    step_.opened();
+  }
+
+  // One pass of synchronize(), its collective phase. `overflow`: the fp16 sum found not finite, which
+  // synchronize() throws after the phase (every rank holds the same sums: the sync stays usable).
+  bool sync_pass(const value_type*& overflow) {
+    const std::int64_t t_begin = timeline_ ? impl::Timeline::now() : 0;  // no RAII here: keeps the inlining of the timeline-off path
+    pending_ = false;  // the tensors are about to hold this pass's values
+    const bool step_open = step_.open();
+    if (!step_open) checks_before_pass();  // else mark_ready ran them when it opened the step
+    const auto t0 = std::chrono::steady_clock::now();
+    if (plan_.dirty() && !step_open) build_plan();
+    Context cx = ctx();
+    // check_finite: everything before the first byte leaves; after mark_ready opened the step, the
+    // chunks it launched were scanned at their launch and the rest are scanned at theirs (reduce).
+    if (opt_.check_finite && !step_open)
+      checks_.check_finite(cx, registry_, engine_.data_parallel_segments(), engine_.num_data_parallel_segments());
+    if (checks_.agrees_each_call() && plan_.blocking()) agree_before_exchange(true);  // after every local check: the collectives follow
+    ++stats_.passes;
+    const int n_passes = opt_.backward_passes_per_step;
+    if (step_.pass() + 1 < n_passes) {
+      engine_.accumulate(cx, plan_, step_.pass() == 0);
+      impl::fence(exec_, impl::label_fence_sync());
+      step_.pass_accumulated();
+      if (timeline_) timeline_->step_span(t_begin, stats_.passes);
+      return false;
+    }
+    begin_step();
+    if (opt_.check_finite && step_open)
+      engine_.reduce(cx, plan_, n_passes > 1, finite_scan());
+    else
+      engine_.reduce(cx, plan_, n_passes > 1);
+    engine_.finish_local(cx, n_passes > 1);
+    if constexpr (sets_supported) {
+      if (sets_.has_tensors())
+        sets_.reduce(exec_, opt_, ctl_, backend_.size(), std::int64_t(stats_.passes), stats_);
+    }
+    if (!sparse_.empty()) finish_row_sparse();
+    impl::fence(exec_, impl::label_fence_sync());
+    pending_ = engine_.has_deferred();
+    ++stats_.steps;
+    if (engine_.watches_overflow()) overflow = engine_.take_overflow(cx);
+    if (plan_.tuner().active()) {
+      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      plan_.tune(seconds, [&](double* v, std::size_t n) { allreduce_max_watched(v, n); }, stats_, timeline_.get());
+    }
+    step_.closed();
+    if (timeline_) timeline_->step_span(t_begin, stats_.passes);
+    return true;
+  }
+
+  // The tuner's agreement on timings, on the side channel under the watchdog: the MAX of
+  // non-negative doubles is the MIN of their negated bit patterns, which order like the values.
+  void allreduce_max_watched(double* v, std::size_t n) {
+    std::vector<std::int64_t> bits(n);
+    for (std::size_t k = 0; k < n; ++k) {
+      std::int64_t b = 0;
+      std::memcpy(&b, &v[k], sizeof b);
+      bits[k] = -std::max<std::int64_t>(b, 0);
+    }
+    ctl_.allreduce_min(backend_, bits.data(), int(n), opt_,
+                       impl::WaitSite{"plan tuner's agreement", std::int64_t(stats_.passes), -1, 0});
+    for (std::size_t k = 0; k < n; ++k) {
+      const std::int64_t b = -bits[k];
+      std::memcpy(&v[k], &b, sizeof b);
+    }
+  }
+
+  // Chunks launched by mark_ready and progress: each scanned first with check_finite.
+  void advance() {
+    Context cx = ctx();
+    if (opt_.check_finite)
+      engine_.progress(cx, plan_, opt_.backward_passes_per_step > 1, finite_scan());
+    else
+      engine_.progress(cx, plan_, opt_.backward_passes_per_step > 1);
+  }
+  auto finite_scan() {
+    return [this](std::int64_t seg_begin, std::int64_t seg_end) {
+      Context cx = ctx();
+      checks_.check_finite(cx, registry_, engine_.data_parallel_segments(), seg_end - seg_begin, seg_begin);
+    };
+  }
+
+  // Every collective phase runs through here: an exception leaving it fails the sync (fail_step).
+  template <class F>
+  decltype(auto) collective(const char* call, F&& f) {
+    try {
+      return f();
+    } catch (const std::exception& e) {
+      fail_step(kind_of(e), e.what(), call);
+      throw;
+    } catch (...) {
+      fail_step(impl::ErrorKind::error, "an exception not derived from std::exception", call);
+      throw;
+    }
+  }
+  static impl::ErrorKind kind_of(const std::exception& e) {
+    if (dynamic_cast<const MismatchError*>(&e)) return impl::ErrorKind::mismatch;
+    if (dynamic_cast<const StallError*>(&e)) return impl::ErrorKind::stall;
+    if (dynamic_cast<const ConfigError*>(&e)) return impl::ErrorKind::config;
+    return impl::ErrorKind::error;
+  }
+
+  // The one failure path (impl/sync_step.hpp): the peers are told unless they told this rank, the
+  // step's requests are parked with every buffer and communicator they may touch, the sync is failed.
+  void fail_step(impl::ErrorKind kind, const std::string& what, const char* call) noexcept {
+    try {
+      std::string reason = what.rfind("gradsync: ", 0) == 0 ? what.substr(10) : what;
+      if (reason.find("rank") == std::string::npos) reason = impl::cat(reason, " (in ", call, " on rank ", backend_.rank(), ")");
+      step_.fail(kind, call, call_, backend_.rank(), reason);
+      // What collectives in flight may still write into: the chunks' requests (with the buffers
+      // ctl_ keeps), the row-sparse exchange's buffers, the process sets' communicators and staging.
+      ctl_.abandon(kind, reason,
+                   {engine_.park(), std::make_shared<decltype(sparse_)>(std::move(sparse_)),
+                    std::make_shared<decltype(sets_)>(std::move(sets_))});
+    } catch (...) {  // failing while failing (out of memory): the sync is unusable either way
+    }
   }
 
   // What every part uses and none owns (handed to them as a Context).
@@ -597,8 +755,9 @@ class GradientSync {
   Checks checks_;      // the cross-rank agreements
   Engine engine_;      // the buffers and the step in progress
 
-  int pass_ = 0;          // backward passes of the current aggregation cycle
-  bool pending_ = false;  // deferred local scales not yet applied (local_scale_pending)
+  impl::SyncStep step_;     // the step's state: idle, accumulating, open, failed (impl/sync_step.hpp)
+  std::int64_t call_ = 1;  // the synchronize() call the current (or next) collective phase belongs to
+  bool pending_ = false;   // deferred local scales not yet applied (local_scale_pending)
   impl::Control<Backend> ctl_;  // side channel: consistency check, stall reports, peer failures
   std::unique_ptr<impl::Timeline> timeline_;  // Options::timeline; null when off
   impl::row_sparse_set_t<value_type, memory_space, execution_space> sparse_;  // RowSparse gradients

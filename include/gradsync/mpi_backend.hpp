@@ -286,6 +286,25 @@ class MpiBackend {
     });
   }
 
+  /// Nonblocking forms (n must fit one MPI call): gradsync's helpers wait for them under the stall
+  /// watchdog (impl/watched.hpp).
+  template <class T>
+  Request ibroadcast(T* buf, std::size_t n, int root) const {
+    if (root < 0 || root >= size_)
+      throw Error(impl::cat("broadcast root ", root, " is not a rank of this ", size_, "-rank communicator"));
+    Request r;
+    impl::mpi_check(MPI_Ibcast(buf, checked_count(n), impl::mpi_type<T>(), root, comm(), &r.req), "MPI_Ibcast");
+    return r;
+  }
+  template <class T>
+  Request iallgather(const T* send, T* recv, std::size_t n) const {
+    Request r;
+    impl::mpi_check(MPI_Iallgather(send, checked_count(n), impl::mpi_type<T>(), recv, checked_count(n),
+                                   impl::mpi_type<T>(), comm(), &r.req),
+                    "MPI_Iallgather");
+    return r;
+  }
+
   /// recv holds size()*n values: rank r's `n` values at recv + r*n.
   template <class T>
   void allgather(const T* send, T* recv, std::size_t n) const {

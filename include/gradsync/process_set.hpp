@@ -162,9 +162,10 @@ class ProcessSets {
   }
 
   /// Collective over the sync's ranks, at a consistency check: validates the sets and their
-  /// registrations against every rank's (one or two small allgathers), then splits a
-  /// communicator for every set that has none yet.
-  void connect(const Backend& world) {
+  /// registrations against every rank's (one or two small allgathers, watched: `world` is an
+  /// impl::Watched in the sync), then splits a communicator for every set that has none yet.
+  template <class World>
+  void connect(const World& world) {
     const int n = world.size(), me = world.rank();
     // Round 1: the kinds of sets, in binding order.
     std::uint64_t h = fnv1a(nullptr, 0);

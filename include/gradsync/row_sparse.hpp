@@ -343,10 +343,11 @@ class RowSparseSet {
 
   /// After the dense exchange: local ones scaled, data-parallel ones summed over the ranks and
   /// multiplied by `dp_factor` (prescale, postscale, 1/n for average), then those over process sets,
-  /// set by set in `tags` order: route(tag, scale) gives the set's backend and factor.
-  template <class Backend, class Route>
+  /// set by set in `tags` order: route(tag, scale) gives the set's backend and factor. watch(backend)
+  /// gives the collectives to use on a backend (the sync's, waited under its watchdog: impl::Watched).
+  template <class Backend, class Route, class Watch>
   void finish(const Backend& b, const ExecutionSpace& exec, T dp_factor, Stats& stats,
-              const std::vector<std::string>& tags, Route&& route) {
+              const std::vector<std::string>& tags, Route&& route, Watch&& watch) {
     std::vector<const Base*> dp;
     for (const auto& t : all_) {
       if (!t->set_tag.empty()) continue;
@@ -359,7 +360,7 @@ class RowSparseSet {
         Kokkos::parallel_for("gradsync::row_sparse_scale", sparse_range(exec, n),
                              SparseScale<T>{t->values(), t->local_factor});
     }
-    if (!dp.empty()) exchange(b, exec, dp, std::vector<T>(dp.size(), dp_factor), stats);
+    if (!dp.empty()) exchange(watch(b), exec, dp, std::vector<T>(dp.size(), dp_factor), stats);
     for (const std::string& tag : tags) {
       std::vector<const Base*> in_set;
       std::vector<T> factors;
@@ -371,7 +372,7 @@ class RowSparseSet {
           in_set.push_back(t.get());
           factors.push_back(f);
         }
-      if (!in_set.empty()) exchange(*sb, exec, in_set, factors, stats);
+      if (!in_set.empty()) exchange(watch(*sb), exec, in_set, factors, stats);
     }
     fence(exec, label_fence_sync());
   }
@@ -538,8 +539,8 @@ struct NoRowSparse {
   template <class F>
   void for_each_values(F&&) const {}
   void describe(std::vector<RegDesc>&) const {}
-  template <class Backend, class E, class T, class Route>
-  void finish(const Backend&, const E&, T, Stats&, const std::vector<std::string>&, Route&&) {}
+  template <class Backend, class E, class T, class Route, class Watch>
+  void finish(const Backend&, const E&, T, Stats&, const std::vector<std::string>&, Route&&, Watch&&) {}
 };
 
 template <class T, class MemorySpace, class ExecutionSpace>

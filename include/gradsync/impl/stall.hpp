@@ -196,7 +196,8 @@ class Control {
     // Without a deadline of its own a rank still announces its arrival, on the clock of its
     // (silent) warning interval, so that peers with a deadline do not report it missing.
     const double first = warn > 0 ? warn : o.stall_timeout > 0 ? o.stall_timeout : o.stall_warning;
-    const double notify_at = first > 0 ? 0.5 * first : -1.0;
+    // Early enough that the grace wait at the deadline (below) stays within 10% of it.
+    const double notify_at = first > 0 ? 0.05 * first : -1.0;
     bool notified = false, warned = false;
     double polled = 0;
     if constexpr (mpi) reset_arrivals(site.step);
@@ -223,8 +224,10 @@ class Control {
         if constexpr (mpi) {
           if (!notified) post_arrived(site.step, where_of(site));
           // A rank that arrived just before this deadline posts its notice up to notify_at later:
-          // wait that long (at most) so that it is not reported missing.
-          const auto grace_end = clock::now() + std::chrono::duration<double>(1.2 * notify_at + 0.05);
+          // wait that long (at most) so that it is not reported missing, but never past 1.09x the
+          // deadline (the promise is 1.1x).
+          const double grace = std::min(1.2 * notify_at + 0.05, 0.09 * o.stall_timeout);
+          const auto grace_end = clock::now() + std::chrono::duration<double>(grace);
           while (!all_arrived() && clock::now() < grace_end) {
             if (test()) return;
             poll_notices(site);
@@ -244,7 +247,8 @@ class Control {
   /// peers waiting in that exchange throw at once. Costs n-1 small eager sends, only on failure.
   void tell_peers(ErrorKind k, const std::string& msg) {
     if constexpr (mpi) {
-      if (size_ == 1 || !comm_ready()) return;
+      if (size_ == 1 || !comm_ready() || told_) return;
+      told_ = true;
       auto* n = new Notice();  // leaked: the send may complete after this object is gone
       n->kind = std::int64_t(k) + kFailedBase;
       std::strncpy(n->text, msg.c_str(), sizeof(n->text) - 1);
@@ -259,6 +263,20 @@ class Control {
 
   /// Views (or anything) that an incomplete collective may still write into; see graveyard().
   void keep_on_failure(std::vector<std::shared_ptr<void>> keep) { keep_ = std::move(keep); }
+
+  /// The failure path's end (GradientSync::fail_step): tells the peers, unless one of them told this
+  /// rank or this rank told them already, then parks everything an incomplete collective may still
+  /// touch (`more`: the step's requests). Never throws.
+  void abandon(ErrorKind k, const std::string& msg, std::vector<std::shared_ptr<void>> more = {}) noexcept {
+    try {
+      if (!heard_) tell_peers(k, msg);
+      for (auto& m : more) keep_.push_back(std::move(m));
+      bury();
+    } catch (...) {  // out of memory while failing: nothing better to do than to leak
+    }
+  }
+  /// Whether a peer's failure notice ended a wait of this side channel.
+  bool heard_failure() const { return heard_; }
 
   /// Called with each stall warning (final = false) and each report this rank throws or aborts
   /// with (final = true): Options::timeline records them (impl/timeline.hpp).
@@ -408,6 +426,7 @@ class Control {
       } else if (n.kind >= kFailedBase) {
         std::string msg = n.text;
         if (msg.rfind("gradsync: ", 0) == 0) msg = msg.substr(10);
+        heard_ = true;
         bury();
         const std::string m = cat("rank ", st.MPI_SOURCE, " failed before the ", site.what, " of synchronize() call ",
                                   site.step, ", so rank ", rank_, " stops too: ", msg);
@@ -467,6 +486,8 @@ class Control {
   std::int64_t arrival_step_ = 0;
   std::vector<std::shared_ptr<void>> keep_;
   std::shared_ptr<std::vector<unsigned char>> scratch_;
+  bool told_ = false;  // this rank sent its failure notice (once per sync)
+  bool heard_ = false; // a peer's failure notice was received
   Observer observer_ = nullptr;
   void* observer_ctx_ = nullptr;
 };

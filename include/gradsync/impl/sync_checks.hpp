@@ -166,13 +166,15 @@ class SyncChecks {
 
   // Options::check_finite: one reduction over the data-parallel gradients before they are packed.
   // Kokkos execution spaces only; the raw CUDA path (CudaDeviceSpace spans) has no scan kernel yet.
+  // `first`: the scan covers segments [first, first + nsegs) (one chunk, launched by mark_ready).
   void check_finite([[maybe_unused]] Context& cx, [[maybe_unused]] const Registry& registry,
-                    [[maybe_unused]] const SegView& segs, [[maybe_unused]] std::int64_t nsegs) {
+                    [[maybe_unused]] const SegView& segs, [[maybe_unused]] std::int64_t nsegs,
+                    [[maybe_unused]] std::int64_t first = 0) {
     if constexpr (!Kokkos::is_execution_space<ExecutionSpace>::value) {
       throw ConfigError(cat("check_finite is not supported yet for gradients in ", MemorySpace::name(),
                             " (no NaN/Inf scan kernel on this path); turn it off"));
     } else {
-      const std::int64_t s = first_non_finite_segment<V, MemorySpace>(cx.exec, segs, nsegs, finite_);
+      const std::int64_t s = first_non_finite_segment<V, MemorySpace>(cx.exec, segs, nsegs, finite_, first);
       if (s == FirstNonFiniteKernel<V, ExecutionSpace, MemorySpace>::none) return;
       auto seg = Kokkos::create_mirror_view_and_copy(
           Kokkos::HostSpace(), Kokkos::subview(segs, std::make_pair(std::size_t(s), std::size_t(s + 1))));

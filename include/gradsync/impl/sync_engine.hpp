@@ -34,6 +34,11 @@
 
 namespace gradsync::impl {
 
+// No check before a chunk is launched (SyncEngine::progress and reduce take a scan).
+struct NoScan {
+  void operator()(std::int64_t, std::int64_t) const {}
+};
+
 template <class Backend, class V, class MemorySpace, class ExecutionSpace>
 class SyncEngine {
  public:
@@ -103,16 +108,29 @@ class SyncEngine {
   void mark_ready(std::size_t i) { ready_.mark(i); }
 
   // Lets launched chunks advance and launches those that became possible; never blocks.
-  void progress(Context& cx, const Plan& plan, bool aggregated) {
+  // `scan(seg_begin, seg_end)` runs before a chunk is launched (Options::check_finite).
+  template <class Scan = NoScan>
+  void progress(Context& cx, const Plan& plan, bool aggregated, Scan&& scan = {}) {
     while (completed_ < launched_ && cx.backend.test(requests_[completed_])) complete_chunk(cx, plan, completed_++);
-    launch_through(cx, plan, ready_.ready_prefix(), aggregated, false);
+    launch_through(cx, plan, ready_.ready_prefix(), aggregated, false, scan);
   }
 
   // Reduces every chunk not yet launched, waits for all and closes the step.
-  void reduce(Context& cx, const Plan& plan, bool aggregated) {
-    launch_through(cx, plan, plan.num_chunks(), aggregated);
+  template <class Scan = NoScan>
+  void reduce(Context& cx, const Plan& plan, bool aggregated, Scan&& scan = {}) {
+    launch_through(cx, plan, plan.num_chunks(), aggregated, true, scan);
     while (completed_ < launched_) complete_chunk(cx, plan, completed_++);
     step_open_ = false;
+  }
+
+  // The failure path (GradientSync::fail_step): the requests of chunks in flight, handed over to be
+  // parked with the buffers they write into; the engine holds no step afterwards.
+  std::shared_ptr<void> park() {
+    auto parked = std::make_shared<std::vector<typename Backend::Request>>(std::move(requests_));
+    requests_.clear();
+    step_open_ = false;
+    launched_ = completed_ = 0;
+    return parked;
   }
 
   // Local tensors: their factor (and the sums of an aggregation cycle), in place.
@@ -390,9 +408,11 @@ class SyncEngine {
   // k+1 is packed and chunk k-1 unpacked, up to max_chunks_in_flight chunks in flight, packed ones each in
   // a slot of the buffer; without `may_block` it stops where it would have to wait. Blocking:
   // each chunk is packed, reduced and unpacked before the next (one slot, which stays hot).
-  void launch_through(Context& cx, const Plan& plan, std::size_t end, bool aggregated, bool may_block = true) {
+  template <class Scan>
+  void launch_through(Context& cx, const Plan& plan, std::size_t end, bool aggregated, bool may_block, Scan& scan) {
     for (; launched_ < end; ++launched_) {
       if (plan.blocking()) {
+        scan(plan.chunk(launched_).seg_begin, plan.chunk(launched_).seg_end);
         launch_chunk(cx, plan, launched_, aggregated);
         complete_chunk(cx, plan, completed_++);
         continue;
@@ -402,6 +422,7 @@ class SyncEngine {
         if (!may_block) return;
         complete_chunk(cx, plan, completed_++);
       }
+      scan(plan.chunk(launched_).seg_begin, plan.chunk(launched_).seg_end);  // before its first byte leaves
       launch_chunk(cx, plan, launched_, aggregated);
     }
   }

@@ -1,0 +1,293 @@
+// The step protocol (impl/sync_step.hpp) when training goes wrong: an exception thrown by the user's
+// own code with chunks in flight, a NaN found by check_finite during overlap, registrations changed
+// mid-step, a failure inside a collective phase on one rank. In every case no rank crashes or hangs,
+// the peers throw at once an error naming the rank that failed (never "missing", never after the
+// stall deadline: the deadlines here are 20 s and 0), no NaN reaches another rank, later calls of
+// the failed sync throw at once, and MPI and a new sync work afterwards with exact values.
+#include <gradsync/gradsync.hpp>
+
+#include <cmath>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "gradsync_test.hpp"
+
+using gradsync_test::error_of;
+using gradsync_test::has;
+using gradsync_test::world_rank;
+using gradsync_test::world_size;
+
+struct Dense {};
+
+namespace {
+
+using View = Kokkos::View<double*>;
+using Sync = gradsync::GradientSync<gradsync::MpiBackend, View>;
+
+constexpr std::size_t kLen = 128;  // one chunk per tensor (1 KiB chunks)
+
+gradsync::Options opts(double stall_timeout = 20.0) {
+  gradsync::Options o;
+  o.op = gradsync::ReduceOp::average;
+  o.fusion_threshold_bytes = kLen * sizeof(double);
+  o.collectives = gradsync::Collectives::nonblocking;
+  o.stall_timeout = stall_timeout;
+  o.stall_warning = 0;
+  o.read_environment = false;
+  return o;
+}
+
+double value(std::size_t k, std::size_t i, int rank) { return (rank + 1) * double(k + 1) + 0.01 * double(i); }
+double average(std::size_t k, std::size_t i, int n) { return 0.5 * (n + 1) * double(k + 1) + 0.01 * double(i); }
+
+struct Model {
+  std::vector<View> g;
+  Model() {
+    for (int k = 0; k < 4; ++k) g.emplace_back("g" + std::to_string(k), kLen);
+  }
+  void fill(int rank) {
+    for (std::size_t k = 0; k < g.size(); ++k) gradsync_test::fill_host(g[k], [&](std::size_t i) { return value(k, i, rank); });
+  }
+  template <class S>
+  void add_to(S& sync) {
+    for (std::size_t k = 0; k < g.size(); ++k) sync.template add<Dense>(g[k], "g" + std::to_string(k));
+  }
+  bool averaged(int n) const {
+    bool ok = true;
+    for (std::size_t k = 0; k < g.size(); ++k) {
+      const auto h = gradsync_test::host_values(g[k]);
+      for (std::size_t i = 0; i < h.size(); ++i) ok &= gradsync_test::rel_err(h[i], average(k, i, n)) < 1e-14;
+    }
+    return ok;
+  }
+  bool finite() const {
+    bool ok = true;
+    for (const View& v : g)
+      for (double x : gradsync_test::host_values(v)) ok &= std::isfinite(x);
+    return ok;
+  }
+};
+
+// After a failure: plain MPI on the world communicator works, and so does a new sync.
+void mpi_and_a_new_sync_work() {
+  MPI_Barrier(MPI_COMM_WORLD);
+  int x = world_rank();
+  MPI_Allreduce(MPI_IN_PLACE, &x, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+  GRADSYNC_CHECK_ALL(x == world_size() * (world_size() - 1) / 2);
+  Model m;
+  Sync sync(gradsync::MpiBackend(MPI_COMM_WORLD), opts());
+  m.add_to(sync);
+  for (int step = 0; step < 2; ++step) {
+    m.fill(world_rank());
+    for (auto it = m.g.rbegin(); it != m.g.rend(); ++it) sync.mark_ready(*it);
+    GRADSYNC_CHECK_ALL(sync.synchronize());
+    GRADSYNC_CHECK_ALL(m.averaged(world_size()));
+  }
+}
+
+// MpiBackend whose nonblocking sum throws on one rank: a failure inside a collective phase that no
+// check of gradsync's own raises (an MPI error, a count limit, a device error would look the same).
+class FailingBackend : public gradsync::MpiBackend {
+ public:
+  FailingBackend(MPI_Comm comm, int failing_rank) : MpiBackend(comm), failing_rank_(failing_rank) {}
+  using MpiBackend::iallreduce_sum;
+  template <class T>
+  Request iallreduce_sum(T* buf, std::size_t n) const {
+    if (rank() == failing_rank_) throw std::runtime_error("injected failure in the backend's sum");
+    return MpiBackend::iallreduce_sum(buf, n);
+  }
+
+ private:
+  int failing_rank_;
+};
+
+}  // namespace
+
+TEST_CASE("an exception during backward with chunks in flight: no crash, the peers name the rank") {
+  const int rank = world_rank(), n = world_size(), victim = n - 1;
+  for (double deadline : {20.0, 0.0})
+    for (bool everyone : {false, true}) {
+      CAPTURE(deadline);
+      CAPTURE(everyone);
+      Model m;
+      std::string sync_error;
+      bool user_error = false;
+      try {
+        Sync sync(gradsync::MpiBackend(MPI_COMM_WORLD), opts(deadline));
+        m.add_to(sync);
+        m.fill(rank);
+        sync.mark_ready(m.g[3]);  // the step opens and its first chunk is launched
+        if (everyone || rank == victim) throw std::runtime_error("loss is NaN");  // the user's own code
+        for (int k = 2; k >= 0; --k) sync.mark_ready(m.g[std::size_t(k)]);
+        (void)sync.synchronize();  // waits for chunks the victim never launches
+      } catch (const gradsync::Error& e) {
+        sync_error = e.what();
+      } catch (const std::runtime_error& e) {
+        user_error = std::string(e.what()) == "loss is NaN";
+      }
+      CAPTURE(sync_error);
+      if (everyone || rank == victim) {
+        CHECK(user_error);
+        CHECK(sync_error.empty());
+      } else {
+        CHECK(!user_error);
+        CHECK(has(sync_error, "rank " + std::to_string(victim) + " abandoned its step with the exchange in flight"));
+        CHECK(has(sync_error, "while an exception unwound the stack"));
+        CHECK(has(sync_error, "so rank " + std::to_string(rank) + " stops too"));
+        CHECK(!has(sync_error, "missing"));
+      }
+      mpi_and_a_new_sync_work();
+    }
+}
+
+TEST_CASE("check_finite during overlap: the NaN never leaves its rank, every rank names it") {
+  const int rank = world_rank(), n = world_size(), victim = n - 1;
+  gradsync::Options o = opts();
+  o.check_finite = true;
+  Model m;
+  Sync sync(gradsync::MpiBackend(MPI_COMM_WORLD), o);
+  m.add_to(sync);
+  m.fill(rank);
+  for (auto it = m.g.rbegin(); it != m.g.rend(); ++it) sync.mark_ready(*it);
+  GRADSYNC_CHECK_ALL(sync.synchronize());  // finite: no false alarm
+  GRADSYNC_CHECK_ALL(m.averaged(n));
+  m.fill(rank);
+  if (rank == victim) gradsync_test::set_value(m.g[1], 5, std::nan(""));
+  std::string what;
+  try {
+    for (auto it = m.g.rbegin(); it != m.g.rend(); ++it) sync.mark_ready(*it);  // the victim throws at g1's chunk
+    (void)sync.synchronize();
+  } catch (const gradsync::Error& e) {
+    what = e.what();
+  }
+  CAPTURE(what);
+  GRADSYNC_CHECK_ALL(has(what, "gradient 'g1' (group Dense, 128 values) holds NaN or Inf on rank " +
+                                   std::to_string(victim)));
+  if (rank != victim) {
+    CHECK(has(what, "rank " + std::to_string(victim) + " failed before the allreduce of synchronize() call 2"));
+    CHECK(m.finite());  // nothing of the victim's g1 was summed here
+  }
+  // The sync failed on every rank: each later call says so at once.
+  const std::string later = error_of([&] { (void)sync.synchronize(); });
+  GRADSYNC_CHECK_ALL(has(later, "synchronize(): this GradientSync failed in "));
+  GRADSYNC_CHECK_ALL(has(later, "holds NaN or Inf on rank " + std::to_string(victim)));
+  GRADSYNC_CHECK_ALL(has(later, "build a new one on every rank"));
+  GRADSYNC_CHECK_ALL(has(error_of([&] { sync.mark_ready(m.g[0]); }), "this GradientSync failed"));
+  GRADSYNC_CHECK_ALL(has(error_of([&] { sync.add<Dense>(m.g[0]); }), "this GradientSync failed"));
+  mpi_and_a_new_sync_work();
+}
+
+TEST_CASE("registrations and scales changed while a step is open are refused; the step goes on intact") {
+  const int rank = world_rank(), n = world_size();
+  View a("a", 200), b("b", 50);
+  Sync sync(gradsync::MpiBackend(MPI_COMM_WORLD), opts());
+  sync.add<Dense>(a, "a");
+  gradsync_test::fill_host(a, [&](std::size_t) { return rank + 1.0; });
+  gradsync_test::fill_host(b, [&](std::size_t) { return rank + 1.0; });
+  sync.mark_ready(a);  // opens the step
+  GRADSYNC_CHECK_ALL(has(error_of([&] { sync.add<Dense>(b, "b"); }), "add() called while a step is open"));
+  GRADSYNC_CHECK_ALL(has(error_of([&] { sync.register_local_var(a); }), "register_local_var() called while a step is open"));
+  GRADSYNC_CHECK_ALL(has(error_of([&] { sync.defer_local_scale(a); }),
+                         "defer_local_scale('a', group Dense) called while a step is open"));
+  GRADSYNC_CHECK_ALL(has(error_of([&] { sync.prepare(); }), "prepare() called while a step is open"));
+  GRADSYNC_CHECK_ALL(sync.num_tensors() == 1);
+  GRADSYNC_CHECK_ALL(sync.synchronize());
+  GRADSYNC_CHECK_ALL(gradsync_test::value_at(a, 199) == 0.5 * (n + 1));
+  GRADSYNC_CHECK_ALL(gradsync_test::value_at(b, 0) == rank + 1.0);  // never registered: untouched
+  // Between steps the same calls are legal.
+  sync.add<Dense>(b, "b");
+  gradsync_test::fill_host(a, [&](std::size_t) { return rank + 1.0; });
+  GRADSYNC_CHECK_ALL(sync.synchronize());
+  GRADSYNC_CHECK_ALL(gradsync_test::value_at(b, 49) == 0.5 * (n + 1));
+  GRADSYNC_CHECK_ALL(gradsync_test::value_at(a, 0) == 0.5 * (n + 1));
+
+  // Inside an aggregation cycle too.
+  gradsync::Options o = opts();
+  o.backward_passes_per_step = 2;
+  Sync agg(gradsync::MpiBackend(MPI_COMM_WORLD), o);
+  View c("c", 10);
+  agg.add<Dense>(a, "a");
+  gradsync_test::fill_host(a, [&](std::size_t) { return rank + 1.0; });
+  GRADSYNC_CHECK_ALL(!agg.synchronize());
+  GRADSYNC_CHECK_ALL(has(error_of([&] { agg.add<Dense>(c, "c"); }), "add() called after pass 1 of 2 of an aggregation cycle"));
+  GRADSYNC_CHECK_ALL(agg.synchronize());
+  GRADSYNC_CHECK_ALL(gradsync_test::value_at(a, 3) == n + 1.0);  // the sum of two passes, averaged
+}
+
+TEST_CASE("a failure inside a collective phase on one rank is told: every peer throws at once, naming it") {
+  const int rank = world_rank(), n = world_size(), victim = n - 1;
+  if (n < 2) return;
+  for (double deadline : {20.0, 0.0}) {
+    CAPTURE(deadline);
+    Model m;
+    gradsync::GradientSync<FailingBackend, View> sync(FailingBackend(MPI_COMM_WORLD, victim), opts(deadline));
+    m.add_to(sync);
+    m.fill(rank);
+    std::string what, kind;
+    try {
+      (void)sync.synchronize();
+    } catch (const gradsync::StallError& e) {
+      what = e.what(), kind = "stall";
+    } catch (const gradsync::Error& e) {
+      what = e.what(), kind = "error";
+    } catch (const std::runtime_error& e) {
+      what = e.what(), kind = "runtime";
+    }
+    CAPTURE(what);
+    if (rank == victim) {
+      CHECK(kind == "runtime");  // the original exception, rethrown
+      CHECK(what == "injected failure in the backend's sum");
+    } else {
+      CHECK(kind == "error");
+      CHECK(has(what, "rank " + std::to_string(victim) + " failed before the allreduce of synchronize() call 1, so rank " +
+                          std::to_string(rank) + " stops too: injected failure in the backend's sum (in synchronize() "
+                          "on rank " + std::to_string(victim) + ")"));
+    }
+    const std::string later = error_of([&] { (void)sync.synchronize(); });
+    GRADSYNC_CHECK_ALL(has(later, "this GradientSync failed in synchronize() (synchronize() call 1) on rank " +
+                                      std::to_string(rank)));
+    GRADSYNC_CHECK_ALL(has(later, "injected failure in the backend's sum"));
+    mpi_and_a_new_sync_work();
+  }
+}
+
+TEST_CASE("the global norm is watched: a rank that skips it is named by every rank that waited") {
+  const int rank = world_rank(), n = world_size(), victim = n - 1;
+  Model m;
+  Sync sync(gradsync::MpiBackend(MPI_COMM_WORLD), opts(2.0));
+  m.add_to(sync);
+  m.fill(rank);
+  GRADSYNC_CHECK_ALL(sync.synchronize());
+  double expect = 0;
+  for (std::size_t k = 0; k < m.g.size(); ++k)
+    for (std::size_t i = 0; i < kLen; ++i) expect += average(k, i, n) * average(k, i, n);
+  GRADSYNC_CHECK_ALL(gradsync_test::rel_err(gradsync::global_norm(sync), std::sqrt(expect)) < 1e-14);
+  if (n < 2) return;
+  m.fill(rank);
+  std::string what;
+  try {
+    if (rank != victim) (void)gradsync::global_norm(sync);  // the bug: the victim skips it
+    (void)sync.synchronize();
+  } catch (const gradsync::StallError& e) {
+    what = e.what();
+  }
+  CAPTURE(what);
+  if (rank != victim) {
+    CHECK(has(what, "for the global norm's allreduce"));
+    CHECK(has(what, "rank " + std::to_string(victim) + ": arrival check"));  // where the victim waits
+  } else {
+    CHECK(has(what, "failed before the arrival check of synchronize() call 2, so rank " + std::to_string(victim) +
+                        " stops too"));
+  }
+  // The deadline holds: 2 s, reported within 1.1x of it.
+  if (rank != victim) {
+    const auto at = what.find("has waited ");
+    REQUIRE(at != std::string::npos);
+    const double waited = std::stod(what.substr(at + 11));
+    CHECK(waited >= 2.0);
+    CHECK(waited <= 2.2);
+  }
+  GRADSYNC_CHECK_ALL(has(error_of([&] { (void)gradsync::global_norm(sync); }), "this GradientSync failed"));
+  mpi_and_a_new_sync_work();
+}
