@@ -154,6 +154,10 @@ class MpiBackend {
   bool cuda_aware() const { return cuda_aware_.aware; }
   const char* cuda_aware_source() const { return cuda_aware_.source; }
 
+  /// The most elements one MPI call takes (impl::mpi_max_count(): INT_MAX unless a test lowers it);
+  /// callers of the nonblocking sums split larger buffers into pieces of this many.
+  static std::size_t max_count() { return impl::mpi_max_count(); }
+
   template <class T>
   void allreduce_sum(T* buf, std::size_t n) const {
     for_pieces(n, [&](std::size_t off, int cnt) {
