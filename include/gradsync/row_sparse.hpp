@@ -21,7 +21,8 @@
 // blocking collectives of their own. The capacity must hold the union (at most the sum of every
 // rank's rows, and the table's rows): every rank checks every rank's capacity and row numbers from
 // the counts exchange and throws the same error, naming the tensor and the ranks at fault.
-// global_norm and clip_grad_norm count and scale the rows() rows a gradient holds after the sync.
+// global_norm and clip_grad_norm count and scale the rows() rows a gradient holds after the sync (a
+// local one's as given: a row number given twice counts as two rows, not as their sum).
 // Limits: backward_passes_per_step must be 1.
 #pragma once
 
