@@ -229,6 +229,10 @@ class DistributedOptimizer {
     if constexpr (impl::has_split<backend_type>::value) {
       sync().impl_connect_process_sets();  // every rank: the sets' communicators, before the first synchronize()
       const auto& sets = sync().impl_process_sets().sets();
+      for (const auto& s : sets)  // alike on every rank: a sync type that reduces no sets
+        if (!s.backend)
+          throw Error(impl::cat("broadcast_parameters: process set ", s.tag, " has no communicator: this sync (",
+                                impl::type_name<execution_space>(), ") does not reduce process sets"));
       const std::vector<std::vector<const Entry*>> by_set = set_entries();
       check_sets_agree(by_set);
       broadcast_entries(dp, b, root);

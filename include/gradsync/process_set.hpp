@@ -342,8 +342,8 @@ class ProcessSets {
   using View = Kokkos::View<T*, memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
   using Staging = Kokkos::View<T*, staging_space_t<memory_space>>;
 
-  // The one blocking wait of the exchange: a sum of n values over the set, started nonblocking and
-  // waited under the stall watchdog.
+  // The exchange's one collective: a sum of n values over the set, started nonblocking and waited
+  // under the stall watchdog.
   static void sum_over_set(const SetBackend& sb, T* data, std::size_t n, const Options& o, Control<Backend>& ctl,
                            const WaitSite& site) {
     auto req = sb.iallreduce_sum(data, n);
