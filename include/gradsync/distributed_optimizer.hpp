@@ -234,7 +234,7 @@ class DistributedOptimizer {
           throw Error(impl::cat("broadcast_parameters: process set ", s.tag, " has no communicator: this sync (",
                                 impl::type_name<execution_space>(), ") does not reduce process sets"));
       const std::vector<std::vector<const Entry*>> by_set = set_entries();
-      check_sets_agree(by_set);
+      if (!sets.empty()) check_sets_agree(by_set);  // connect() agreed on the kinds: alike on every rank
       broadcast_entries(dp, b, root);
       // Kind by kind in binding order, as every rank binds them: no two sets wait on each other.
       for (std::size_t i = 0; i < sets.size(); ++i) broadcast_entries(by_set[i], *sets[i].backend, 0);
