@@ -204,6 +204,49 @@ TEST_CASE("row-sparse, data-parallel: no rows anywhere") {
   CHECK(sync.stats().row_sparse_collectives == 0);
 }
 
+TEST_CASE("global_norm and clip_grad_norm: the rows a row-sparse gradient holds, data-parallel ones once") {
+  const int r = world_rank(), n = world_size();
+  const std::int64_t table = 50, local_table = 40;
+  const int width = 3;
+  Sync<double> sync(gradsync::MpiBackend(MPI_COMM_WORLD));
+  std::vector<int> k;  // data-parallel rows per rank (with a duplicate from 3 on)
+  for (int p = 0; p < n; ++p) k.push_back(2 + p % 3);
+  RS<double> e(Rows<double>("e", 4 * std::size_t(n), width), Ids("ei", 4 * std::size_t(n)), table);
+  RS<double> s(Rows<double>("s", 4, width), Ids("si", 4), local_table);  // local: distinct rows
+  sync.add<Emb>(e, "emb");
+  sync.add<Sharded>(s, "sharded");
+  gradsync::GlobalNorm<Sync<double>> norm;
+  for (int step = 0; step < 2; ++step) {  // the rows in use change: the second call reuses the table
+    CAPTURE(step);
+    const auto local_k = [&](int q) { return 1 + (q + step) % 2; };
+    fill(e, rows_of(r, table, k[std::size_t(r)], step), r);
+    fill(s, rows_of(r, local_table, local_k(r), 10 + step), r);
+    REQUIRE(sync.synchronize());
+    double sq = 0;  // the single process: the union once, each rank's local rows / n
+    for (const auto& [row, vals] : expected(table, width, k, step, 1.0 / n))
+      for (double v : vals) sq += v * v;
+    for (int q = 0; q < n; ++q)
+      for (int i = 0; i < local_k(q); ++i)
+        for (int j = 0; j < width; ++j) sq += std::pow(value_of(q, i, j) / n, 2);
+    const double expect = std::sqrt(sq);
+    CHECK(all_ranks(gradsync_test::rel_err(norm.norm(sync), expect) < 1e-14));
+    // Clipping scales the rows in use only: the slots beyond rows() keep fill()'s -99.
+    const auto e0 = host_values(e.values()), s0 = host_values(s.values());
+    const double coef = 0.5 * expect / (expect + 1e-6);
+    CHECK(all_ranks(gradsync_test::rel_err(norm.clip(sync, 0.5 * expect), expect) < 1e-14));
+    const auto e1 = host_values(e.values()), s1 = host_values(s.values());
+    bool ok = true;
+    const auto check = [&](const std::vector<double>& before, const std::vector<double>& now, std::int64_t used) {
+      for (std::size_t i = 0; i < before.size(); ++i)
+        ok = ok && (std::int64_t(i) < used ? gradsync_test::rel_err(now[i], before[i] * coef) < 1e-15
+                                           : now[i] == -99 && before[i] == -99);
+    };
+    check(e0, e1, e.rows() * width);
+    check(s0, s1, s.rows() * width);
+    CHECK(all_ranks(ok));
+  }
+}
+
 TEST_CASE("row-sparse: errors on every rank, naming the tensor and the ranks") {
   const int r = world_rank(), n = world_size();
   const int culprit = n - 1;

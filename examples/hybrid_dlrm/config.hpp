@@ -40,6 +40,7 @@ struct Config {
   bool scale_tables = true;   // --table-scale world_size (default) | none
   int replicas = 0;           // --replicas R: tables sharded over n/R ranks, replicated R times (0: off)
   double min_loss_drop = -1;  // --min-loss-drop F: fail unless the loss fell by the fraction F
+  double clip = 0;            // --clip MAX: gradients clipped to global norm MAX before each step (0: off)
   std::string compression = "none";  // --compression none | fp16 | bf16: the MLP gradients on the wire
 
   int num_tables() const { return int(table_rows.size()); }
@@ -65,6 +66,8 @@ inline void usage(const char* argv0) {
       "  --table-scale M    world_size (default) or none: the LocalScale of the table group\n"
       "  --replicas R       2-D: tables sharded within groups of n/R ranks, replicated over the R groups\n"
       "                     (their gradients summed over each shard's replicas, a gradsync process set)\n"
+      "  --clip MAX         clip the gradients by the whole model's norm (gradsync::clip_grad_norm) to MAX\n"
+      "                     before each step (default 0: off)\n"
       "  --min-loss-drop F  exit 1 unless the held-out loss fell by the fraction F\n"
       "  --compression C    none (default), fp16 or bf16: the MLP gradients' format on the wire\n"
       "  --bottom-mlp L     e.g. 13-512-256-64-16 (first = 13 dense features, last = dim)\n"
@@ -137,6 +140,7 @@ inline void validate(const Config& c) {
   if (c.log_every < 1) fail("--log-every must be >= 1");
   if (c.replicas < 0) fail("--replicas must be >= 1");
   if (c.replicas > 0 && !c.scale_tables) fail("--replicas takes the default --table-scale world_size");
+  if (!(c.clip >= 0)) fail("--clip must be >= 0");
 }
 
 /// Parses the command line, skipping Kokkos' --kokkos-* options; returns false for --help (after
@@ -166,7 +170,9 @@ inline bool parse(Config& c, int argc, char** argv, bool print = true) {
       c.compression = value();
       if (c.compression != "none" && c.compression != "fp16" && c.compression != "bf16")
         throw std::runtime_error("--compression takes none, fp16 or bf16, not " + c.compression);
-    } else if (o == "--min-loss-drop")
+    } else if (o == "--clip")
+      c.clip = std::stod(value());
+    else if (o == "--min-loss-drop")
       c.min_loss_drop = std::stod(value());
     else if (o == "--bottom-mlp")
       bottom = value();

@@ -3,6 +3,7 @@
 //   mpirun -np 4 hybrid_dlrm                 # train, a progress line every 10 steps
 //   mpirun -np 4 hybrid_dlrm --check         # prove: n ranks == 1 process, to 1e-10 (exit 1 if not)
 //   mpirun -np 4 hybrid_dlrm --check --table-scale none   # the bug local groups prevent: factor n
+//   mpirun -np 6 hybrid_dlrm --check --replicas 3 --clip 0.05   # 2-D, clipped by the global norm
 //
 // Embedding tables are model-parallel (whole tables spread over the ranks, a gradsync local group
 // with KeepLocal<LocalScale::world_size>); the MLPs are data-parallel (a GradientSync group).
@@ -153,6 +154,17 @@ void compare_mlps(const D& dist, const R& ref, bool grads, Worst& w) {
   }
 }
 
+// The worst table of this rank against the same table of the single-process model.
+template <class D, class R>
+double tables_vs_reference(const D& dist, const R& ref) {
+  double worst = 0;
+  for (int t : dist.owned_tables()) {
+    const auto a = dist.table_parameters(t), b = ref.table_parameters(t);
+    worst = std::max(worst, rel_diff(a.data(), b.data(), a.size()));
+  }
+  return worst;
+}
+
 template <class Group>
 int run_check(const Config& c) {
   using Dist = dlrm::Trainer<gradsync::MpiBackend, Group>;
@@ -168,15 +180,38 @@ int run_check(const Config& c) {
         "check: %d ranks vs the single-process model on the same %d global batch(es) of %d samples,\n"
         "       tables %s; every gradient and every parameter after each SGD step, tolerance 1e-10\n",
         n, c.steps, c.batch, scale_name<Group>());
+  if (me == 0 && c.clip > 0)
+    std::printf("       gradients clipped to a global norm of %g before each step (gradsync::GlobalNorm::clip)\n",
+                c.clip);
   const double tol = 1e-10;
-  double ratio0 = 1;
   Worst overall;
+  if (c.replicas > 1) {
+    // The replicas of each table shard start apart (replica group q adds q / 100 to its shards), so
+    // the check holds only if broadcast_set_parameter makes them equal (to replica group 0's).
+    dist.perturb_tables(Real(dist.replica()) / 100);
+    const double before = max_over_ranks(tables_vs_reference(dist, ref));
+    dist.broadcast_tables();
+    const double after = max_over_ranks(tables_vs_reference(dist, ref));
+    overall.add(after, "table parameters after broadcast_set_parameter");
+    if (me == 0)
+      std::printf(
+          "  replicas: table shards perturbed by replica group, max rel diff to the single process %.1e before "
+          "broadcast_set_parameter, %.1e after\n",
+          before, after);
+  }
+  double ratio0 = 1;
   for (int step = 0; step < c.steps; ++step) {
     const Real loss_d = dist.compute_gradients(std::uint64_t(step));
     const Real loss_r = ref.compute_gradients(std::uint64_t(step));
 
     Worst mlp_g, tab_g, params;
     mlp_g.add(std::abs(loss_d - loss_r) / std::abs(loss_r), "loss");
+    double norm_d = 0, norm_r = 0;
+    if (c.clip > 0) {  // before the comparison: the gradients compared are the clipped ones
+      norm_d = dist.clip_gradients(c.clip);
+      norm_r = ref.clip_gradients(c.clip);
+      mlp_g.add(std::abs(norm_d - norm_r) / std::abs(norm_r), "global norm");
+    }
     compare_mlps(dist, ref, true, mlp_g);
     double ab = 0, bb = 0;  // least-squares factor between the n-rank and 1-rank table gradients
     for (int t : dist.owned_tables()) {
@@ -206,6 +241,9 @@ int run_check(const Config& c) {
     const double gm = max_over_ranks(mlp_g.value), gt = max_over_ranks(tab_g.value), pm = max_over_ranks(params.value);
     for (const Worst* w : {&mlp_g, &tab_g, &params})
       overall.add(w->value, "step " + std::to_string(step) + ", " + w->what);
+    if (me == 0 && c.clip > 0)
+      std::printf("  step %d  global norm %.12f (1 process %.12f), clipped to %g: %s\n", step, norm_d, norm_r, c.clip,
+                  norm_r > c.clip ? "scaled" : "unchanged");
     if (me == 0)
       std::printf(
           "  step %d  loss %.12f (1 process %.12f)  max rel diff: MLP grads %.1e, table grads %.1e "
@@ -266,7 +304,7 @@ int run_train(const Config& c) {
         "  (loss: this batch; avg: since the last line; teacher: the loss of the model that labels the data;\n"
         "   bytes: sent by one rank per step, the all-to-all's the largest over ranks)\n",
         c.steps, c.lr, (unsigned long long)c.seed, scale_name<Group>());
-  std::vector<double> losses, floors;
+  std::vector<double> losses, floors, norms;
   const auto t0 = Clock::now();
   auto t_last = t0;
   std::uint64_t a2a_last = 0, sync_last = 0;
@@ -274,6 +312,7 @@ int run_train(const Config& c) {
   for (int step = 0; step < c.steps; ++step) {
     losses.push_back(tr.compute_gradients(std::uint64_t(step)));
     floors.push_back(tr.teacher_loss());
+    if (c.clip > 0) norms.push_back(tr.clip_gradients(c.clip));
     tr.apply_sgd();
     if ((step + 1) % c.log_every == 0 || step == 0 || step + 1 == c.steps) {
       MPI_Barrier(MPI_COMM_WORLD);  // time whole steps of every rank
@@ -282,6 +321,9 @@ int run_train(const Config& c) {
       const int steps = step + 1 - step_last;
       const double a2a = max_over_ranks(double(tr.alltoall_stats().total() - a2a_last)) / steps;
       const double sync = double(tr.sync_stats().bytes_allreduced - sync_last) / steps;
+      if (me == 0 && c.clip > 0)
+        std::printf("step %5d  global gradient norm %.4f (avg %.4f), clipped to %g\n", step, norms.back(),
+                    mean(norms, std::size_t(steps)), c.clip);
       if (me == 0)
         std::printf(
             "step %5d  loss %.4f (avg %.4f, teacher %.4f)  %6.0f samples/s  sent/step: sync %s, all-to-all %s\n", step,

@@ -177,6 +177,26 @@ class Trainer {
     return sums[0] / Real(B_);
   }
 
+  /// Clips every gradient (the MLPs' and the tables' rows) by the norm of the whole model's
+  /// gradient, as one process would compute it; returns that norm before clipping. Collective.
+  double clip_gradients(double max_norm) { return norm_.clip(sync_, max_norm); }
+
+  /// Adds delta to every parameter of this rank's tables (the check starts replicas apart).
+  void perturb_tables(Real delta) {
+    auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), tables_);
+    for (std::size_t i = 0; i < h.size(); ++i) h.data()[i] += delta;
+    Kokkos::deep_copy(tables_, h);
+  }
+
+  /// With replicas: every replica of a table shard takes the values of the shard's first replica
+  /// (gradsync::broadcast_set_parameter over the shard's process set). Collective.
+  void broadcast_tables() {
+    if constexpr (gradsync::is_set_reduced_v<TableGroup>) {
+      sync_.prepare();  // the process sets' communicators
+      gradsync::broadcast_set_parameter<TableGroup>(sync_, tables_);
+    }
+  }
+
   /// One SGD step: MLPs everywhere, only the touched rows of this rank's tables.
   void apply_sgd() {
     for (auto* mlp : {&bottom_, &top_})
@@ -195,6 +215,8 @@ class Trainer {
   // ---- inspection (the check, the report) ----
   int rank() const { return r_; }
   int size() const { return n_; }
+  /// This rank's replica group (--replicas: groups of n/R consecutive ranks; 0 without).
+  int replica() const { return r_ / gn_; }
   const std::vector<Layer>& bottom() const { return bottom_; }
   const std::vector<Layer>& top() const { return top_; }
   const std::vector<int>& owned_tables() const { return my_; }
@@ -510,6 +532,7 @@ class Trainer {
   Backend backend_;  // every rank: the loss (MpiBackend copies share one communicator)
   Backend group_;    // the replica group: the all-to-alls (backend_ itself without replicas)
   Sync sync_;
+  gradsync::GlobalNorm<Sync> norm_;  // --clip
   Generator gen_;
   int n_ = 1, r_ = 0, gn_ = 1, gr_ = 0, T_ = 0, dim_ = 0;
   Index B_ = 0, b_ = 0;

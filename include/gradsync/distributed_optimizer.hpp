@@ -5,7 +5,8 @@
 //   dopt.add<Trunk>(b, grad_b);
 //   dopt.add<Tower>(t, grad_t);            // a local group: never communicated
 //   dopt.register_local_var(b);            // run time: b's gradient becomes local (Horovod parity)
-//   dopt.broadcast_parameters(0);          // data-parallel parameters and their state from rank 0
+//   dopt.broadcast_parameters(0);          // data-parallel parameters and their state from rank 0 (a
+//                                          // process set's from its first rank; local ones kept)
 //   ... backward pass ...
 //   dopt.step();                           // synchronize; the optimizer runs on every Nth pass only
 //   // or, with clipping:  if (dopt.synchronize()) { dopt.clip_grad_norm(1.0); dopt.apply(); }
@@ -27,6 +28,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <string>
 #include <type_traits>
 #include <unordered_map>
@@ -37,6 +39,8 @@
 #include "error.hpp"
 #include "global_norm.hpp"
 #include "impl/demangle.hpp"
+#include "impl/stall.hpp"
+#include "process_set.hpp"
 #include "tensor_traits.hpp"
 
 namespace gradsync {
@@ -78,8 +82,49 @@ void via_reachable(const Backend& b, T* data, std::size_t n, Op&& op) {
   Kokkos::View<T*, OtherSpace> copy(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("gradsync::staging")),
                                     n);
   Kokkos::deep_copy(copy, src);  // fences before and after: op sees the copy complete
-  op(copy.data());
+  try {
+    op(copy.data());
+  } catch (...) {  // a late peer may still complete the abandoned collective into the copy
+    graveyard().push_back(std::make_shared<decltype(copy)>(copy));
+    throw;
+  }
   Kokkos::deep_copy(src, copy);
+}
+
+// Runs op on n host values through a heap cell of their own, parked if op throws: the counts
+// broadcast_parameters exchanges live on the stack, where a late peer must never write.
+template <class T, class Op>
+void via_cell(T* data, std::size_t n, Op&& op) {
+  auto cell = std::make_shared<std::vector<T>>(data, data + n);
+  try {
+    op(cell->data());
+  } catch (...) {
+    graveyard().push_back(std::move(cell));
+    throw;
+  }
+  std::copy(cell->begin(), cell->end(), data);
+}
+
+// The collectives of broadcast_parameters, one function each, on n values in DataSpace (through a
+// copy in OtherSpace where the backend cannot reach them). `b` is the sync's impl::Watched: each
+// waits under the stall watchdog.
+template <class DataSpace, class OtherSpace, class Backend, class T>
+void broadcast_over(const Backend& b, T* data, std::size_t n, int root) {
+  if (n == 0) return;
+  via_reachable<DataSpace, OtherSpace>(b, data, n, [&](T* p) {
+    if constexpr (std::is_same_v<DataSpace, Kokkos::HostSpace>)
+      if (p == data) return via_cell(p, n, [&](T* q) { b.broadcast(q, n, root); });
+    b.broadcast(p, n, root);
+  });
+}
+template <class DataSpace, class OtherSpace, class Backend, class T>
+void allreduce_min_over(const Backend& b, T* data, std::size_t n) {
+  if (n == 0) return;
+  via_reachable<DataSpace, OtherSpace>(b, data, n, [&](T* p) {
+    if constexpr (std::is_same_v<DataSpace, Kokkos::HostSpace>)
+      if (p == data) return via_cell(p, n, [&](T* q) { b.allreduce_min(q, n); });
+    b.allreduce_min(p, n);
+  });
 }
 
 }  // namespace impl
@@ -191,40 +236,44 @@ class DistributedOptimizer {
     return true;
   }
 
-  /// Sends every data-parallel parameter and its optimizer state (buffers and step counts) from
-  /// `root` to every rank; local parameters and their state keep this rank's values. Collective.
-  /// Throws MismatchError on every rank when the ranks' data-parallel parameters differ in count
-  /// or size, naming the first differing parameter and the ranks involved.
+  /// Makes every replica of each parameter equal, with its optimizer state (buffers and step
+  /// counts): data-parallel parameters are sent from `root` to every rank; parameters of a group
+  /// reduced over a process set (ReduceOver<Tag>) from the first rank of their set (its lowest rank
+  /// of the sync, whatever `root`) to the set's other members, over the set's communicator (made
+  /// here if the sync has not made it yet); local parameters and their state keep this rank's
+  /// values. Collective over the sync's ranks. Throws MismatchError on every rank when the ranks'
+  /// data-parallel parameters differ from root's, or a set's members' parameters from its first
+  /// rank's, in count or size, naming the first differing parameter and the ranks involved; then
+  /// nothing was sent.
   void broadcast_parameters(int root) {
-    const auto& b = sync().backend();
-    if (root < 0 || root >= b.size())
-      throw Error(
-          impl::cat("broadcast_parameters: root ", root, " is not a rank of this ", b.size(), "-rank communicator"));
+    const int size = sync().backend().size();
+    if (root < 0 || root >= size)
+      throw Error(impl::cat("broadcast_parameters: root ", root, " is not a rank of this ", size, "-rank communicator"));
     Kokkos::fence();  // pending kernels may still write parameters or state
-    const std::vector<const Entry*> dp = data_parallel_entries();
-    check_agreement(dp, root);
-    std::vector<std::int64_t*> counters;
-    for (const Entry* e : dp) {
-      broadcast_values(e->param, e->size, root);
-      if constexpr (impl::has_state_visitor<Optimizer>::value)
-        opt_.for_each_state(e->slot, [&](auto* data, std::size_t n) {
-          using T = std::remove_pointer_t<decltype(data)>;
-          if constexpr (std::is_same_v<T, value_type>)
-            broadcast_values(data, n, root);
-          else {
-            static_assert(std::is_same_v<T, std::int64_t>,
-                          "optimizer for_each_state: state is value_type buffers or std::int64_t counters");
-            for (std::size_t i = 0; i < n; ++i) counters.push_back(data + i);
-          }
-        });
-    }
-    if (!counters.empty()) {
-      std::vector<std::int64_t> flat(counters.size());
-      for (std::size_t i = 0; i < flat.size(); ++i) flat[i] = *counters[i];
-      impl::via_reachable<Kokkos::HostSpace, memory_space>(b, flat.data(), flat.size(),
-                                                           [&](std::int64_t* p) { b.broadcast(p, flat.size(), root); });
-      for (std::size_t i = 0; i < flat.size(); ++i) *counters[i] = flat[i];
-    }
+    // Every collective below waits under the sync's stall watchdog: a rank that skips the call is
+    // named by the others, and a failure on one rank stops all of them (the sync is then failed).
+    sync().impl_collective("broadcast_parameters()", "broadcast of parameters", [&](const auto& b) {
+      const std::vector<const Entry*> dp = data_parallel_entries();
+      const std::vector<int> world = identity_ranks(size);
+      const std::string dp_error = disagreement(dp, b, root, world, impl::cat("broadcast_parameters(root ", root, ")"),
+                                                "data-parallel", "root's");
+      if (!dp_error.empty()) throw MismatchError(dp_error);
+      if constexpr (impl::has_split<backend_type>::value) {
+        sync().impl_connect_process_sets(b);  // every rank: the sets' communicators, before the first synchronize()
+        const auto& sets = sync().impl_process_sets().sets();
+        for (const auto& s : sets)  // alike on every rank: a sync type that reduces no sets
+          if (!s.backend)
+            throw Error(impl::cat("broadcast_parameters: process set ", s.tag, " has no communicator: this sync (",
+                                  impl::type_name<execution_space>(), ") does not reduce process sets"));
+        const std::vector<std::vector<const Entry*>> by_set = set_entries();
+        if (!sets.empty()) check_sets_agree(b, by_set);  // connect() agreed on the kinds: alike on every rank
+        broadcast_entries(dp, b, root);
+        // Kind by kind in binding order, as every rank binds them: no two sets wait on each other.
+        for (std::size_t i = 0; i < sets.size(); ++i) broadcast_entries(by_set[i], b.over(*sets[i].backend), 0);
+      } else {
+        broadcast_entries(dp, b, root);
+      }
+    });
     Kokkos::fence();
   }
 
@@ -292,56 +341,123 @@ class DistributedOptimizer {
     return dp;
   }
 
-  template <class T>
-  void broadcast_values(T* data, std::size_t n, int root) {
-    if (n == 0) return;
-    const auto& b = sync().backend();
-    impl::via_reachable<memory_space, Kokkos::HostSpace>(b, data, n, [&](T* p) { b.broadcast(p, n, root); });
+  static std::vector<int> identity_ranks(int n) {
+    std::vector<int> r(static_cast<std::size_t>(n));
+    for (int i = 0; i < n; ++i) r[std::size_t(i)] = i;
+    return r;
   }
 
-  // Every rank learns every rank's first data-parallel parameter that differs from root's (count or
-  // size) with one broadcast of root's sizes and one allreduce_min; all throw together or none does.
-  void check_agreement(const std::vector<const Entry*>& dp, int root) {
-    const auto& b = sync().backend();
+  // The entries whose gradients are reduced over each of the sync's process sets, set by set in
+  // binding order, each in its set's registration order (which the set's members agree on).
+  std::vector<std::vector<const Entry*>> set_entries() const {
+    std::unordered_map<const value_type*, const Entry*> by_grad;
+    for (const Entry& e : entries_) by_grad[e.grad] = &e;
+    std::vector<std::vector<const Entry*>> out;
+    for (const auto& s : sync().impl_process_sets().sets()) {
+      out.emplace_back();
+      for (const auto& t : s.tensors) {
+        const auto it = by_grad.find(t.data);
+        if (it != by_grad.end()) out.back().push_back(it->second);
+      }
+    }
+    return out;
+  }
+
+  // Every set's members compare their entries with the set's first rank's; then one allreduce_min
+  // over the sync's ranks tells every rank which ranks' sets disagree, so all throw together.
+  template <class W>
+  void check_sets_agree(const W& b, const std::vector<std::vector<const Entry*>>& by_set) {
+    const auto& sets = sync().impl_process_sets().sets();
+    std::string mine;
+    for (std::size_t i = 0; i < sets.size(); ++i) {  // every kind, even after a failure: the sets' peers wait
+      std::string e = disagreement(by_set[i], b.over(*sets[i].backend), 0, sets[i].ranks,
+                                   impl::cat("broadcast_parameters: process set ", sets[i].tag, " ",
+                                             impl::rank_list(sets[i].ranks)),
+                                   "set-reduced", impl::cat("its first rank's (rank ", sets[i].ranks.front(), ")"));
+      if (mine.empty()) mine = std::move(e);
+    }
+    constexpr std::int64_t none = std::numeric_limits<std::int64_t>::max();
+    std::vector<std::int64_t> bad(std::size_t(b.size()), none);
+    if (!mine.empty()) bad[std::size_t(b.rank())] = 0;
+    impl::allreduce_min_over<Kokkos::HostSpace, memory_space>(b, bad.data(), bad.size());
+    std::string ranks;
+    for (int r = 0; r < b.size(); ++r)
+      if (bad[std::size_t(r)] != none) ranks += impl::cat(ranks.empty() ? "" : ", ", r);
+    if (ranks.empty()) return;
+    if (!mine.empty()) throw MismatchError(mine);
+    throw MismatchError(impl::cat("broadcast_parameters: the set-reduced parameters differ between the members of the "
+                                  "process set(s) of rank(s) ", ranks, " (their error names the parameter); rank ",
+                                  b.rank(), "'s sets agree"));
+  }
+
+  // Sends the parameters of `es` and their optimizer state from `root` to every rank of `b`.
+  template <class B>
+  void broadcast_entries(const std::vector<const Entry*>& es, const B& b, int root) {
+    std::vector<std::int64_t*> counters;
+    for (const Entry* e : es) {
+      impl::broadcast_over<memory_space, Kokkos::HostSpace>(b, e->param, e->size, root);
+      if constexpr (impl::has_state_visitor<Optimizer>::value)
+        opt_.for_each_state(e->slot, [&](auto* data, std::size_t n) {
+          using T = std::remove_pointer_t<decltype(data)>;
+          if constexpr (std::is_same_v<T, value_type>)
+            impl::broadcast_over<memory_space, Kokkos::HostSpace>(b, data, n, root);
+          else {
+            static_assert(std::is_same_v<T, std::int64_t>,
+                          "optimizer for_each_state: state is value_type buffers or std::int64_t counters");
+            for (std::size_t i = 0; i < n; ++i) counters.push_back(data + i);
+          }
+        });
+    }
+    if (counters.empty()) return;
+    std::vector<std::int64_t> flat(counters.size());
+    for (std::size_t i = 0; i < flat.size(); ++i) flat[i] = *counters[i];
+    impl::broadcast_over<Kokkos::HostSpace, memory_space>(b, flat.data(), flat.size(), root);
+    for (std::size_t i = 0; i < flat.size(); ++i) *counters[i] = flat[i];
+  }
+
+  // Every member of `b` learns every member's first entry of `es` that differs from `root`'s (count
+  // or size) with one broadcast of root's sizes and one allreduce_min: the message (empty when all
+  // agree) says the same on every member but for its own part. `world[r]` is b's rank r as a rank of
+  // the sync, `head` what is broadcast, `kind` the parameters, `from` the root.
+  template <class B>
+  std::string disagreement(const std::vector<const Entry*>& es, const B& b, int root, const std::vector<int>& world,
+                           const std::string& head, const char* kind, const std::string& from) {
     const int n = b.size(), me = b.rank();
-    std::vector<std::int64_t> sizes(dp.size() + 1);
-    sizes[0] = std::int64_t(dp.size());
-    for (std::size_t i = 0; i < dp.size(); ++i) sizes[i + 1] = std::int64_t(dp[i]->size);
+    std::vector<std::int64_t> sizes(es.size() + 1);
+    sizes[0] = std::int64_t(es.size());
+    for (std::size_t i = 0; i < es.size(); ++i) sizes[i + 1] = std::int64_t(es[i]->size);
     std::int64_t root_count = sizes[0];
-    impl::via_reachable<Kokkos::HostSpace, memory_space>(b, &root_count, 1,
-                                                         [&](std::int64_t* p) { b.broadcast(p, 1, root); });
+    impl::broadcast_over<Kokkos::HostSpace, memory_space>(b, &root_count, 1, root);
     std::vector<std::int64_t> root_sizes(std::size_t(root_count) + 1);
     if (me == root) root_sizes = sizes;
-    impl::via_reachable<Kokkos::HostSpace, memory_space>(
-        b, root_sizes.data(), root_sizes.size(), [&](std::int64_t* p) { b.broadcast(p, root_sizes.size(), root); });
+    impl::broadcast_over<Kokkos::HostSpace, memory_space>(b, root_sizes.data(), root_sizes.size(), root);
     constexpr std::int64_t none = std::numeric_limits<std::int64_t>::max();
     std::int64_t first = none;
-    const std::size_t common = std::min(dp.size(), std::size_t(root_count));
+    const std::size_t common = std::min(es.size(), std::size_t(root_count));
     for (std::size_t i = 0; i < common && first == none; ++i)
       if (sizes[i + 1] != root_sizes[i + 1]) first = std::int64_t(i);
-    if (first == none && dp.size() != std::size_t(root_count)) first = std::int64_t(common);
+    if (first == none && es.size() != std::size_t(root_count)) first = std::int64_t(common);
     std::vector<std::int64_t> firsts(std::size_t(n), none);
     firsts[std::size_t(me)] = first;
-    impl::via_reachable<Kokkos::HostSpace, memory_space>(b, firsts.data(), firsts.size(),
-                                                         [&](std::int64_t* p) { b.allreduce_min(p, firsts.size()); });
+    impl::allreduce_min_over<Kokkos::HostSpace, memory_space>(b, firsts.data(), firsts.size());
     std::string ranks;
     std::int64_t at = none;
     for (int r = 0; r < n; ++r)
       if (firsts[std::size_t(r)] != none) {
-        ranks += impl::cat(ranks.empty() ? "" : ", ", r);
+        ranks += impl::cat(ranks.empty() ? "" : ", ", world[std::size_t(r)]);
         at = std::min(at, firsts[std::size_t(r)]);
       }
-    if (ranks.empty()) return;
+    if (ranks.empty()) return {};
     const std::size_t i = std::size_t(at);
-    const std::string here = i < dp.size()
-                                 ? impl::cat("'", dp[i]->name, "' (group ", dp[i]->group, ", ", dp[i]->size, " values)")
+    const std::string here = i < es.size()
+                                 ? impl::cat("'", es[i]->name, "' (group ", es[i]->group, ", ", es[i]->size, " values)")
                                  : std::string("none");
     const std::string there =
         i < std::size_t(root_count) ? impl::cat(root_sizes[i + 1], " values") : std::string("none");
-    throw MismatchError(impl::cat("broadcast_parameters(root ", root, "): the data-parallel parameters of rank(s) ",
-                                  ranks, " differ from root's, first at data-parallel parameter #", i, ": on rank ", me,
-                                  " ", here, ", on rank ", root, " ", there, " (", dp.size(), " vs ", root_count,
-                                  " data-parallel parameters)"));
+    return impl::cat(head, ": the ", kind, " parameters of rank(s) ", ranks, " differ from ", from, ", first at ", kind,
+                     " parameter #", i, ": on rank ", world[std::size_t(me)], " ", here, ", on rank ",
+                     world[std::size_t(root)], " ", there, " (", es.size(), " vs ", root_count, " ", kind,
+                     " parameters)");
   }
 
   Optimizer opt_;
@@ -352,5 +468,50 @@ class DistributedOptimizer {
   GlobalNorm<sync_type> norm_;
   std::vector<Entry> entries_;
 };
+
+/// Sends `param` from the first rank of this rank's process set for Group (a ReduceOver<Tag> group:
+/// the set bound for Tag, its lowest rank of the sync) to the set's other members, over the set's
+/// communicator, so that the replicas of a parameter whose gradient `sync` reduces over the set start
+/// equal. DistributedOptimizer::broadcast_parameters does this for the parameters it holds; this is
+/// for the others (a table updated by the caller from a RowSparse gradient). Collective over the set:
+/// its members pass parameters of the same size, in the same order; a size that differs from the
+/// first rank's is a MismatchError on every member. The sets' communicators must exist: call it
+/// after sync.prepare() or a synchronize().
+template <class Group, class Sync, class P>
+void broadcast_set_parameter(Sync& sync, const P& param) {
+  using PT = TensorTraits<P>;
+  static_assert(is_set_reduced_v<Group>,
+                "gradsync::broadcast_set_parameter<Group>: Group's policy must be ReduceOver<Tag> (process_set.hpp)");
+  static_assert(is_tensor_v<P> && PT::is_writable,
+                "gradsync::broadcast_set_parameter: the parameter must be a writable tensor gradsync knows");
+  using Space = typename PT::memory_space;
+  const std::string tag = impl::type_name<typename LocalVarPolicy<Group>::set_tag>();
+  const std::string what = impl::cat("broadcast_set_parameter<", impl::type_name<Group>(), "> on rank ",
+                                     sync.backend().rank());
+  const auto& sets = sync.impl_process_sets().sets();
+  const auto s = std::find_if(sets.begin(), sets.end(), [&](const auto& x) { return x.tag == tag; });
+  if (s == sets.end())
+    throw Error(impl::cat(what, ": process set ", tag, " is not bound (bind_process_set<", tag, ">)"));
+  if (!s->backend)
+    throw Error(impl::cat(what, ": process set ", tag, " has no communicator yet: call it after the sync's prepare() "
+                          "or first synchronize()"));
+  if (!PT::is_contiguous(param)) throw Error(impl::cat(what, ": the parameter is not contiguous"));
+  const int me = sync.backend().rank();
+  Kokkos::fence();  // pending kernels may still write the parameter
+  // Waited under the sync's stall watchdog, over the set's communicator (see broadcast_parameters).
+  sync.impl_collective("broadcast_set_parameter()", "broadcast of a set's parameter", [&](const auto& world) {
+    const auto b = world.over(*s->backend);
+    std::int64_t n = std::int64_t(PT::size(param)), first = n;
+    impl::broadcast_over<Kokkos::HostSpace, Space>(b, &first, 1, 0);
+    std::int64_t bad[1] = {n == first ? std::numeric_limits<std::int64_t>::max() : std::int64_t(me)};
+    impl::allreduce_min_over<Kokkos::HostSpace, Space>(b, bad, 1);
+    if (bad[0] != std::numeric_limits<std::int64_t>::max())
+      throw MismatchError(impl::cat(what, ": process set ", tag, " ", impl::rank_list(s->ranks), ": rank ", bad[0],
+                                    "'s parameter differs in size from the set's first rank's (rank ", s->ranks.front(),
+                                    ", ", first, " values; rank ", me, " has ", n, ")"));
+    impl::broadcast_over<Space, Kokkos::HostSpace>(b, PT::data(param), std::size_t(n), 0);
+  });
+  Kokkos::fence();
+}
 
 }  // namespace gradsync

@@ -2,12 +2,17 @@
 //
 // The norm is that of the whole model's gradient as if it ran on one process. After synchronize()
 // a data-parallel gradient holds the same values on every rank and must count once, not n times;
-// a local gradient is one rank's shard and counts once where it lives. Each rank therefore
-// contributes  Σ_local |g|² + Σ_data-parallel |g|² / n  and one allreduce of that single value gives
-// the square of the norm on every rank (dividing the replicated part by n, rather than counting it on
-// one rank, makes the result independent of last-bit differences between ranks' copies).
+// a gradient reduced over a process set (ReduceOver) holds the same values on every member of its
+// set S and must count once per set, not once per replica; a local gradient is one rank's shard and
+// counts once where it lives. Each rank therefore contributes
+//   Σ_local |g|² + Σ_set-reduced |g|² / |S| + Σ_data-parallel |g|² / n
+// and one allreduce of that single value gives the square of the norm on every rank (dividing the
+// replicated parts, rather than counting them on one rank, makes the result independent of
+// last-bit differences between ranks' copies). Row-sparse gradients count the rows() rows they
+// hold after the sync, by the same weights.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -27,7 +32,7 @@ template <class T>
 struct NormSegment {
   T* ptr = nullptr;
   std::int64_t count = 0;
-  double weight = 1;  // 1 for local tensors, 1/n for data-parallel ones
+  double weight = 1;  // 1 for local tensors, 1/|S| for those reduced over a set S, 1/n for data-parallel ones
   T factor = T(1);    // a deferred local scale (GradientSync::defer_local_scale)
 };
 
@@ -153,29 +158,72 @@ class GlobalNorm {
     std::size_t size;
     bool local;
     value_type factor;
+    bool sparse;  // a RowSparse's values (size: its capacity)
     bool operator==(const Key& o) const {
-      return data == o.data && size == o.size && local == o.local && factor == o.factor;
+      return data == o.data && size == o.size && local == o.local && factor == o.factor && sparse == o.sparse;
     }
   };
 
-  // Rebuilds the segment table when the sync's tensors or their local flags changed.
+  // A segment of a row-sparse gradient: its count follows the rows the gradient holds this step.
+  struct SparseSegment {
+    std::size_t seg, tensor;  // index in segs_, index among the sync's row-sparse gradients
+    std::int64_t offset, capacity;
+  };
+
+  // Rebuilds the segment table when the sync's tensors or their local flags changed, then sets the
+  // row-sparse segments' counts to this step's rows.
   void refresh(const Sync& sync) {
     scratch_.clear();
+    used_.clear();
     sync.for_each_gradient([&](const value_type* d, std::size_t n, bool local, value_type factor) {
-      scratch_.push_back(Key{d, n, local, factor});
+      scratch_.push_back(Key{d, n, local, factor, false});
     });
+    sync.impl_row_sparse().for_each_norm_tensor(
+        [&](const value_type* d, std::size_t capacity, std::size_t used, const std::string&, bool local) {
+          scratch_.push_back(Key{d, capacity, local, value_type(1), true});
+          used_.push_back(std::int64_t(used));
+        });
     const int n = sync.backend().size();
-    if (n == world_ && scratch_ == keys_) return;
+    const bool rebuilt = n != world_ || scratch_ != keys_;
+    if (rebuilt) rebuild(sync, n);
+    bool changed = rebuilt;
+    for (const SparseSegment& d : sparse_segs_) {
+      const std::int64_t count = std::max<std::int64_t>(0, std::min(used_[d.tensor] - d.offset, d.capacity));
+      changed = changed || segs_host_(d.seg).count != count;
+      segs_host_(d.seg).count = count;
+    }
+    if (changed) Kokkos::deep_copy(exec_, segs_, segs_host_);  // nothing to copy when memory_space is the host's
+  }
+
+  void rebuild(const Sync& sync, int n) {
     std::vector<impl::NormSegment<value_type>> host;
+    sparse_segs_.clear();
+    const auto& sets = sync.impl_process_sets();
     for (const Key& k : scratch_) {
-      const double weight = k.local ? 1.0 : 1.0 / double(n);
+      if (k.sparse) continue;
+      const auto* set = sets.set_holding(k.data);
+      const double weight = set ? 1.0 / double(set->ranks.size()) : k.local ? 1.0 : 1.0 / double(n);
       // for_each_tensor hands out const pointers; clip() scales these same gradients in place.
       value_type* const data = const_cast<value_type*>(k.data);
       impl::for_each_segment(k.size, [&](std::int64_t off, std::int64_t count) {
         host.push_back(impl::NormSegment<value_type>{data + off, count, weight, k.factor});
       });
     }
-    impl::upload_segments(host, segs_, "gradsync::norm_segments");
+    std::size_t tensor = 0;
+    sync.impl_row_sparse().for_each_norm_tensor(
+        [&](const value_type* d, std::size_t capacity, std::size_t, const std::string& tag, bool local) {
+          const double weight = !tag.empty() ? 1.0 / double(sets.set_size(tag)) : local ? 1.0 : 1.0 / double(n);
+          value_type* const data = const_cast<value_type*>(d);
+          impl::for_each_segment(capacity, [&](std::int64_t off, std::int64_t count) {
+            sparse_segs_.push_back(SparseSegment{host.size(), tensor, off, count});
+            host.push_back(impl::NormSegment<value_type>{data + off, 0, weight, value_type(1)});
+          });
+          ++tensor;
+        });
+    segs_ = impl::NormSegmentView<value_type, memory_space>(
+        Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("gradsync::norm_segments")), host.size());
+    segs_host_ = Kokkos::create_mirror_view(segs_);
+    std::copy(host.begin(), host.end(), segs_host_.data());
     partial_ = Kokkos::View<double*, memory_space>(Kokkos::view_alloc("gradsync::norm_partials", Kokkos::WithoutInitializing),
                                                    host.size());
     partial_host_ = Kokkos::create_mirror_view(partial_);
@@ -186,7 +234,10 @@ class GlobalNorm {
   execution_space exec_;
   int world_ = 0;  // the world size the table was built for; 0 before the first build
   std::vector<Key> keys_, scratch_;
+  std::vector<std::int64_t> used_;          // this call's values in use of each row-sparse gradient
+  std::vector<SparseSegment> sparse_segs_;  // the segments whose count follows used_
   impl::NormSegmentView<value_type, memory_space> segs_;
+  typename impl::NormSegmentView<value_type, memory_space>::HostMirror segs_host_;  // segs_ itself on the host
   Kokkos::View<double*, memory_space> partial_;  // one partial sum per segment
   typename Kokkos::View<double*, memory_space>::HostMirror partial_host_;
   Kokkos::View<double, memory_space> device_value_;  // allocated on first use, by device-only backends only

@@ -467,6 +467,16 @@ class GradientSync {
   /// Bytes of data-parallel gradient one synchronize() hands to the backend.
   std::size_t data_parallel_bytes() const { return registry_.data_parallel_elements() * sizeof(value_type); }
 
+  // Internal, for global_norm and DistributedOptimizer (public as Kokkos' impl_ members are): the
+  // process sets with their dense tensors, the row-sparse gradients, and the sets' communicators
+  // made now (collective over the sync's ranks, as at the next synchronize(); validates the sets).
+  const auto& impl_process_sets() const { return sets_; }
+  const auto& impl_row_sparse() const { return sparse_; }
+  template <class Watched>
+  void impl_connect_process_sets(const Watched& world) {
+    if constexpr (sets_supported) sets_.connect(world);
+  }
+
  private:
   using Registry = impl::SyncRegistry<value_type>;
   using Entry = typename Registry::Entry;

@@ -154,6 +154,10 @@ class MpiBackend {
   bool cuda_aware() const { return cuda_aware_.aware; }
   const char* cuda_aware_source() const { return cuda_aware_.source; }
 
+  /// The most elements one MPI call takes (impl::mpi_max_count(): INT_MAX unless a test lowers it);
+  /// callers of the nonblocking sums split larger buffers into pieces of this many.
+  static std::size_t max_count() { return impl::mpi_max_count(); }
+
   template <class T>
   void allreduce_sum(T* buf, std::size_t n) const {
     for_pieces(n, [&](std::size_t off, int cnt) {
@@ -294,6 +298,13 @@ class MpiBackend {
       throw Error(impl::cat("broadcast root ", root, " is not a rank of this ", size_, "-rank communicator"));
     Request r;
     impl::mpi_check(MPI_Ibcast(buf, checked_count(n), impl::mpi_type<T>(), root, comm(), &r.req), "MPI_Ibcast");
+    return r;
+  }
+  template <class T>
+  Request iallreduce_min(T* buf, std::size_t n) const {
+    Request r;
+    impl::mpi_check(MPI_Iallreduce(MPI_IN_PLACE, buf, checked_count(n), impl::mpi_type<T>(), MPI_MIN, comm(), &r.req),
+                    "MPI_Iallreduce (MIN)");
     return r;
   }
   template <class T>

@@ -12,8 +12,9 @@
 // the binding, when the ranks also check that the sets fit together and that the members of each
 // set registered the same tensors of its groups (else every rank throws the same MismatchError,
 // naming the set and the ranks). A group over a set is outside the world's fused exchange (as a
-// local group is); its tensors are allreduced over the set after the dense chunks, one call per
-// tensor in registration order, waited under the stall watchdog, then scaled:
+// local group is); its tensors are allreduced over the set after the dense chunks, in registration
+// order, each in pieces of at most the backend's count limit (MpiBackend: impl::mpi_max_count(),
+// INT_MAX), as the world's chunks are, one call per piece waited under the stall watchdog, then scaled:
 //
 //   SetScale::world_size (default): allreduce_S(g) · prescale · postscale / n   (n: the sync's ranks)
 //   SetScale::set_size:             allreduce_S(g) · prescale · postscale / |S| (Horovod's process sets)
@@ -23,9 +24,16 @@
 // the sum of the contributions of the ranks it serves: a table shard replicated over the R members
 // of S, each fed by the n/R ranks of its replica group, holds Σ_{r in its group} dL_r/dE, so the
 // set's sum is Σ_r dL_r/dE = n dL/dE. RowSparse gradients may be reduced over a set too.
+//
+// After synchronize() every member of a set holds the same values of its set's tensors, so
+// global_norm counts them with weight 1/|S| (each replicated shard once), and
+// DistributedOptimizer::broadcast_parameters (or broadcast_set_parameter for parameters it does not
+// hold) sends their parameters from the set's first rank, its lowest rank of the sync, over the
+// set's communicator.
 #pragma once
 
 #include <algorithm>
+#include <climits>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -86,6 +94,19 @@ struct split_result<B, std::void_t<decltype(std::declval<const B&>().split(0, 0)
   using type = decltype(std::declval<const B&>().split(0, 0));
 };
 
+// The most elements one call of a backend takes: its own max_count() where it has one (MpiBackend:
+// impl::mpi_max_count(), which tests lower), else an int's range, the count type of MPI and NCCL.
+template <class B, class = void>
+struct has_max_count : std::false_type {};
+template <class B>
+struct has_max_count<B, std::void_t<decltype(std::size_t(std::declval<const B&>().max_count()))>> : std::true_type {};
+template <class B>
+std::size_t max_count_of(const B& b) {
+  std::size_t n = std::size_t(INT_MAX);
+  if constexpr (has_max_count<B>::value) n = std::size_t(b.max_count());
+  return std::max<std::size_t>(n, 1);
+}
+
 template <class T>
 struct SetScaleKernel {  // p[i] *= f
   T* p;
@@ -124,6 +145,18 @@ class ProcessSets {
   };
 
   bool empty() const { return sets_.empty(); }
+
+  /// Every bound set, in binding order (the order every rank binds its kinds in).
+  const std::vector<Set>& sets() const { return sets_; }
+
+  /// The set whose group holds the dense tensor at `data` (registered with a ReduceOver group),
+  /// or null.
+  const Set* set_holding(const T* data) const {
+    for (const Set& s : sets_)
+      for (const Tensor& t : s.tensors)
+        if (t.data == data) return &s;
+    return nullptr;
+  }
 
   void bind(const std::string& tag, std::vector<int> ranks, int me, int n) {
     std::sort(ranks.begin(), ranks.end());
@@ -232,40 +265,45 @@ class ProcessSets {
     for (std::size_t i = 0; i < k; ++i)
       if (!sets_[i].backend) sets_[i].backend = std::make_shared<SetBackend>(world.split(sets_[i].ranks.front(), me));
     // A backend that cannot reach the tensors' memory (device memory, an MPI that is not
-    // CUDA-aware) sums a host copy: one staging buffer, as large as the largest tensor, made here.
-    std::size_t largest = 0;
+    // CUDA-aware) sums a host copy: one staging buffer, as large as the largest piece, made here.
+    largest_ = 0;
     for (const Set& s : sets_)
-      for (const Tensor& t : s.tensors) largest = std::max(largest, t.size);
+      for (const Tensor& t : s.tensors) largest_ = std::max(largest_, t.size);
     staged_ = !world.template can_access<memory_space>();
-    if (staged_ && staging_.extent(0) < largest)
-      staging_ = Staging(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("gradsync::set_staging")), largest);
+    if (staged_) provision_staging(max_count_of(*sets_.front().backend));
   }
 
-  /// The dense tensors over their sets, after the world's exchange: one allreduce per tensor, in
-  /// registration order, under the stall watchdog; then their factor.
+  /// The dense tensors over their sets, after the world's exchange: in registration order, each in
+  /// pieces of at most max_count_of(backend) elements (every member splits alike: the limit is a
+  /// property of the backend type, the sizes agree within a set), one allreduce per piece under
+  /// the stall watchdog; then their factor.
   void reduce(const ExecutionSpace& exec, const Options& o, Control<Backend>& ctl, int world, std::int64_t call,
               Stats& stats) {
     fence(exec, label_fence_pack());
     for (Set& s : sets_) {
       if (!s.backend) throw Error(cat("process set ", s.tag, " has no communicator (internal: connect() did not run)"));
+      const SetBackend& sb = *s.backend;
+      const std::size_t piece = max_count_of(sb);
+      if (staged_) provision_staging(piece);  // only when a test raised the limit since connect()
       for (std::size_t j = 0; j < s.tensors.size(); ++j) {
         const Tensor& t = s.tensors[j];
-        if (t.size == 0) continue;
-        const Kokkos::View<T*, memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>> here(t.data, t.size);
-        const auto host = Kokkos::subview(staging_, std::make_pair(std::size_t(0), staged_ ? t.size : 0));
-        if (staged_) {  // the copy back of the previous tensor is ordered before this one on exec
-          Kokkos::deep_copy(exec, host, here);
-          fence(exec, label_fence_pack());
+        const View here(t.data, t.size);
+        for (std::size_t off = 0; off < t.size; off += piece) {
+          const std::size_t count = std::min(piece, t.size - off);
+          const auto part = Kokkos::subview(here, std::make_pair(off, off + count));
+          const auto host = Kokkos::subview(staging_, std::make_pair(std::size_t(0), staged_ ? count : 0));
+          if (staged_) {  // the copy back of the previous piece is ordered before this one on exec
+            Kokkos::deep_copy(exec, host, part);
+            fence(exec, label_fence_pack());
+          }
+          sum_over_set(sb, staged_ ? staging_.data() : t.data + off, count, o, ctl,
+                       WaitSite{"process set allreduce", call, std::int64_t(j), std::int64_t(s.tensors.size())});
+          if (staged_) Kokkos::deep_copy(exec, part, host);
+          stats.process_set_bytes += count * sizeof(T);
+          ++stats.process_set_calls;
         }
-        auto req = s.backend->iallreduce_sum(staged_ ? staging_.data() : t.data, t.size);
-        const SetBackend& sb = *s.backend;
-        ctl.wait_until_done([&] { return sb.test(req); }, o,
-                            WaitSite{"process set allreduce", call, std::int64_t(j), std::int64_t(s.tensors.size())});
-        if (staged_) Kokkos::deep_copy(exec, here, host);
-        stats.process_set_bytes += t.size * sizeof(T);
-        ++stats.process_set_calls;
         const T f = factor(t.scale, o, world, s.ranks.size());
-        if (f != T(1))
+        if (f != T(1) && t.size > 0)
           Kokkos::parallel_for("gradsync::process_set_scale",
                                Kokkos::RangePolicy<ExecutionSpace, Kokkos::IndexType<std::int64_t>>(
                                    exec, 0, std::int64_t(t.size)),
@@ -302,10 +340,28 @@ class ProcessSets {
   }
 
   using memory_space = typename exec_memory_space<ExecutionSpace>::type;
+  using View = Kokkos::View<T*, memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
   using Staging = Kokkos::View<T*, staging_space_t<memory_space>>;
+
+  // The exchange's one collective: a sum of n values over the set, started nonblocking and waited
+  // under the stall watchdog.
+  static void sum_over_set(const SetBackend& sb, T* data, std::size_t n, const Options& o, Control<Backend>& ctl,
+                           const WaitSite& site) {
+    auto req = sb.iallreduce_sum(data, n);
+    ctl.wait_until_done([&] { return sb.test(req); }, o, site);
+  }
+
+  // The staging buffer holds one piece: the largest tensor, or the backend's limit if smaller.
+  void provision_staging(std::size_t piece) {
+    const std::size_t want = std::min(largest_, piece);
+    if (staging_.extent(0) < want)
+      staging_ = Staging(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("gradsync::set_staging")), want);
+  }
+
   std::vector<Set> sets_;
   bool staged_ = false;
-  Staging staging_;  // host copy of one tensor at a time, when staged_
+  std::size_t largest_ = 0;  // elements of the largest dense tensor over a set
+  Staging staging_;          // host copy of one piece at a time, when staged_
 };
 
 }  // namespace impl

@@ -21,7 +21,9 @@
 // blocking collectives of their own. The capacity must hold the union (at most the sum of every
 // rank's rows, and the table's rows): every rank checks every rank's capacity and row numbers from
 // the counts exchange and throws the same error, naming the tensor and the ranks at fault.
-// Limits: backward_passes_per_step must be 1; global_norm does not see row-sparse gradients.
+// global_norm and clip_grad_norm count and scale the rows() rows a gradient holds after the sync (a
+// local one's as given: a row number given twice counts as two rows, not as their sum).
+// Limits: backward_passes_per_step must be 1.
 #pragma once
 
 #include <algorithm>
@@ -334,6 +336,15 @@ class RowSparseSet {
     for (const auto& t : all_) f(t->values(), std::size_t(t->capacity * t->width), t->name, t->group);
   }
 
+  /// For global_norm, in registration order: f(values, capacity (values), values in use (rows()),
+  /// set tag (empty: none), local). After synchronize() a data-parallel one holds the same rows on
+  /// every rank, a set-reduced one on every member of its set.
+  template <class F>
+  void for_each_norm_tensor(F&& f) const {
+    for (const auto& t : all_)
+      f(t->values(), std::size_t(t->capacity * t->width), std::size_t(t->rows() * t->width), t->set_tag, t->local);
+  }
+
   /// The data-parallel ones join the consistency check: table rows and width must agree.
   void describe(std::vector<RegDesc>& regs) const {
     for (const auto& t : all_)
@@ -538,6 +549,8 @@ struct NoRowSparse {
   std::size_t count_in_group(const std::string&) const { return 0; }
   template <class F>
   void for_each_values(F&&) const {}
+  template <class F>
+  void for_each_norm_tensor(F&&) const {}
   void describe(std::vector<RegDesc>&) const {}
   template <class Backend, class E, class T, class Route, class Watch>
   void finish(const Backend&, const E&, T, Stats&, const std::vector<std::string>&, Route&&, Watch&&) {}

@@ -26,6 +26,11 @@ template <class B>
 struct has_ibroadcast<B, std::void_t<decltype(std::declval<const B&>().ibroadcast((double*)nullptr, std::size_t(), 0))>>
     : std::true_type {};
 template <class B, class = void>
+struct has_iallreduce_min : std::false_type {};
+template <class B>
+struct has_iallreduce_min<B, std::void_t<decltype(std::declval<const B&>().iallreduce_min((std::int64_t*)nullptr, std::size_t()))>>
+    : std::true_type {};
+template <class B, class = void>
 struct has_iallgather : std::false_type {};
 template <class B>
 struct has_iallgather<
@@ -47,6 +52,9 @@ class Watched {
     return b_.template can_access<MemorySpace>();
   }
   const Backend& backend() const { return b_; }
+  /// The same watch over another communicator of this backend type (a process set's): its waits
+  /// listen to the sync's side channel.
+  Watched over(const Backend& other) const { return Watched(other, ctl_, o_, call_, what_); }
   // Blocking (MPI_Comm_split has no nonblocking form): call it only where every rank is committed.
   auto split(int color, int key) const { return b_.split(color, key); }
 
@@ -66,6 +74,17 @@ class Watched {
       });
     } else {
       b_.broadcast(buf, n, root);
+    }
+  }
+  template <class T>
+  void allreduce_min(T* buf, std::size_t n) const {
+    if constexpr (has_iallreduce_min<Backend>::value) {
+      for_pieces(n, [&](std::size_t off, std::size_t cnt) {
+        auto r = b_.iallreduce_min(buf + off, cnt);
+        wait(r);
+      });
+    } else {
+      b_.allreduce_min(buf, n);
     }
   }
   /// recv holds size()*n values: rank r's `n` values at recv + r*n (n must fit one MPI call).
