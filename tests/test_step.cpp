@@ -292,3 +292,30 @@ TEST_CASE("the global norm is watched: a rank that skips it is named by every ra
   GRADSYNC_CHECK_ALL(has(error_of([&] { (void)gradsync::global_norm(sync); }), "this GradientSync failed"));
   mpi_and_a_new_sync_work();
 }
+
+TEST_CASE("broadcast_parameters is watched: a rank that skips it is named, none waits forever") {
+  const int rank = world_rank(), n = world_size(), victim = n - 1;
+  if (n < 2) return;
+  View w("w", 40), gw("gw", 40);
+  gradsync::DistributedOptimizer dopt(gradsync::Sgd<View>(), Sync(gradsync::MpiBackend(MPI_COMM_WORLD), opts(2.0)));
+  dopt.template add<Dense>(w, gw, "w");
+  gradsync_test::fill_host(w, [&](std::size_t i) { return rank + 0.5 * double(i); });
+  dopt.broadcast_parameters(0);  // every rank: root's values everywhere
+  GRADSYNC_CHECK_ALL(gradsync_test::value_at(w, 39) == 19.5);
+  std::string what;
+  try {
+    if (rank != victim) dopt.broadcast_parameters(0);  // the bug: the victim skips it
+    (void)dopt.synchronize();
+  } catch (const gradsync::StallError& e) {
+    what = e.what();
+  }
+  CAPTURE(what);
+  if (rank != victim) {
+    CHECK(has(what, "for the broadcast of parameters"));
+    CHECK(has(what, "rank " + std::to_string(victim) + ": arrival check"));
+  } else {
+    CHECK(has(what, "so rank " + std::to_string(victim) + " stops too"));
+  }
+  GRADSYNC_CHECK_ALL(has(error_of([&] { dopt.broadcast_parameters(0); }), "this GradientSync failed"));
+  mpi_and_a_new_sync_work();
+}
