@@ -43,8 +43,8 @@ double average(std::size_t k, std::size_t i, int n) { return 0.5 * (n + 1) * dou
 
 struct Model {
   std::vector<View> g;
-  Model() {
-    for (int k = 0; k < 4; ++k) g.emplace_back("g" + std::to_string(k), kLen);
+  explicit Model(std::size_t len = kLen) {
+    for (int k = 0; k < 4; ++k) g.emplace_back("g" + std::to_string(k), len);
   }
   void fill(int rank) {
     for (std::size_t k = 0; k < g.size(); ++k) gradsync_test::fill_host(g[k], [&](std::size_t i) { return value(k, i, rank); });
@@ -106,16 +106,21 @@ class FailingBackend : public gradsync::MpiBackend {
 
 TEST_CASE("an exception during backward with chunks in flight: no crash, the peers name the rank") {
   const int rank = world_rank(), n = world_size();
+  // 1 KiB chunks go to MPI_Iallreduce; 128 KiB ones to gradsync's ring, reduced in place.
+  for (std::size_t len : {kLen, std::size_t(16384)})
   for (double deadline : {20.0, 0.0})
     for (int victim : {0, n - 1, -1}) {  // -1: every rank throws
       const bool everyone = victim < 0;
+      CAPTURE(len);
       CAPTURE(deadline);
       CAPTURE(victim);
-      Model m;
+      Model m(len);
       std::string sync_error;
       bool user_error = false;
       try {
-        Sync sync(gradsync::MpiBackend(MPI_COMM_WORLD), opts(deadline));
+        gradsync::Options o = opts(deadline);
+        o.fusion_threshold_bytes = len * sizeof(double);
+        Sync sync(gradsync::MpiBackend(MPI_COMM_WORLD), o);
         m.add_to(sync);
         m.fill(rank);
         sync.mark_ready(m.g[3]);  // the step opens and its first chunk is launched

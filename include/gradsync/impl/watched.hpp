@@ -53,8 +53,15 @@ class Watched {
   }
   const Backend& backend() const { return b_; }
   /// The same watch over another communicator of this backend type (a process set's): its waits
-  /// listen to the sync's side channel.
-  Watched over(const Backend& other) const { return Watched(other, ctl_, o_, call_, what_); }
+  /// listen to the sync's side channel. A communicator of another type (a backend whose split()
+  /// returns another type) keeps its own, blocking collectives.
+  template <class Other>
+  decltype(auto) over(const Other& other) const {
+    if constexpr (std::is_same_v<Other, Backend>)
+      return Watched(other, ctl_, o_, call_, what_);
+    else
+      return (other);
+  }
   // Blocking (MPI_Comm_split has no nonblocking form): call it only where every rank is committed.
   auto split(int color, int key) const { return b_.split(color, key); }
 
