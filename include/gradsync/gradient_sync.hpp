@@ -116,11 +116,10 @@ class GradientSync {
     // Kokkos::resize-ing the caller's View cannot be seen; re-register it instead.)
     if constexpr (impl::is_std_vector<U>::value)
       e.requery = [&tensor] { return std::make_pair(UT::data(tensor), UT::size(tensor)); };
-    for (const Entry& o : registry_)
-      if (impl::overlaps(e.data, e.size, o.data, o.size))
-        throw Error(impl::cat("tensor '", e.name, "' (group ", e.group, ") overlaps tensor '", o.name,
-                              "' (group ", o.group, ") already registered",
-                              e.data == o.data ? " (the same tensor registered twice)" : ""));
+    if (const Entry* o = registry_.find_overlap(e.data, e.size))  // O(log n): 100,000 tensors register
+      throw Error(impl::cat("tensor '", e.name, "' (group ", e.group, ") overlaps tensor '", o->name,
+                            "' (group ", o->group, ") already registered",
+                            e.data == o->data ? " (the same tensor registered twice)" : ""));
     sparse_.for_each_values([&](const value_type* p, std::size_t n, const std::string& on, const std::string& og) {
       if (impl::overlaps(e.data, e.size, p, n))
         throw Error(impl::cat("tensor '", e.name, "' (group ", e.group, ") overlaps row-sparse gradient '", on,
@@ -162,10 +161,9 @@ class GradientSync {
                                   opt_.backward_passes_per_step, ")"));
     const value_type* p = rows.values().data();
     const std::size_t n = std::size_t(rows.capacity() * rows.row_width());
-    for (const Entry& o : registry_)
-      if (impl::overlaps(p, n, o.data, o.size))
-        throw Error(impl::cat("row-sparse gradient '", shown, "' (group ", group, ") overlaps tensor '", o.name,
-                              "' (group ", o.group, ") already registered"));
+    if (const Entry* o = registry_.find_overlap(p, n))
+      throw Error(impl::cat("row-sparse gradient '", shown, "' (group ", group, ") overlaps tensor '", o->name,
+                            "' (group ", o->group, ") already registered"));
     if constexpr (is_set_reduced_v<Group>)
       sets_.set_of(impl::type_name<typename LocalVarPolicy<Group>::set_tag>(), shown, group, backend_.rank())
           .sparse.push_back(rows.table_rows() * rows.row_width());
