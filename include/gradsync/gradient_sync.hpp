@@ -125,11 +125,18 @@ class GradientSync {
         throw Error(impl::cat("tensor '", e.name, "' (group ", e.group, ") overlaps row-sparse gradient '", on,
                               "' (group ", og, ") already registered"));
     });
+    begin_change();  // before any change: it refuses registrations inside an aggregation cycle
     if constexpr (is_set_reduced_v<Group>)
       sets_.add(impl::type_name<typename LocalVarPolicy<Group>::set_tag>(), e.data, e.size, e.name, e.group,
                 LocalVarPolicy<Group>::set_scale, backend_.rank());
-    begin_change();
-    registry_.push_back(std::move(e));
+    const value_type* data = e.data;
+    try {
+      registry_.push_back(std::move(e));
+    } catch (...) {  // all or nothing: the set forgets it too
+      if constexpr (is_set_reduced_v<Group>)
+        sets_.withdraw(impl::type_name<typename LocalVarPolicy<Group>::set_tag>(), data);
+      throw;
+    }
   }
 
   /// Binds this rank's process set for the groups whose policy is ReduceOver<Tag>
@@ -428,6 +435,20 @@ class GradientSync {
   std::size_t data_parallel_bytes() const { return registry_.data_parallel_elements() * sizeof(value_type); }
 
  private:
+  template <class, class>
+  friend class DistributedOptimizer;  // withdraw_last
+
+  // DistributedOptimizer::add's rollback when its optimizer refuses the parameter: forgets the
+  // tensor at `data` that add<Group>() registered last. The plan and the checks stay marked changed
+  // (at worst a redundant rebuild and comparison).
+  template <class Group>
+  void withdraw_last(const value_type* data) {
+    if (registry_.size() == 0 || registry_.back().data != data) return;
+    if constexpr (is_set_reduced_v<Group>)
+      sets_.withdraw(impl::type_name<typename LocalVarPolicy<Group>::set_tag>(), data);
+    registry_.pop_back();
+  }
+
   using Registry = impl::SyncRegistry<value_type>;
   using Entry = typename Registry::Entry;
   using Plan = impl::SyncPlan<Backend, value_type, memory_space>;

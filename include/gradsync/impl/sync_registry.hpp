@@ -56,6 +56,7 @@ class SyncRegistry {
   auto begin() { return entries_.begin(); }
   auto end() { return entries_.end(); }
   std::size_t size() const { return entries_.size(); }
+  const Entry& back() const { return entries_.back(); }
 
   // Appends a tensor that overlaps none registered (find_overlap first). All or nothing.
   void push_back(Entry e) {
