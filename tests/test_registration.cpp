@@ -127,3 +127,19 @@ TEST_CASE("row-sparse and dense registrations refuse each other's overlaps, by n
                            "already registered");
   CHECK(sync.num_tensors() == 1);
 }
+
+TEST_CASE("handles may be temporaries, containers must be lvalues (a temporary vector is a compile error)") {
+  const int n = world_size(), rank = world_rank();
+  using VSync = gradsync::GradientSync<gradsync::MpiBackend, std::vector<double>>;
+  VSync sync(gradsync::MpiBackend(MPI_COMM_WORLD));
+  std::vector<double> kept(4, rank + 1.0), spanned(3, 2.0 * (rank + 1));
+  sync.add<Dense>(kept);                                                   // an lvalue container
+  sync.add<Dense>(gradsync::Span<double>(spanned.data(), spanned.size()));  // a temporary handle
+  View v("v", 2);
+  Sync vs(gradsync::MpiBackend(MPI_COMM_WORLD));
+  vs.add<Dense>(Kokkos::subview(v, std::make_pair(0, 2)));  // a temporary View: a handle too
+  // (tests/compile_fail/temporary_vector.cpp: sync.add<Dense>(std::vector<double>(4)) does not compile.)
+  REQUIRE(sync.synchronize());
+  const double mean = double(n + 1) / 2;
+  GRADSYNC_CHECK_ALL(rel_err(kept[3], mean) < 1e-15 && rel_err(spanned[2], 2 * mean) < 1e-15);
+}

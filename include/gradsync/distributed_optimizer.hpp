@@ -155,6 +155,17 @@ class DistributedOptimizer {
     factors_valid_ = false;
   }
 
+  /// The optimizer and the sync keep pointers into a container's values: a temporary one would
+  /// dangle. Views and Spans are handles and may be temporaries.
+  template <class Group, class P, class G,
+            class = std::enable_if_t<(!std::is_lvalue_reference_v<P> && impl::owns_values_v<std::remove_cv_t<P>>) ||
+                                     (!std::is_lvalue_reference_v<G> && impl::owns_values_v<std::remove_cv_t<G>>)>>
+  void add(P&&, G&&, std::string = {}) {
+    static_assert(impl::dependent_false_v<P>,
+                  "gradsync::DistributedOptimizer::add: a temporary std::vector would dangle: register lvalues that "
+                  "outlive the optimizer");
+  }
+
   /// Whether the local groups' scale goes into the optimizer's update (true by default when this
   /// object owns the sync and the optimizer has set_grad_scale) or is the sync's own pass. Between
   /// steps only.

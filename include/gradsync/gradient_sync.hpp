@@ -139,6 +139,16 @@ class GradientSync {
     }
   }
 
+  /// A temporary container would dangle: the sync refers to a std::vector's values (and re-reads
+  /// its size) at every synchronize(). Views and Spans are handles and may be temporaries.
+  template <class Group, class U,
+            class = std::enable_if_t<!std::is_lvalue_reference_v<U> && impl::owns_values_v<std::remove_cv_t<U>>>>
+  void add(U&&, std::string = {}) {
+    static_assert(impl::dependent_false_v<U>,
+                  "gradsync::GradientSync::add: a temporary std::vector would dangle: register an lvalue that "
+                  "outlives the sync");
+  }
+
   /// Binds this rank's process set for the groups whose policy is ReduceOver<Tag>
   /// (process_set.hpp): the ranks it reduces those groups with, itself included. Between steps;
   /// the communicator is created, collectively, at the next synchronize() or prepare().
