@@ -73,6 +73,10 @@ class GradientSync {
   static_assert(is_supported_value_v<value_type>,
                 "gradsync::GradientSync: gradients must hold float or double (the types with a built-in "
                 "MPI and NCCL sum)");
+  static_assert(impl::reads_memory_space<Backend, memory_space>::value,
+                "gradsync::GradientSync<Backend, Tensor>: the backend cannot read the tensors' memory space "
+                "(NcclBackend reads device memory only: NCCL cannot read host memory; use MpiBackend for host "
+                "tensors)");
 
   explicit GradientSync(Backend backend, Options options = {}, execution_space exec = {})
       : backend_(std::move(backend)),
