@@ -7,7 +7,7 @@
 //   dopt.register_local_var(b);            // run time: b's gradient becomes local (Horovod parity)
 //   dopt.broadcast_parameters(0);          // data-parallel parameters and their state from rank 0
 //   ... backward pass ...
-//   dopt.step();                           // synchronize; the optimizer runs on every Nth pass only
+//   bool updated = dopt.step();            // synchronize; the optimizer runs on every Nth pass only
 //   // or, with clipping:  if (dopt.synchronize()) { dopt.clip_grad_norm(1.0); dopt.apply(); }
 //
 // The DistributedOptimizer owns the wrapped optimizer. It owns the sync too, unless `Sync` is a
@@ -199,8 +199,9 @@ class DistributedOptimizer {
     return sync().is_local(Span<value_type, memory_space>(e.grad, e.size));
   }
 
-  /// Synchronizes the gradients; true on the passes where they hold synchronized values.
-  bool synchronize() { return sync().synchronize(); }
+  /// Synchronizes the gradients; true on the passes where they hold synchronized values (only
+  /// then may apply() run: [[nodiscard]]).
+  [[nodiscard]] bool synchronize() { return sync().synchronize(); }
 
   /// Runs the wrapped optimizer on the current gradients (and their pending local factors).
   void apply() {
@@ -208,8 +209,9 @@ class DistributedOptimizer {
     opt_.step();
   }
 
-  /// synchronize(), then apply() when it returned true. Returns whether the parameters changed.
-  bool step() {
+  /// synchronize(), then apply() when it returned true. Returns whether the parameters changed
+  /// ([[nodiscard]]: with backward_passes_per_step > 1 most calls change nothing).
+  [[nodiscard]] bool step() {
     if (!synchronize()) return false;
     apply();
     return true;

@@ -209,7 +209,9 @@ class GradientSync {
 
   /// Call after each backward pass. Returns true when the gradients hold synchronized values
   /// (every Nth call, N = backward_passes_per_step); otherwise they are accumulated internally.
-  bool synchronize() {
+  /// [[nodiscard]]: applying the optimizer after a false return applies a partial sum
+  /// (GRADSYNC_BACKWARD_PASSES_PER_STEP changes N without changing the code).
+  [[nodiscard]] bool synchronize() {
     const std::int64_t t_begin = timeline_ ? impl::Timeline::now() : 0;  // no RAII here: keeps the inlining of the timeline-off path
     pending_ = false;  // the tensors are about to hold this pass's values
     const bool step_open = engine_.step_open();
