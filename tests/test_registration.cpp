@@ -143,3 +143,42 @@ TEST_CASE("handles may be temporaries, containers must be lvalues (a temporary v
   const double mean = double(n + 1) / 2;
   GRADSYNC_CHECK_ALL(rel_err(kept[3], mean) < 1e-15 && rel_err(spanned[2], 2 * mean) < 1e-15);
 }
+
+TEST_CASE("100,000 parameters through DistributedOptimizer::add (its own, the sync's and Sgd's checks)") {
+  const int n = world_size(), rank = world_rank();
+  View params("params", n_tensors * stride), grads("grads", n_tensors * stride);
+  gradsync::SgdOptions so;
+  so.lr = 0.25;
+  gradsync::DistributedOptimizer<gradsync::Sgd<View>, Sync> dopt(gradsync::Sgd<View>(so),
+                                                                  Sync(gradsync::MpiBackend(MPI_COMM_WORLD)));
+  const auto t0 = std::chrono::steady_clock::now();
+  for (std::size_t k = 0; k < n_tensors; ++k)
+    dopt.add<Dense>(piece(params, k * stride, k * stride + width), piece(grads, k * stride, k * stride + width));
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  MESSAGE("DistributedOptimizer: registered " << n_tensors << " parameters in " << seconds << " s");
+  REQUIRE(dopt.num_params() == n_tensors);
+  REQUIRE(dopt.sync().num_tensors() == n_tensors);
+  REQUIRE(dopt.optimizer().num_params() == n_tensors);
+  const std::string overlap = error_of([&] {
+    dopt.add<Dense>(piece(params, 4 * 31337 + 2, 4 * 31337 + 3), piece(grads, 4 * 31337 + 3, 4 * 31337 + 4));
+  });
+  CHECK(overlap == "gradsync: DistributedOptimizer::add: parameter 'Dense[100000]' (group Dense) overlaps parameter "
+                   "'Dense[31337]' already registered on rank " + std::to_string(rank));
+  // The gradient in a gap, the parameter in a gap: accepted by everyone.
+  dopt.add<Dense>(piece(params, 4 * 5 + 3, 4 * 5 + 4), piece(grads, 4 * 6 + 3, 4 * 6 + 4), "gaps");
+  fill_host(params, [](std::size_t) { return 1.0; });
+  fill_host(grads, [&](std::size_t i) { return double(rank + 1) * double(1 + i % 5); });
+  REQUIRE(dopt.step());
+  const auto h = host_copy(params);
+  double worst = 0;
+  for (std::size_t i = 0; i < h.size(); ++i) {
+    const double g = double(n + 1) / 2 * double(1 + i % 5);  // averaged
+    const bool registered = i % stride != width || i == 4 * 5 + 3;
+    // The parameter "gaps" at 4*5+3 steps with the gradient at 4*6+3.
+    const double expect = !registered ? 1.0 : i == 4 * 5 + 3 ? 1 - 0.25 * double(n + 1) / 2 * double(1 + (4 * 6 + 3) % 5)
+                                                             : 1 - 0.25 * g;
+    worst = std::max(worst, rel_err(h(i), expect));
+  }
+  CAPTURE(worst);
+  GRADSYNC_CHECK_ALL(worst < 1e-14);
+}
