@@ -151,7 +151,7 @@ void expect_right_values(const char* what, S& sync, M& m, int steps = 3) {
   const Outcome o = timed_outcome([&] {
     for (int s = 0; s < steps; ++s) {
       m.fill(s);
-      sync.synchronize();
+      CHECK(sync.synchronize());
       worst = std::max(worst, m.error(s));
     }
   });
@@ -183,7 +183,7 @@ TEST_CASE("names given to add() are compared: same-size tensors in swapped order
     }
     Kokkos::deep_copy(a, float(1 + rank));  // averaged crosswise before: a = b = 51 at 2 ranks
     Kokkos::deep_copy(b, float(100 + rank));
-    expect_mismatch("names swapped on one rank", [&] { sync.synchronize(); },
+    expect_mismatch("names swapped on one rank", [&] { (void)sync.synchronize(); },
                     {"data-parallel tensor #0",
                      split(odd, "'b' (group Dense, index 0, 1000 x float)", "'a' (group Dense, index 0, 1000 x float)")});
     GRADSYNC_CHECK_ALL(value_at(a, 999) == float(1 + rank) && value_at(b, 0) == float(100 + rank));
@@ -193,7 +193,7 @@ TEST_CASE("names given to add() are compared: same-size tensors in swapped order
   Sync sync(gradsync::MpiBackend(MPI_COMM_WORLD), opts());
   if (rank == odd) sync.add<Dense>(a);
   else sync.add<Dense>(a, "a");
-  expect_mismatch("a name given on some ranks only", [&] { sync.synchronize(); },
+  expect_mismatch("a name given on some ranks only", [&] { (void)sync.synchronize(); },
                   {split(odd, "'Dense[0]' (group Dense, index 0, 10 x double)", "'a' (group Dense, index 0, 10 x double)")});
 }
 
@@ -209,7 +209,7 @@ TEST_CASE("the same names in the same order pass, and the values are the average
     sync.add<Dense>(b, "b");
     Kokkos::deep_copy(a, float(1 + rank));
     Kokkos::deep_copy(b, float(100 + rank));
-    sync.synchronize();
+    CHECK(sync.synchronize());
     // The average of 1..n and of 100..99+n.
     GRADSYNC_CHECK_ALL(value_at(a, 0) == float(n + 1) / 2 && value_at(a, 999) == float(n + 1) / 2);
     GRADSYNC_CHECK_ALL(value_at(b, 0) == float(199 + n) / 2 && value_at(b, 999) == float(199 + n) / 2);
@@ -250,7 +250,7 @@ TEST_CASE("settings that shape the plan or the protocol, set on one rank only: a
       Sync sync(gradsync::MpiBackend(MPI_COMM_WORLD), o);
       m.add_to(sync);
       m.fill(0);
-      expect_mismatch(c.what, [&] { sync.synchronize(); }, c.parts);
+      expect_mismatch(c.what, [&] { (void)sync.synchronize(); }, c.parts);
       GRADSYNC_CHECK_ALL(m.untouched(0));
     }
   // The collectives option itself, on one rank only.
@@ -260,7 +260,7 @@ TEST_CASE("settings that shape the plan or the protocol, set on one rank only: a
   Sync sync(gradsync::MpiBackend(MPI_COMM_WORLD), o);
   m.add_to(sync);
   m.fill(0);
-  expect_mismatch("collectives", [&] { sync.synchronize(); },
+  expect_mismatch("collectives", [&] { (void)sync.synchronize(); },
                   {"ranks disagree on collectives: " + split(odd, "blocking", "nonblocking")});
   GRADSYNC_CHECK_ALL(m.untouched(0));
 }
@@ -294,7 +294,7 @@ TEST_CASE("CUDA-aware MPI on one rank only (MpiBackend's CudaAwareMpi; GRADSYNC_
             opts());
   m.add_to(sync);
   m.fill(0);
-  expect_mismatch("CUDA-aware MPI on one rank", [&] { sync.synchronize(); },
+  expect_mismatch("CUDA-aware MPI on one rank", [&] { (void)sync.synchronize(); },
                   {"ranks disagree on CUDA-aware MPI", split(odd, "yes", "no"), "GRADSYNC_CUDA_AWARE_MPI alike"});
   GRADSYNC_CHECK_ALL(m.untouched(0));
 }
@@ -326,7 +326,7 @@ TEST_CASE("harmless when they differ: deadlines, warnings, stall action, huge pa
     if (rank == odd && world_size() > 1) sync.add<Dense>(extra, "extra");
     m.fill(4);
     if (world_size() > 1)
-      expect_mismatch("a registration changed on the rank without a deadline", [&] { sync.synchronize(); },
+      expect_mismatch("a registration changed on the rank without a deadline", [&] { (void)sync.synchronize(); },
                       {"data-parallel tensor #3", split(odd, "'extra' (group Dense, index 3, 5 x double)", "no tensor")});
   }
 }
@@ -344,14 +344,14 @@ TEST_CASE("a rank without a deadline that arrives late stops with its peers' sta
     Sync sync(gradsync::MpiBackend(MPI_COMM_WORLD), o);
     m.add_to(sync);
     m.fill(0);
-    sync.synchronize();
+    CHECK(sync.synchronize());
     GRADSYNC_CHECK_ALL(m.error(0) < 1e-13);
     m.fill(1);
     MPI_Barrier(MPI_COMM_WORLD);
     if (rank == late) std::this_thread::sleep_for(std::chrono::milliseconds(2500));
     std::string kind, what;
     try {
-      sync.synchronize();
+      (void)sync.synchronize();
     } catch (const gradsync::StallError& e) {
       kind = "stall";
       what = e.what();
@@ -387,7 +387,7 @@ TEST_CASE("check_finite without a deadline: the NaN rank's peers stop at once in
       const Outcome out = timed_outcome([&] {
         if (overlap)
           for (std::size_t k = m.g.size(); k-- > 0;) sync.mark_ready(m.g[k]);
-        sync.synchronize();
+        (void)sync.synchronize();
       });
       report("NaN on one rank, stall_timeout 0", out);
       CAPTURE(out.what);
@@ -411,10 +411,10 @@ TEST_CASE("a std::vector resized on one rank, without a deadline: every rank sto
     sync.add<Dense>(v, "v");
     sync.add<Dense>(u, "u");
     for (std::size_t i = 0; i < v.size(); ++i) v[i] = double(rank + 1);
-    sync.synchronize();
+    CHECK(sync.synchronize());
     GRADSYNC_CHECK_ALL(v[49] == double(world_size() + 1) / 2 && u[9] == 2.0);
     if (rank == odd) v.resize(80, 1.0);
-    const Outcome out = timed_outcome([&] { sync.synchronize(); });
+    const Outcome out = timed_outcome([&] { (void)sync.synchronize(); });
     report("a vector resized on one rank, stall_timeout 0", out);
     CAPTURE(out.what);
     GRADSYNC_CHECK_ALL(out.kind == "error");
@@ -443,7 +443,7 @@ TEST_CASE("a backend without a side channel agrees on the options at its first c
     double worst = 0;
     for (int s = 0; s < 3; ++s) {
       m.fill(s);
-      sync.synchronize();
+      CHECK(sync.synchronize());
       worst = std::max(worst, m.error(s));
     }
     GRADSYNC_CHECK_ALL(worst < 1e-13);
@@ -456,7 +456,7 @@ TEST_CASE("a backend without a side channel agrees on the options at its first c
   PlainSync sync(PlainBackend(MPI_COMM_WORLD), o);
   m.add_to(sync);
   m.fill(0);
-  expect_mismatch("consistency_check = off on one rank, no side channel", [&] { sync.synchronize(); },
+  expect_mismatch("consistency_check = off on one rank, no side channel", [&] { (void)sync.synchronize(); },
                   {"ranks disagree on consistency_check: " + split(odd, "off", "on_change")});
   GRADSYNC_CHECK_ALL(m.untouched(0));
 }
@@ -495,7 +495,7 @@ TEST_CASE("a GRADSYNC_ variable set on one rank by the launcher" * doctest::skip
   const auto it = named.find(var);
   if (it != named.end()) {
     m.fill(0);
-    expect_mismatch(s.c_str(), [&] { sync.synchronize(); }, {it->second, "rank " + std::to_string(odd) + ": "});
+    expect_mismatch(s.c_str(), [&] { (void)sync.synchronize(); }, {it->second, "rank " + std::to_string(odd) + ": "});
     GRADSYNC_CHECK_ALL(m.untouched(0));
   } else {
     // Harmless ones: the variable took effect on that rank, and every value is right.

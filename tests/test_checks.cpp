@@ -116,7 +116,7 @@ TEST_CASE("ranks that agree pass the check; local groups may differ per rank") {
     for (int step = 0; step < 3; ++step) {
       fill(a, rank, 1 + step);
       fill(b, rank, 2 + step);
-      CHECK_NOTHROW(sync.synchronize());
+      CHECK(sync.synchronize());
       GRADSYNC_CHECK_ALL(value_at(a, 3) == summed(3, 1 + step) && value_at(b, 299) == summed(299, 2 + step));
     }
     GRADSYNC_CHECK_ALL(sync.stats().consistency_checks == 1);  // on_change: before the first exchange only
@@ -134,13 +134,13 @@ TEST_CASE("check modes: on_change checks after each change, every_step on every 
     sync.add<Dense>(a);
     for (int p = 0; p < 4; ++p) {
       fill(a, rank, p);
-      sync.synchronize();
+      CHECK(sync.synchronize() == (p % 2 == 1));
     }
     sync.add<Dense>(b);
     for (int p = 0; p < 4; ++p) {
       fill(a, rank, p);
       fill(b, rank, p);
-      sync.synchronize();
+      CHECK(sync.synchronize() == (p % 2 == 1));
     }
     const std::uint64_t expect = mode == gradsync::CheckMode::off ? 0 : mode == gradsync::CheckMode::on_change ? 2 : 8;
     CAPTURE(int(mode));
@@ -159,7 +159,7 @@ TEST_CASE("shape, count, order, value type, option and policy mismatches: every 
     sync.add<Dense>(a, "a");
     sync.add<Dense>(b, "b");
     sync.add<Dense>(c, "c");
-    expect_mismatch([&] { sync.synchronize(); },
+    expect_mismatch([&] { (void)sync.synchronize(); },
                     {"data-parallel tensor #1", "'b' (group Dense, index 1, 21 x double)", rank_word(last) + ": 'b'",
                      "20 x double"});
   }
@@ -169,7 +169,7 @@ TEST_CASE("shape, count, order, value type, option and policy mismatches: every 
     sync.add<Dense>(a, "a");
     sync.add<Dense>(b, "b");
     if (rank == last) sync.add<Head>(extra, "extra");
-    expect_mismatch([&] { sync.synchronize(); },
+    expect_mismatch([&] { (void)sync.synchronize(); },
                     {"data-parallel tensor #2", rank_word(last) + ": 'extra' (group Head", "no tensor",
                      "Data-parallel tensor counts", rank_word(last) + ": 3"});
   }
@@ -183,7 +183,7 @@ TEST_CASE("shape, count, order, value type, option and policy mismatches: every 
       sync.add<Dense>(a, "a");
       sync.add<Dense>(b, "b");
     }
-    expect_mismatch([&] { sync.synchronize(); },
+    expect_mismatch([&] { (void)sync.synchronize(); },
                     {"data-parallel tensor #0", rank_word(last) + ": 'b' (group Dense, index 0, 20 x double)"});
   }
   SUBCASE("group") {
@@ -191,7 +191,7 @@ TEST_CASE("shape, count, order, value type, option and policy mismatches: every 
     Sync sync(gradsync::MpiBackend(MPI_COMM_WORLD), opts());
     if (rank == last) sync.add<Head>(a, "a");
     else sync.add<Dense>(a, "a");
-    expect_mismatch([&] { sync.synchronize(); }, {"data-parallel tensor #0", "(group Head", "(group Dense"});
+    expect_mismatch([&] { (void)sync.synchronize(); }, {"data-parallel tensor #0", "(group Head", "(group Dense"});
   }
   SUBCASE("value type") {
     const auto run = [&](auto tag) {
@@ -199,7 +199,7 @@ TEST_CASE("shape, count, order, value type, option and policy mismatches: every 
       Kokkos::View<T*> a("a", 10);
       gradsync::GradientSync<gradsync::MpiBackend, Kokkos::View<T*>> sync(gradsync::MpiBackend(MPI_COMM_WORLD), opts());
       sync.template add<Dense>(a, "a");
-      sync.synchronize();
+      (void)sync.synchronize();
     };
     expect_mismatch([&] { rank == last ? run(float{}) : run(double{}); },
                     {"ranks disagree on value type", rank_word(last) + ": float", "double", "same GradientSync"});
@@ -210,7 +210,7 @@ TEST_CASE("shape, count, order, value type, option and policy mismatches: every 
     View a("a", 10);
     Sync sync(gradsync::MpiBackend(MPI_COMM_WORLD), o);
     sync.add<Dense>(a, "a");
-    expect_mismatch([&] { sync.synchronize(); }, {"fusion_threshold_bytes", rank_word(last) + ": 1024", ": by topology (the default)"});
+    expect_mismatch([&] { (void)sync.synchronize(); }, {"fusion_threshold_bytes", rank_word(last) + ": 1024", ": by topology (the default)"});
   }
   SUBCASE("reduce op, scale factors and aggregation settings") {
     gradsync::Options o = opts();
@@ -218,22 +218,22 @@ TEST_CASE("shape, count, order, value type, option and policy mismatches: every 
     View a("a", 10);
     Sync sync(gradsync::MpiBackend(MPI_COMM_WORLD), o);
     sync.add<Dense>(a, "a");
-    expect_mismatch([&] { sync.synchronize(); }, {"ranks disagree on op", rank_word(last) + ": sum", "average"});
+    expect_mismatch([&] { (void)sync.synchronize(); }, {"ranks disagree on op", rank_word(last) + ": sum", "average"});
     gradsync::Options p = opts();
     if (rank == 0) p.postscale_factor = 0.5;
     Sync sync2(gradsync::MpiBackend(MPI_COMM_WORLD), p);
     sync2.add<Dense>(a, "a");
-    expect_mismatch([&] { sync2.synchronize(); }, {"postscale_factor", "rank 0: 0.5"});
+    expect_mismatch([&] { (void)sync2.synchronize(); }, {"postscale_factor", "rank 0: 0.5"});
     gradsync::Options q = opts();
     if (rank == last) q.average_aggregated_gradients = true;
     Sync sync3(gradsync::MpiBackend(MPI_COMM_WORLD), q);
     sync3.add<Dense>(a, "a");
-    expect_mismatch([&] { sync3.synchronize(); }, {"average_aggregated_gradients", rank_word(last) + ": true"});
+    expect_mismatch([&] { (void)sync3.synchronize(); }, {"average_aggregated_gradients", rank_word(last) + ": true"});
     gradsync::Options l = opts();
     if (rank == last) l.scale_local_gradients = false;
     Sync sync4(gradsync::MpiBackend(MPI_COMM_WORLD), l);
     sync4.add<Dense>(a, "a");
-    expect_mismatch([&] { sync4.synchronize(); }, {"scale_local_gradients", rank_word(last) + ": false"});
+    expect_mismatch([&] { (void)sync4.synchronize(); }, {"scale_local_gradients", rank_word(last) + ": false"});
   }
   SUBCASE("policy: register_local_var on one rank only") {
     View a("a", 10), b("b", 20), c("c", 30);
@@ -244,7 +244,7 @@ TEST_CASE("shape, count, order, value type, option and policy mismatches: every 
     if (rank == 0) sync.register_local_var(b);
     const std::string others = world_size() == 2 ? "rank 1" : "ranks [1" + std::string(world_size() == 3 ? ", " : "-") +
                                                                    std::to_string(last) + "]";
-    expect_mismatch([&] { sync.synchronize(); },
+    expect_mismatch([&] { (void)sync.synchronize(); },
                     {"policy mismatch: tensor Dense[1] is local (register_local_var) on rank 0 but data-parallel on " +
                          others,
                      "call register_local_var for it on every rank or on none"});
@@ -255,11 +255,11 @@ TEST_CASE("shape, count, order, value type, option and policy mismatches: every 
     sync.add<Dense>(a, "a");
     for (int p = 0; p < 3; ++p) {
       fill(a, rank, p);
-      sync.synchronize();
+      CHECK(sync.synchronize());
     }
     GRADSYNC_CHECK_ALL(value_at(a, 2) == summed(2, 2) / world_size());
     sync.add<Dense>(b, "b");
-    expect_mismatch([&] { sync.synchronize(); }, {"data-parallel tensor #1", rank_word(last) + ": 'b'", "8 x double"});
+    expect_mismatch([&] { (void)sync.synchronize(); }, {"data-parallel tensor #1", rank_word(last) + ": 'b'", "8 x double"});
   }
 }
 
@@ -281,10 +281,10 @@ TEST_CASE("registrations changed on one rank only are a MismatchError, not a sta
     Sync sync(gradsync::MpiBackend(MPI_COMM_WORLD), o);
     sync.add<Dense>(a, "a");
     fill(a, rank, 0);
-    sync.synchronize();
+    CHECK(sync.synchronize());
     if (rank == last) sync.add<Dense>(extra, "extra");
     CAPTURE(int(coll));
-    expect_mismatch([&] { sync.synchronize(); },
+    expect_mismatch([&] { (void)sync.synchronize(); },
                     {"data-parallel tensor #1", rank_word(last) + ": 'extra'", "no tensor"});
   }
 }
@@ -295,21 +295,21 @@ TEST_CASE("check_finite and resize detection on the single-process backend") {
   std::vector<double> v(20, 1.0);
   gradsync::GradientSync<gradsync::SelfBackend, std::vector<double>> sync(gradsync::SelfBackend{}, o);
   sync.add<Dense>(v, "v");
-  CHECK_NOTHROW(sync.synchronize());
+  CHECK(sync.synchronize());
   v[13] = std::numeric_limits<double>::quiet_NaN();
-  CHECK(has(outcome_of([&] { sync.synchronize(); }).what, "gradient 'v' (group Dense, 20 values) holds NaN or Inf on rank 0"));
+  CHECK(has(outcome_of([&] { (void)sync.synchronize(); }).what, "gradient 'v' (group Dense, 20 values) holds NaN or Inf on rank 0"));
   // The sync failed: every later call says so at once, with the first failure's reason.
   v[13] = 1.0;
-  const Outcome again = outcome_of([&] { sync.synchronize(); });
+  const Outcome again = outcome_of([&] { (void)sync.synchronize(); });
   CHECK(again.kind == "error");
   CHECK(has(again.what, "synchronize(): this GradientSync failed in synchronize() (synchronize() call 2) on rank 0: "
                         "gradient 'v' (group Dense, 20 values) holds NaN or Inf on rank 0"));
   CHECK(has(again.what, "build a new one on every rank"));
   gradsync::GradientSync<gradsync::SelfBackend, std::vector<double>> fresh(gradsync::SelfBackend{}, o);
   fresh.add<Dense>(v, "v");
-  CHECK_NOTHROW(fresh.synchronize());
+  CHECK(fresh.synchronize());
   v.push_back(2.0);
-  CHECK(has(outcome_of([&] { fresh.synchronize(); }).what, "(20 -> 21 elements) on rank 0"));
+  CHECK(has(outcome_of([&] { (void)fresh.synchronize(); }).what, "(20 -> 21 elements) on rank 0"));
 }
 
 TEST_CASE("a NaN or Inf in a gradient: every rank throws, naming the tensor and the rank (check_finite)") {
@@ -329,12 +329,12 @@ TEST_CASE("a NaN or Inf in a gradient: every rank throws, naming the tensor and 
     sync.add<Dense>(w, "w");
     fill(a, rank, 0);
     fill(w, rank, 1);
-    CHECK_NOTHROW(sync.synchronize());  // finite: no false alarm
+    CHECK(sync.synchronize());  // finite: no false alarm
     GRADSYNC_CHECK_ALL(value_at(w, 2999) == summed(2999, 1) / world_size());
     fill(a, rank, 0);
     fill(w, rank, 1);
     if (rank == last) gradsync_test::set_value(w, 2345, bad);
-    const Outcome out = outcome_of([&] { sync.synchronize(); });
+    const Outcome out = outcome_of([&] { (void)sync.synchronize(); });
     CAPTURE(out.what);
     GRADSYNC_CHECK_ALL(out.kind == "error");
     GRADSYNC_CHECK_ALL(has(out.what, "gradient 'w' (group Dense, 3000 values) holds NaN or Inf on rank " +
@@ -352,10 +352,10 @@ TEST_CASE("a std::vector resized after registration is refused (on the rank that
   gradsync::GradientSync<gradsync::MpiBackend, std::vector<double>> sync(gradsync::MpiBackend(MPI_COMM_WORLD), opts());
   sync.add<Dense>(v, "v");
   sync.add<Dense>(u, "u");
-  CHECK_NOTHROW(sync.synchronize());
+  CHECK(sync.synchronize());
   GRADSYNC_CHECK_ALL(v[7] == 1.0);
   if (rank == last) v.resize(80, 1.0);
-  const Outcome out = outcome_of([&] { sync.synchronize(); });
+  const Outcome out = outcome_of([&] { (void)sync.synchronize(); });
   CAPTURE(out.what);
   GRADSYNC_CHECK_ALL(out.kind == "error");
   GRADSYNC_CHECK_ALL(has(out.what, "tensor 'v' (group Dense) was resized or reallocated after it was registered "
@@ -379,14 +379,14 @@ TEST_CASE("a memory space the backend cannot reach: staged through host, or a Co
     gradsync::GradientSync<BlindBackend, View> sync(BlindBackend(MPI_COMM_WORLD), opts());
     sync.add<Dense>(a, "a");
     fill(a, rank, 3);
-    sync.synchronize();
+    CHECK(sync.synchronize());
     GRADSYNC_CHECK_ALL(value_at(a, 999) == summed(999, 3) / world_size());
   }
   gradsync::Options o = opts();
   o.host_staging = gradsync::HostStaging::never;
   gradsync::GradientSync<BlindBackend, View> sync(BlindBackend(MPI_COMM_WORLD), o);
   sync.add<Dense>(a, "a");
-  const Outcome out = outcome_of([&] { sync.synchronize(); });
+  const Outcome out = outcome_of([&] { (void)sync.synchronize(); });
   CAPTURE(out.what);
   GRADSYNC_CHECK_ALL(out.kind == "config" && has(out.what, "host_staging = never, but backend 'blind' cannot access"));
 }
@@ -423,7 +423,7 @@ TEST_CASE("zero fusion threshold means one call per tensor") {
   sync.add<Dense>(c);
   fill(a, rank, 1);
   fill(c, rank, 2);
-  sync.synchronize();
+  CHECK(sync.synchronize());
   GRADSYNC_CHECK_ALL(sync.stats().allreduce_calls == 2);  // the empty tensor costs no call
   GRADSYNC_CHECK_ALL(value_at(a, 9) == summed(9, 1) / world_size() && value_at(c, 4999) == summed(4999, 2) / world_size());
 }
@@ -443,7 +443,7 @@ TEST_CASE("counts above the per-call maximum are split (small override of INT_MA
       sync.add<Dense>(b);
       fill(a, rank, 1);
       fill(b, rank, 2);
-      sync.synchronize();
+      CHECK(sync.synchronize());
       bool ok = true;
       const auto ah = gradsync_test::host_copy(a), bh = gradsync_test::host_copy(b);
       for (std::size_t i = 0; i < 30; ++i) ok &= ah(i) == summed(i, 1);
@@ -536,7 +536,7 @@ TEST_CASE("GRADSYNC_* environment variables override the code; malformed values 
     View a("a", 10);
     Sync sync(gradsync::MpiBackend(MPI_COMM_WORLD), o);
     sync.add<Dense>(a);
-    expect_mismatch([&] { sync.synchronize(); },
+    expect_mismatch([&] { (void)sync.synchronize(); },
                     {"fusion_threshold_bytes", rank_word(last) + ": 1024", "GRADSYNC_* environment variable"});
   }
 }

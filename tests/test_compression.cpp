@@ -285,7 +285,7 @@ void check_in_place(Compression c) {
   for (int step = 0; step < steps; ++step) {
     for (std::size_t k = 0; k < sizes.size(); ++k)
       gradsync_test::fill_host(views[k], [&](std::size_t i) { return value(k, i, r); });
-    sync.synchronize();
+    CHECK(sync.synchronize());
     const Errors<T> e = compare(views, ks, n, u, 0.75 / n);
     CAPTURE(e.worst_ratio);
     CAPTURE(e.worst_error);
@@ -363,7 +363,7 @@ TEST_CASE("per-group choice: a group keeps full precision, another takes fp16; l
     sync.add<Half>(fp16_part, "half");
     sync.add<Tables>(table, "table");
     sync.add<Tower>(tower, "tower");
-    sync.synchronize();
+    CHECK(sync.synchronize());
 
     // Head: full precision, T's own rounding of the sum and the scale only.
     const double head_err = gradsync_test::worst_vs_rank_average(std::vector<View<T>>{head}, n,
@@ -411,8 +411,8 @@ TEST_CASE("bytes on the wire are exactly half of fp32's, over a whole model of s
       vs.push_back(make<float>("g", 1000 + 5000 * k, k, r));
       sync.add<Dense>(vs.back());
     }
-    sync.synchronize();
-    sync.synchronize();
+    CHECK(sync.synchronize());
+    CHECK(sync.synchronize());
     const gradsync::Stats s = sync.stats();
     const std::size_t values = 2 * (12 * 1000 + 5000 * 66);
     GRADSYNC_CHECK_ALL(s.bytes_uncompressed == 4 * values);
@@ -434,7 +434,7 @@ TEST_CASE("fp16 overflow: a sum past 65504 is an Error naming the tensor on ever
     gradsync_test::fill_host(small, [](std::size_t) { return 1.0; });
     // Each rank's values are within range; their sum over the ranks is not (one rank: 70000 alone).
     gradsync_test::fill_host(big, [&](std::size_t i) { return i == 777 ? (n == 1 ? 70000.0 : 40000.0) : 2.0; });
-    const std::string msg = gradsync_test::error_of([&] { sync.synchronize(); });
+    const std::string msg = gradsync_test::error_of([&] { (void)sync.synchronize(); });
     CAPTURE(msg);
     // Nonblocking at 2+ ranks, 'big' is summed in place by the ring, which finds the sum on every rank.
     const bool ring = n >= 2 && coll == gradsync::Collectives::nonblocking;
@@ -443,7 +443,7 @@ TEST_CASE("fp16 overflow: a sum past 65504 is an Error naming the tensor on ever
     GRADSYNC_CHECK_ALL(has(msg, "65504"));
     // The next step, within range, is exact (small integers are exact in fp16).
     gradsync_test::fill_host(big, [&](std::size_t i) { return double(i % 7) + r; });
-    GRADSYNC_CHECK_ALL(gradsync_test::error_of([&] { sync.synchronize(); }).empty());
+    GRADSYNC_CHECK_ALL(gradsync_test::error_of([&] { (void)sync.synchronize(); }).empty());
     const auto h = gradsync_test::host_values(big);
     bool exact = true;
     for (std::size_t i = 0; i < h.size(); ++i) exact = exact && h[i] == float(n * double(i % 7) + n * (n - 1) / 2);
@@ -457,7 +457,7 @@ TEST_CASE("fp16 overflow: a sum past 65504 is an Error naming the tensor on ever
   View<float> big("big", 1000);
   sync.add<Dense>(big, "big");
   gradsync_test::fill_host(big, [](std::size_t) { return 40000.0; });
-  sync.synchronize();
+  CHECK(sync.synchronize());
   const double want = 40000.0 * n, got = gradsync_test::value_at(big, 5);
   GRADSYNC_CHECK_ALL(std::abs(got - want) <= std::ldexp(1.0, -8) * (2 * n) * want);
 }
@@ -487,7 +487,7 @@ TEST_CASE("error feedback: over K steps the sum of synchronized gradients is wit
       std::vector<double> total(len, 0.0);
       for (int k = 0; k < K; ++k) {
         gradsync_test::fill_host(g, [&](std::size_t i) { return int(i % std::size_t(n)) == r ? x(i) : 0.0; });
-        sync.synchronize();
+        CHECK(sync.synchronize());
         const auto h = gradsync_test::host_values(g);
         for (std::size_t i = 0; i < len; ++i) total[i] += h[i];
       }
@@ -523,7 +523,7 @@ TEST_CASE("ranks that disagree on compression or error feedback: a MismatchError
       View<float> g = make<float>("g", 1000, 0, r);
       const std::vector<float> before = gradsync_test::host_values(g);
       sync.add<Dense>(g);
-      const std::string msg = gradsync_test::error_of<gradsync::MismatchError>([&] { sync.synchronize(); });
+      const std::string msg = gradsync_test::error_of<gradsync::MismatchError>([&] { (void)sync.synchronize(); });
       CAPTURE(msg);
       GRADSYNC_CHECK_ALL(has(msg, which == 0 ? "ranks disagree on compression: " : "ranks disagree on error_feedback: "));
       GRADSYNC_CHECK_ALL(has(msg, which == 0 ? "bf16" : "true"));
@@ -551,7 +551,7 @@ TEST_CASE("SelfBackend: one rank, one rounding per value") {
   gradsync::GradientSync<gradsync::SelfBackend, View<double>> sync(gradsync::SelfBackend{}, o);
   View<double> g = make<double>("g", 2000, 0, 0);
   sync.add<Dense>(g);
-  sync.synchronize();
+  CHECK(sync.synchronize());
   const auto h = gradsync_test::host_values(g);
   double worst = 0, any = 0;
   for (std::size_t i = 0; i < h.size(); ++i) {
@@ -580,7 +580,7 @@ TEST_CASE("a backend that does not sum 16-bit values: a ConfigError on every ran
     gradsync::GradientSync<FloatOnlyBackend, View<float>> sync(FloatOnlyBackend(MPI_COMM_WORLD), o);
     View<float> g = make<float>("g", 100, 0, world_rank());
     sync.add<Dense>(g);
-    const std::string msg = gradsync_test::error_of<gradsync::ConfigError>([&] { sync.synchronize(); });
+    const std::string msg = gradsync_test::error_of<gradsync::ConfigError>([&] { (void)sync.synchronize(); });
     CAPTURE(msg);
     GRADSYNC_CHECK_ALL(c == Compression::none ? msg.empty() : has(msg, "backend 'float-only' does not declare sums_wire_values"));
   }

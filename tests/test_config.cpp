@@ -95,7 +95,7 @@ void one_sync() {
   Grad g("g", 16);
   sync.add<Dense>(g);
   sync.prepare();
-  sync.synchronize();
+  CHECK(sync.synchronize());
 }
 
 std::vector<std::string> lines_of(const std::string& s) {
@@ -183,7 +183,7 @@ TEST_CASE("a correct environment warns nothing; read_environment = false warns n
       Sync sync{gradsync::MpiBackend(MPI_COMM_WORLD), o};
       Grad g("g", 16);
       sync.add<Dense>(g);
-      sync.synchronize();
+      CHECK(sync.synchronize());
     });
     GRADSYNC_CHECK_ALL(off.empty());
   }
@@ -399,7 +399,7 @@ TEST_CASE("prepare() inside an aggregation cycle is refused; on some ranks only 
     if (world_rank() == 0)
       sync.prepare();
     else
-      sync.synchronize();
+      (void)sync.synchronize();
   });
   GRADSYNC_CHECK_ALL(e.find("some ranks called prepare() while others called synchronize() or mark_ready(): "
                             "prepare() is collective, call it on every rank") != std::string::npos);
@@ -415,9 +415,9 @@ TEST_CASE("GRADSYNC_LOG=info prints describe(sync) from rank 0 at the first plan
     const std::string err = capture_stderr([&] {
       Sync sync{gradsync::MpiBackend(MPI_COMM_WORLD)};
       m.add_to(sync);
-      sync.synchronize();  // first plan build: printed
+      CHECK(sync.synchronize());  // first plan build: printed
       expected = describe(sync) + "\n";
-      sync.synchronize();  // not again
+      CHECK(sync.synchronize());  // not again
     });
     const bool prints = std::string(level) == "info_all" || r == 0;
     GRADSYNC_CHECK_ALL(err == (prints ? expected : std::string()));

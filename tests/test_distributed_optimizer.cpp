@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <gradsync/gradsync.hpp>
 #include <limits>
+#include <stdexcept>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -26,6 +27,10 @@ struct Dense {};
 struct Tower {};
 template <>
 struct gradsync::LocalVarPolicy<Tower> : gradsync::KeepLocal<gradsync::LocalScale::world_size> {};
+struct Everyone {};    // a process set of every rank
+struct Replicated {};  // reduced over it, / world size: an average, outside the fused exchange
+template <>
+struct gradsync::LocalVarPolicy<Replicated> : gradsync::ReduceOver<Everyone> {};
 
 namespace {
 
@@ -575,4 +580,85 @@ TEST_CASE("DistributedOptimizer::add refuses a wrong gradient size, an overlap, 
   // A refused add leaves the sync and the optimizer as they were.
   CHECK(dopt.sync().num_tensors() == 1);
   CHECK(dopt.optimizer().pairs.size() == 1);
+}
+
+namespace {
+// Sgd that refuses a parameter of 7 values once the sync has its gradient, as an optimizer whose
+// state allocation failed would.
+using BaseSgd = gradsync::Sgd<View>;  // (inside, View is the optimizer's own member type)
+struct PickySgd : BaseSgd {
+  using BaseSgd::BaseSgd;
+  template <class P, class G>
+  std::size_t add(const P& p, const G& g) {
+    if (p.size() == 7) throw std::runtime_error("PickySgd: no room for 7 values");
+    return BaseSgd::add(p, g);
+  }
+};
+}  // namespace
+
+TEST_CASE("DistributedOptimizer::add is all or nothing: a refusal after the sync took the gradient leaves none") {
+  const int n = world_size(), rank = world_rank();
+  gradsync::SgdOptions so;
+  so.lr = 0.5;
+  gradsync::DistributedOptimizer<PickySgd, Sync> dopt(PickySgd(so), Sync(gradsync::MpiBackend(MPI_COMM_WORLD)));
+  std::vector<int> everyone;
+  for (int r = 0; r < n; ++r) everyone.push_back(r);
+  dopt.sync().bind_process_set<Everyone>(everyone);
+  View w("w", 5), gw("gw", 5), t("t", 3), gt("gt", 3), bad("bad", 7), gbad("gbad", 7);
+  View x("x", 4), gx("gx", 4), s("s", 2), gs("gs", 2);
+  dopt.add<Dense>(w, gw);  // Dense[0]
+  dopt.add<Tower>(t, gt);  // Tower[0]: its scale folded into the update (Sgd has set_grad_scale)
+
+  // The optimizer refuses after the sync registered the gradient: data-parallel, local with its
+  // scale deferred, over a process set.
+  const std::string refused = "PickySgd: no room for 7 values";
+  CHECK(error_of<std::runtime_error>([&] { dopt.add<Dense>(bad, gbad); }) == refused);
+  CHECK(error_of<std::runtime_error>([&] { dopt.add<Tower>(bad, gbad, "bad tower"); }) == refused);
+  CHECK(error_of<std::runtime_error>([&] { dopt.add<Replicated>(bad, gbad); }) == refused);
+  // The sync refuses: the gradient overlaps one registered (the parameters do not).
+  const std::string by_sync = error_of([&] { dopt.add<Dense>(x, Kokkos::subview(gw, std::make_pair(1, 5))); });
+  CHECK(by_sync == "gradsync: tensor 'Dense[1]' (group Dense) overlaps tensor 'Dense[0]' (group Dense) already "
+                   "registered");
+  // This object refuses before anything: a gradient of another size.
+  const std::string sizes = error_of([&] { dopt.add<Dense>(x, gbad); });
+  CHECK(sizes == "gradsync: DistributedOptimizer::add: parameter 'Dense[1]' (group Dense) has 4 values but its "
+                 "gradient has 7 on rank " + std::to_string(rank));
+  CHECK(dopt.num_params() == 2);
+  CHECK(dopt.sync().num_tensors() == 2);
+  CHECK(dopt.optimizer().num_params() == 2);
+
+  // Correct adds after the refusals: the default names count the registered parameters only.
+  dopt.add<Dense>(x, gx);
+  dopt.add<Replicated>(s, gs);
+  const std::string again = error_of([&] { dopt.add<Dense>(x, gx); });
+  CHECK(again == "gradsync: DistributedOptimizer::add: parameter 'Dense[2]' (group Dense) overlaps parameter "
+                 "'Dense[1]' already registered on rank " + std::to_string(rank) +
+                 " (the same parameter registered twice)");
+  CHECK(dopt.num_params() == 4);
+  CHECK(dopt.sync().num_tensors() == 4);
+  CHECK(dopt.optimizer().num_params() == 4);
+
+  // Two steps, analytic: p -= lr * g with g the rank average (Dense, Replicated) or this rank's
+  // gradient / n (Tower); the refused gradient is nobody's and keeps this rank's values.
+  const auto grad_of = [&](std::size_t i) { return double(rank + 1) * double(i + 1); };
+  for (const View& p : {w, t, x, s}) fill_host(p, [](std::size_t) { return 1.0; });
+  fill_host(gbad, [&](std::size_t) { return 100.0 + rank; });
+  for (int step = 1; step <= 2; ++step) {
+    for (const View& g : {gw, gt, gx, gs}) fill_host(g, grad_of);
+    REQUIRE(dopt.step());
+    double worst = 0;
+    const double mean = double(n + 1) / 2;
+    for (const View& p : {w, x, s}) {
+      const auto h = host_copy(p);
+      for (std::size_t i = 0; i < h.size(); ++i) worst = std::max(worst, rel_err(h(i), 1 - step * 0.5 * mean * (i + 1)));
+    }
+    const auto ht = host_copy(t);
+    for (std::size_t i = 0; i < ht.size(); ++i)
+      worst = std::max(worst, rel_err(ht(i), 1 - step * 0.5 * grad_of(i) / n));
+    const auto hb = host_copy(gbad);
+    for (std::size_t i = 0; i < hb.size(); ++i) worst = std::max(worst, rel_err(hb(i), 100.0 + rank));
+    CAPTURE(step);
+    CAPTURE(worst);
+    GRADSYNC_CHECK_ALL(worst < 1e-14);
+  }
 }

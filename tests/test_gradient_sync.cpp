@@ -328,17 +328,19 @@ TEST_CASE("no allocation after the first synchronize") {
     gradsync::GradientSync<gradsync::MpiBackend, Kokkos::View<T*>> sync(gradsync::MpiBackend(MPI_COMM_WORLD), opt);
     register_model(sync, m);
     fill(m, rank, 0);
-    sync.synchronize();
+    CHECK(sync.synchronize() == (N == 1));
     const auto after_first = sync.stats();
     long heap = 0, kokkos = 0;
+    int steps = 0;
     for (int p = 1; p <= 12; ++p) {
       fill(m, rank, p);  // the test's own copies to device memory are not counted
       const long before = gradsync_test::heap_allocations(), kokkos_before = g_kokkos_allocs.load();
-      sync.synchronize();
+      steps += sync.synchronize();  // checked after the counted region
       heap += gradsync_test::heap_allocations() - before;
       kokkos += g_kokkos_allocs.load() - kokkos_before;
     }
     CAPTURE(N);
+    CHECK(steps == (13 / N) - (N == 1));  // calls 2..13 complete a step every Nth call
     CAPTURE(heap);
     CAPTURE(kokkos);
     CAPTURE(std::string(g_kokkos_alloc_last));
@@ -372,8 +374,9 @@ TEST_CASE("no allocation after the first synchronize, ring sums of many sizes in
   for (int p = 0; p <= 12; ++p) {
     for (auto& v : g) Kokkos::deep_copy(v, float(rank + 1 + p));
     const long before = gradsync_test::heap_allocations();
-    sync.synchronize();
+    const bool stepped = sync.synchronize();
     if (p > 0) heap += gradsync_test::heap_allocations() - before;
+    CHECK(stepped);
     for (auto& v : g)
       for (std::size_t i = 0; i < v.size(); ++i) worst = std::max(worst, rel_err(v(i), (n + 1) / 2.0 + p));
   }

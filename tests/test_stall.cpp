@@ -98,7 +98,7 @@ TEST_CASE("a rank that skips one synchronize() is reported missing by every othe
       for (int step = 0; step < 5; ++step) {
         if (rank == victim && step == 2) continue;  // the bug: this rank skips one call
         fill(g, rank, step);
-        sync.synchronize();
+        (void)sync.synchronize();
       }
     });
     CAPTURE(c.what);
@@ -127,12 +127,12 @@ TEST_CASE("a rank that sleeps past the deadline is reported; when it arrives it 
     Sync sync(gradsync::MpiBackend(MPI_COMM_WORLD), stall_opts(path));
     sync.add<Dense>(g);
     fill(g, rank, 0);
-    sync.synchronize();
+    CHECK(sync.synchronize());
     GRADSYNC_CHECK_ALL(summed_ok(g, 0));
     fill(g, rank, 1);
     MPI_Barrier(MPI_COMM_WORLD);
     if (rank == victim) std::this_thread::sleep_for(std::chrono::milliseconds(2500));
-    const Caught c = catch_stall([&] { sync.synchronize(); });
+    const Caught c = catch_stall([&] { (void)sync.synchronize(); });
     CAPTURE(c.what);
     CAPTURE(int(path));
     if (rank != victim) {
@@ -163,7 +163,7 @@ TEST_CASE("a rank that never reaches its first synchronize(): the first collecti
     sync.add<Dense>(g);
     MPI_Barrier(MPI_COMM_WORLD);
     const Caught c = catch_stall([&] {
-      if (rank != victim) sync.synchronize();
+      if (rank != victim) (void)sync.synchronize();
     });
     CAPTURE(c.what);
     CHECK(c.stall == (rank != victim));
@@ -197,8 +197,8 @@ TEST_CASE("stall_action abort" * doctest::skip()) {
   View g("g", 16);
   Sync sync(gradsync::MpiBackend(MPI_COMM_WORLD), o);
   sync.add<Dense>(g);
-  sync.synchronize();
+  CHECK(sync.synchronize());
   if (rank == victim) std::this_thread::sleep_for(std::chrono::seconds(60));  // killed by the abort
-  sync.synchronize();
+  (void)sync.synchronize();
   FAIL("the job should have been aborted");
 }

@@ -310,7 +310,7 @@ void check_run(gradsync::Options o, bool marks, int steps) {
       m.fill(world_rank() + s);
       if (marks)
         for (std::size_t k = m.g.size(); k-- > 0;) sync.mark_ready(m.g[k]);
-      sync.synchronize();
+      CHECK(sync.synchronize());
     }
     // The values are right too (the timeline changes nothing): sum over ranks / ranks.
     const auto h = gradsync_test::host_copy(m.g[2]);
@@ -417,7 +417,7 @@ TEST_CASE("GRADSYNC_TIMELINE turns it on; without it nothing is written") {
     REQUIRE(std::getenv("GRADSYNC_TIMELINE") == nullptr);
     Sync sync(gradsync::MpiBackend(MPI_COMM_WORLD), o);
     m.add_to(sync);
-    sync.synchronize();
+    CHECK(sync.synchronize());
   }
   MPI_Barrier(MPI_COMM_WORLD);
   std::string left;
@@ -437,7 +437,7 @@ TEST_CASE("GRADSYNC_TIMELINE turns it on; without it nothing is written") {
     gradsync::Options o;
     Sync sync(gradsync::MpiBackend(MPI_COMM_WORLD), o);
     m.add_to(sync);
-    sync.synchronize();
+    CHECK(sync.synchronize());
     CHECK(std::string(sync.options().timeline) == base2);
     CHECK(sync.options().timeline != std::getenv("GRADSYNC_TIMELINE"));  // a copy of its own
   }
@@ -463,9 +463,9 @@ TEST_CASE("two live syncs with one path write two files; .sync2 is the second's"
     Sync s2(gradsync::MpiBackend(MPI_COMM_WORLD), o);
     s1.add<Dense>(a, "a");
     s2.add<Dense>(b, "b");
-    s1.synchronize();
-    s2.synchronize();
-    s2.synchronize();
+    CHECK(s1.synchronize());
+    CHECK(s2.synchronize());
+    CHECK(s2.synchronize());
   }
   // Not a structured binding: CAPTURE's lambda would capture one, which is C++20 (nvcc warns).
   for (const auto& row : {std::tuple(base, "a", 1), std::tuple(second, "b", 2)}) {
@@ -521,7 +521,7 @@ TEST_CASE("a stall's trace holds the warning, the missing rank and the error") {
     try {
       for (int step = 0; step < 3; ++step) {
         if (rank == victim && step == 1) continue;  // skips one call: the others wait for it
-        sync.synchronize();
+        (void)sync.synchronize();
       }
     } catch (const gradsync::StallError&) {
       stalled = true;
@@ -564,9 +564,9 @@ TEST_CASE("timeline before an abort" * doctest::skip()) {
   View g("g", 16);
   Sync sync(gradsync::MpiBackend(MPI_COMM_WORLD), o);
   sync.add<Dense>(g, "g");
-  sync.synchronize();
+  CHECK(sync.synchronize());
   if (rank == victim) std::this_thread::sleep_for(std::chrono::seconds(60));  // killed by the abort
-  sync.synchronize();
+  (void)sync.synchronize();
   FAIL("the job should have been aborted");
 }
 
@@ -598,8 +598,8 @@ TEST_CASE("compressed chunks: their spans start at their launch and count wire b
   {
     Sync sync(gradsync::MpiBackend(MPI_COMM_WORLD), o);
     m.add_to(sync);
-    sync.synchronize();
-    sync.synchronize();
+    CHECK(sync.synchronize());
+    CHECK(sync.synchronize());
     bytes = sync.stats().bytes_allreduced;
     GRADSYNC_CHECK_ALL(bytes < sync.stats().bytes_uncompressed);  // the wire format was used
   }

@@ -167,7 +167,8 @@ class Trainer {
         "dlrm::sparse_row_gradient", range(Index(my_.size()) * GB_ * dim_),
         SparseRowGradient{emb_send_, pos_, uniq_first_, uniq_count_, csr_begin_, csr_sample_, table_grad_, GB_, dim_});
     Kokkos::fence();
-    sync_.synchronize();
+    // Every call completes the step: RowSparse tables need backward_passes_per_step = 1 (add() refuses more).
+    (void)sync_.synchronize();
 
     // The global mean loss (and the teacher's), for reporting: (1/B) x the sums over every sample.
     backend_.allreduce_sum(sums, 3);

@@ -66,7 +66,7 @@ int main(int argc, char** argv) {
       }
       MPI_Allreduce(MPI_IN_PLACE, &loss, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
       loss /= size;  // the global mean loss
-      sync.synchronize();
+      if (!sync.synchronize()) continue;  // accumulating (backward_passes_per_step > 1): no update yet
       // c is seen by 1/size of the global samples: its exact global gradient is dL_r/dc / size,
       // so its effective step is lr/size. Scale the local learning rate back up to converge fast.
       for (int j = 0; j < dim; ++j) w(j) -= lr * gw(j);

@@ -103,8 +103,7 @@ int main(int argc, char** argv) {
       torch::Tensor loss = torch::mse_loss(net->forward(x), t);
       loss.backward();
       params.check();
-      sync.synchronize();
-      opt.step();
+      if (sync.synchronize()) opt.step();  // false while accumulating (backward_passes_per_step > 1)
 
       worst = std::max({worst, err(net->trunk->weight, ref::trunk_w[n - 1][s]), err(net->trunk->bias, ref::trunk_b[n - 1][s]),
                         err(net->head->weight, ref::head_w[n - 1][s] + rank * ref::H),

@@ -21,6 +21,16 @@ inline constexpr bool prefers_blocking_allreduce_v = prefers_blocking_allreduce<
 
 namespace impl {
 
+// A backend that can never read some memory spaces, whatever the run time (NcclBackend: CUDA device
+// memory only), says so at compile time with a public
+// `template <class MemorySpace> static constexpr bool reads_memory_space = ...;`, and GradientSync
+// refuses the others with a static_assert. Backends without it decide at run time (can_access).
+template <class B, class M, class = void>
+struct reads_memory_space : std::true_type {};
+template <class B, class M>
+struct reads_memory_space<B, M, std::void_t<decltype(B::template reads_memory_space<M>)>>
+    : std::bool_constant<B::template reads_memory_space<M>> {};
+
 template <class B, class = void>
 struct has_folds_factor : std::false_type {};
 template <class B>
@@ -71,6 +81,26 @@ bool reduces_wire_in(const Backend& b) {
     return b.template can_reduce_wire<MemorySpace>();
   else
     return b.template can_access<MemorySpace>();
+}
+
+// A backend that can abandon the collectives it has in flight has a public
+// `void abort() const noexcept` (NcclBackend: ncclCommAbort, so that a kernel waiting for a peer
+// that stalled or failed leaves the user's stream). MPI cannot cancel a collective: MpiBackend has
+// none, and its requests are kept alive until they complete instead (Control::keep_on_failure).
+template <class B, class = void>
+struct has_abort : std::false_type {};
+template <class B>
+struct has_abort<B, std::void_t<decltype(std::declval<const B&>().abort())>> : std::true_type {};
+
+/// The failure path's call before it throws (a stall, a peer's failure, an error inside a
+/// collective phase): abandons the backend's collectives in flight where it can; nothing
+/// otherwise. The backend, and every copy sharing its communicator, is unusable afterwards.
+template <class Backend>
+void abort_collectives(const Backend& b) noexcept {
+  if constexpr (has_abort<Backend>::value) {
+    static_assert(noexcept(b.abort()), "gradsync: a backend's abort() is called on the failure path: noexcept");
+    b.abort();
+  }
 }
 
 /// Whether `b.iallreduce_sum(buf, n, factor)` multiplies a sum of `bytes` by factor inside the

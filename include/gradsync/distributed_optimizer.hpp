@@ -8,7 +8,7 @@
 //   dopt.broadcast_parameters(0);          // data-parallel parameters and their state from rank 0 (a
 //                                          // process set's from its first rank; local ones kept)
 //   ... backward pass ...
-//   dopt.step();                           // synchronize; the optimizer runs on every Nth pass only
+//   bool updated = dopt.step();            // synchronize; the optimizer runs on every Nth pass only
 //   // or, with clipping:  if (dopt.synchronize()) { dopt.clip_grad_norm(1.0); dopt.apply(); }
 //
 // The DistributedOptimizer owns the wrapped optimizer. It owns the sync too, unless `Sync` is a
@@ -39,6 +39,7 @@
 #include "error.hpp"
 #include "global_norm.hpp"
 #include "impl/demangle.hpp"
+#include "impl/range_index.hpp"
 #include "impl/stall.hpp"
 #include "process_set.hpp"
 #include "tensor_traits.hpp"
@@ -147,7 +148,9 @@ class DistributedOptimizer {
   DistributedOptimizer(Optimizer optimizer, Sync sync) : opt_(std::move(optimizer)), sync_(std::forward<Sync>(sync)) {}
 
   /// Registers a parameter and its gradient in `Group`: the gradient with the sync, the pair with
-  /// the optimizer. Local groups may differ from rank to rank; data-parallel ones must agree.
+  /// the optimizer. Local groups may differ from rank to rank; data-parallel ones must agree. All or
+  /// nothing: when any part refuses (this object's checks, the sync's, the optimizer's, an
+  /// allocation), the sync, the optimizer and this object are left as they were.
   template <class Group, class P, class G>
   void add(const P& param, const G& grad, std::string name = {}) {
     using PT = TensorTraits<P>;
@@ -163,28 +166,49 @@ class DistributedOptimizer {
     e.grad = GT::data(grad);
     e.size = PT::size(param);
     const std::string group = impl::type_name<Group>();
-    if (name.empty()) {
-      const auto in_group =
-          std::count_if(entries_.begin(), entries_.end(), [&](const Entry& o) { return o.group == group; });
-      name = impl::cat(group, "[", in_group, "]");
-    }
+    if (name.empty()) name = impl::cat(group, "[", count_in_group(group), "]");
     e.name = name;
     e.group = group;
     const int rank = sync().backend().rank();
     const std::string what = impl::cat("DistributedOptimizer::add: parameter '", name, "' (group ", group, ")");
     if (GT::size(grad) != e.size)
       throw Error(impl::cat(what, " has ", e.size, " values but its gradient has ", GT::size(grad), " on rank ", rank));
-    // Checked here, before the sync and the optimizer register anything, so a failed add leaves both as they were.
-    for (const Entry& o : entries_)
-      if (impl::overlaps(e.param, e.size, o.param, o.size))
-        throw Error(impl::cat(what, " overlaps parameter '", o.name, "' already registered on rank ", rank,
-                              e.param == o.param ? " (the same parameter registered twice)" : ""));
+    if (const std::size_t k = params_.first_overlap(e.param, e.size); k != Params::npos) {
+      const Entry& o = entries_[k];
+      throw Error(impl::cat(what, " overlaps parameter '", o.name, "' already registered on rank ", rank,
+                            e.param == o.param ? " (the same parameter registered twice)" : ""));
+    }
     if (!PT::is_contiguous(param)) throw Error(impl::cat(what, " is not contiguous"));
-    sync().template add<Group>(grad, name);
-    e.slot = opt_.add(param, grad);
-    if (fold_) sync().defer_local_scale(Span<value_type, memory_space>(e.grad, e.size));
-    entries_.push_back(std::move(e));
+    // This object's bookkeeping first (undone below), the optimizer's slot last: an optimizer has
+    // no way to forget one, the others do.
+    remember(std::move(e));
+    try {
+      sync().template add<Group>(grad, name);
+    } catch (...) {
+      forget_last();
+      throw;
+    }
+    try {
+      const Entry& x = entries_.back();
+      if (fold_) sync().defer_local_scale(Span<value_type, memory_space>(x.grad, x.size));
+      entries_.back().slot = opt_.add(param, grad);
+    } catch (...) {
+      sync().template withdraw_last<Group>(entries_.back().grad);
+      forget_last();
+      throw;
+    }
     factors_valid_ = false;
+  }
+
+  /// The optimizer and the sync keep pointers into a container's values: a temporary one would
+  /// dangle. Views and Spans are handles and may be temporaries.
+  template <class Group, class P, class G,
+            class = std::enable_if_t<(!std::is_lvalue_reference_v<P> && impl::owns_values_v<std::remove_cv_t<P>>) ||
+                                     (!std::is_lvalue_reference_v<G> && impl::owns_values_v<std::remove_cv_t<G>>)>>
+  void add(P&&, G&&, std::string = {}) {
+    static_assert(impl::dependent_false_v<P>,
+                  "gradsync::DistributedOptimizer::add: a temporary std::vector would dangle: register lvalues that "
+                  "outlive the optimizer");
   }
 
   /// Whether the local groups' scale goes into the optimizer's update (true by default when this
@@ -220,8 +244,9 @@ class DistributedOptimizer {
     return sync().is_local(Span<value_type, memory_space>(e.grad, e.size));
   }
 
-  /// Synchronizes the gradients; true on the passes where they hold synchronized values.
-  bool synchronize() { return sync().synchronize(); }
+  /// Synchronizes the gradients; true on the passes where they hold synchronized values (only
+  /// then may apply() run: [[nodiscard]]).
+  [[nodiscard]] bool synchronize() { return sync().synchronize(); }
 
   /// Runs the wrapped optimizer on the current gradients (and their pending local factors).
   void apply() {
@@ -229,8 +254,9 @@ class DistributedOptimizer {
     opt_.step();
   }
 
-  /// synchronize(), then apply() when it returned true. Returns whether the parameters changed.
-  bool step() {
+  /// synchronize(), then apply() when it returned true. Returns whether the parameters changed
+  /// ([[nodiscard]]: with backward_passes_per_step > 1 most calls change nothing).
+  [[nodiscard]] bool step() {
     if (!synchronize()) return false;
     apply();
     return true;
@@ -325,9 +351,35 @@ class DistributedOptimizer {
     factors_set_ = fold_;
   }
 
+  // This object's part of add() and its undoing (the last entry only).
+  void remember(Entry e) {
+    entries_.push_back(std::move(e));
+    const Entry& x = entries_.back();
+    try {
+      params_.insert(x.param, x.size, entries_.size() - 1);
+      ++per_group_[x.group];
+    } catch (...) {
+      params_.erase(x.param, x.size, entries_.size() - 1);
+      entries_.pop_back();
+      throw;
+    }
+  }
+  void forget_last() {
+    const Entry& x = entries_.back();
+    params_.erase(x.param, x.size, entries_.size() - 1);
+    if (const auto g = per_group_.find(x.group); g != per_group_.end() && --g->second == 0) per_group_.erase(g);
+    entries_.pop_back();
+  }
+  std::size_t count_in_group(const std::string& group) const {
+    const auto g = per_group_.find(group);
+    return g == per_group_.end() ? 0 : g->second;
+  }
+
   const Entry& find(const value_type* param, const char* who) const {
-    for (const Entry& e : entries_)
-      if (e.param == param) return e;
+    if (const std::size_t k = params_.holding(param); k != Params::npos && entries_[k].param == param)
+      return entries_[k];
+    for (const Entry& e : entries_)  // an empty parameter (not in the index)
+      if (e.param == param && e.size == 0) return e;
     throw Error(impl::cat("DistributedOptimizer::", who, ": the parameter is not registered with add<Group>() on rank ",
                           sync().backend().rank()));
   }
@@ -467,6 +519,9 @@ class DistributedOptimizer {
   std::size_t factors_plan_ = 0;
   GlobalNorm<sync_type> norm_;
   std::vector<Entry> entries_;
+  using Params = impl::RangeIndex<value_type>;
+  Params params_;                                           // the non-empty parameters, by address
+  std::unordered_map<std::string, std::size_t> per_group_;  // parameters in each group (default names)
 };
 
 /// Sends `param` from the first rank of this rank's process set for Group (a ReduceOver<Tag> group:

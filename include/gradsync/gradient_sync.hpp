@@ -81,6 +81,10 @@ class GradientSync {
   static_assert(is_supported_value_v<value_type>,
                 "gradsync::GradientSync: gradients must hold float or double (the types with a built-in "
                 "MPI and NCCL sum)");
+  static_assert(impl::reads_memory_space<Backend, memory_space>::value,
+                "gradsync::GradientSync<Backend, Tensor>: the backend cannot read the tensors' memory space "
+                "(NcclBackend reads device memory only: NCCL cannot read host memory; use MpiBackend for host "
+                "tensors)");
 
   explicit GradientSync(Backend backend, Options options = {}, execution_space exec = {})
       : backend_(std::move(backend)),
@@ -149,21 +153,37 @@ class GradientSync {
     // Kokkos::resize-ing the caller's View cannot be seen; re-register it instead.)
     if constexpr (impl::is_std_vector<U>::value)
       e.requery = [&tensor] { return std::make_pair(UT::data(tensor), UT::size(tensor)); };
-    for (const Entry& o : registry_)
-      if (impl::overlaps(e.data, e.size, o.data, o.size))
-        throw Error(impl::cat("tensor '", e.name, "' (group ", e.group, ") overlaps tensor '", o.name,
-                              "' (group ", o.group, ") already registered",
-                              e.data == o.data ? " (the same tensor registered twice)" : ""));
+    if (const Entry* o = registry_.find_overlap(e.data, e.size))  // O(log n): 100,000 tensors register
+      throw Error(impl::cat("tensor '", e.name, "' (group ", e.group, ") overlaps tensor '", o->name,
+                            "' (group ", o->group, ") already registered",
+                            e.data == o->data ? " (the same tensor registered twice)" : ""));
     sparse_.for_each_values([&](const value_type* p, std::size_t n, const std::string& on, const std::string& og) {
       if (impl::overlaps(e.data, e.size, p, n))
         throw Error(impl::cat("tensor '", e.name, "' (group ", e.group, ") overlaps row-sparse gradient '", on,
                               "' (group ", og, ") already registered"));
     });
+    begin_change();
     if constexpr (is_set_reduced_v<Group>)
       sets_.add(impl::type_name<typename LocalVarPolicy<Group>::set_tag>(), e.data, e.size, e.name, e.group,
                 LocalVarPolicy<Group>::set_scale, backend_.rank());
-    begin_change();
-    registry_.push_back(std::move(e));
+    const value_type* data = e.data;
+    try {
+      registry_.push_back(std::move(e));
+    } catch (...) {  // all or nothing: the set forgets it too
+      if constexpr (is_set_reduced_v<Group>)
+        sets_.withdraw(impl::type_name<typename LocalVarPolicy<Group>::set_tag>(), data);
+      throw;
+    }
+  }
+
+  /// A temporary container would dangle: the sync refers to a std::vector's values (and re-reads
+  /// its size) at every synchronize(). Views and Spans are handles and may be temporaries.
+  template <class Group, class U,
+            class = std::enable_if_t<!std::is_lvalue_reference_v<U> && impl::owns_values_v<std::remove_cv_t<U>>>>
+  void add(U&&, std::string = {}) {
+    static_assert(impl::dependent_false_v<U>,
+                  "gradsync::GradientSync::add: a temporary std::vector would dangle: register an lvalue that "
+                  "outlives the sync");
   }
 
   /// Binds this rank's process set for the groups whose policy is ReduceOver<Tag>
@@ -199,10 +219,9 @@ class GradientSync {
                                   opt_.backward_passes_per_step, ")"));
     const value_type* p = rows.values().data();
     const std::size_t n = std::size_t(rows.capacity() * rows.row_width());
-    for (const Entry& o : registry_)
-      if (impl::overlaps(p, n, o.data, o.size))
-        throw Error(impl::cat("row-sparse gradient '", shown, "' (group ", group, ") overlaps tensor '", o.name,
-                              "' (group ", o.group, ") already registered"));
+    if (const Entry* o = registry_.find_overlap(p, n))
+      throw Error(impl::cat("row-sparse gradient '", shown, "' (group ", group, ") overlaps tensor '", o->name,
+                            "' (group ", o->group, ") already registered"));
     if constexpr (is_set_reduced_v<Group>)
       sets_.set_of(impl::type_name<typename LocalVarPolicy<Group>::set_tag>(), shown, group, backend_.rank())
           .sparse.push_back(rows.table_rows() * rows.row_width());
@@ -231,8 +250,9 @@ class GradientSync {
   /// (every Nth call, N = backward_passes_per_step); otherwise they are accumulated internally.
   /// Collective; legal in every state but failed. An exception from it leaves the sync failed on
   /// every rank (each names the rank that failed first), except the fp16 overflow, after which the
-  /// sync goes on (docs/ERRORS.md).
-  bool synchronize() {
+  /// sync goes on (docs/ERRORS.md). [[nodiscard]]: applying the optimizer after a false return
+  /// applies a partial sum (GRADSYNC_BACKWARD_PASSES_PER_STEP changes N without changing the code).
+  [[nodiscard]] bool synchronize() {
     step_.require_usable("synchronize()");
     call_ = std::int64_t(stats_.passes) + 1;
     const value_type* overflow = nullptr;
@@ -478,6 +498,20 @@ class GradientSync {
   }
 
  private:
+  template <class, class>
+  friend class DistributedOptimizer;  // withdraw_last
+
+  // DistributedOptimizer::add's rollback when its optimizer refuses the parameter: forgets the
+  // tensor at `data` that add<Group>() registered last. The plan and the checks stay marked changed
+  // (at worst a redundant rebuild and comparison).
+  template <class Group>
+  void withdraw_last(const value_type* data) {
+    if (registry_.size() == 0 || registry_.back().data != data) return;
+    if constexpr (is_set_reduced_v<Group>)
+      sets_.withdraw(impl::type_name<typename LocalVarPolicy<Group>::set_tag>(), data);
+    registry_.pop_back();
+  }
+
   using Registry = impl::SyncRegistry<value_type>;
   using Entry = typename Registry::Entry;
   using Plan = impl::SyncPlan<Backend, value_type, memory_space>;

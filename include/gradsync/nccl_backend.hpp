@@ -7,6 +7,10 @@
 // Stream semantics: the nonblocking iallreduce_* enqueue on the backend's stream and record an
 // event; wait() blocks the host until that event, test() polls it. The blocking collectives enqueue
 // and then synchronize the stream, so on return the result is visible to the host and every stream.
+//
+// Failure: abort() (ncclCommAbort) terminates what the backend enqueued and never finished, so the
+// stream, the user's, is not left holding a kernel that waits for a peer which stalled or failed.
+// GradientSync's failure path calls it (impl::abort_collectives, backend_traits.hpp).
 // Use the same stream as the gradients' producer (Kokkos' CUDA execution space instance, or the
 // CudaStream of a GradientSync over Span<T, CudaDeviceSpace>) so no extra synchronization is needed.
 #pragma once
@@ -64,9 +68,12 @@ inline void nccl_check(ncclResult_t rc, const char* what, ncclComm_t comm = null
 
 class NcclBackend {
  public:
-  /// A collective in flight: an event recorded on the backend's stream after it. Events come from a
-  /// small ring owned by the backend, so requests allocate nothing. A recycled event was recorded
-  /// later on the same stream, so waiting on it still implies the request's own collective is done.
+  /// A collective in flight: an event recorded on the backend's stream after it. Every request in
+  /// flight has its own event, from a pool owned by the backend that grows to the most requests
+  /// ever in flight at once (then requests allocate nothing): waiting for one never waits for a
+  /// later collective. The event returns to the pool when wait() or test() sees it done; a request
+  /// abandoned before that keeps its event out of the pool. Wait each request once (copies share
+  /// the event).
   struct Request {
     cudaEvent_t event = nullptr;
   };
@@ -94,6 +101,7 @@ class NcclBackend {
   int rank() const { return state_->rank; }
   int size() const { return state_->size; }
   cudaStream_t stream() const { return state_->stream; }
+  /// The NCCL communicator (null after abort()).
   ncclComm_t nccl_comm() const { return state_->nccl; }
   /// The duplicate of the user's communicator used for bootstrap and barrier.
   MPI_Comm comm() const { return state_->mpi; }
@@ -106,9 +114,13 @@ class NcclBackend {
 #endif
 
   /// Memory a CUDA device can address; host memory never (staging through host cannot help NCCL).
+  /// Known at compile time: GradientSync<NcclBackend, host tensor> is a static_assert
+  /// (impl::reads_memory_space in backend_traits.hpp).
+  template <class MemorySpace>
+  static constexpr bool reads_memory_space = impl::is_cuda_memory_v<MemorySpace>;
   template <class MemorySpace>
   bool can_access() const {
-    return impl::is_cuda_memory_v<MemorySpace>;
+    return reads_memory_space<MemorySpace>;
   }
 
   template <class T>
@@ -155,6 +167,7 @@ class NcclBackend {
     if (r.event == nullptr) return true;
     const cudaError_t rc = cudaEventQuery(r.event);
     if (rc == cudaSuccess) {
+      state_->free_events.push_back(r.event);  // within its capacity: allocates nothing
       r.event = nullptr;
       return true;
     }
@@ -167,7 +180,7 @@ class NcclBackend {
   void broadcast(T* buf, std::size_t n, int root) const {
     if (root < 0 || root >= size())
       throw Error(impl::cat("broadcast root ", root, " is not a rank of this ", size(), "-rank NCCL communicator"));
-    impl::nccl_check(ncclBroadcast(buf, buf, n, impl::nccl_type<T>(), root, nccl_comm(), stream()), "ncclBroadcast",
+    impl::nccl_check(ncclBroadcast(buf, buf, n, impl::nccl_type<T>(), root, live_comm(), stream()), "ncclBroadcast",
                      nccl_comm());
     sync();
   }
@@ -175,7 +188,7 @@ class NcclBackend {
   /// recv holds size()*n values: rank r's `n` values at recv + r*n.
   template <class T>
   void allgather(const T* send, T* recv, std::size_t n) const {
-    impl::nccl_check(ncclAllGather(send, recv, n, impl::nccl_type<T>(), nccl_comm(), stream()), "ncclAllGather",
+    impl::nccl_check(ncclAllGather(send, recv, n, impl::nccl_type<T>(), live_comm(), stream()), "ncclAllGather",
                      nccl_comm());
     sync();
   }
@@ -184,6 +197,7 @@ class NcclBackend {
   /// point-to-point, which every NCCL since 2.7 has.
   template <class T>
   void alltoall(const T* send, T* recv, std::size_t n) const {
+    (void)live_comm();  // before the group opens
     impl::nccl_check(ncclGroupStart(), "ncclGroupStart");
     for (int r = 0; r < size(); ++r) {
       const std::size_t off = std::size_t(r) * n;
@@ -200,6 +214,7 @@ class NcclBackend {
   template <class T>
   void alltoallv(const T* send, const int* send_counts, const int* send_displs, T* recv, const int* recv_counts,
                  const int* recv_displs) const {
+    (void)live_comm();  // before the group opens
     impl::nccl_check(ncclGroupStart(), "ncclGroupStart");
     for (int r = 0; r < size(); ++r) {
       if (send_counts[r] > 0)
@@ -221,16 +236,34 @@ class NcclBackend {
     impl::mpi_check(MPI_Barrier(comm()), "MPI_Barrier");
   }
 
+  /// For the failure path (a stall, a peer's failure): aborts the NCCL communicator
+  /// (ncclCommAbort), which terminates the collectives it enqueued and never finished, so that the
+  /// stream is released instead of waiting forever for a peer. Local, not collective; idempotent;
+  /// never throws. The backend and every copy of it are unusable afterwards: each collective
+  /// throws an Error saying so (requests in flight complete, their values undefined).
+  void abort() const noexcept {
+    State& s = *state_;
+    if (s.nccl == nullptr) return;
+    (void)ncclCommAbort(s.nccl);  // its failure leaves nothing more to do: the communicator is gone either way
+    s.nccl = nullptr;
+    s.aborted = true;
+  }
+  /// Whether abort() was called (on this backend or a copy).
+  bool aborted() const { return state_->aborted; }
+
  private:
-  static constexpr int event_ring = 8;
+  // Events created up front: as many as a sync keeps chunks in flight by default (SyncPlan: 16 on
+  // one node). More are created when more requests are in flight at once.
+  static constexpr int initial_events = 16;
 
   struct State {
     MPI_Comm mpi = MPI_COMM_NULL;
     ncclComm_t nccl = nullptr;
     cudaStream_t stream = nullptr;
     int rank = 0, size = 1;
-    cudaEvent_t events[event_ring] = {};
-    mutable int next_event = 0;
+    bool aborted = false;
+    std::vector<cudaEvent_t> events;       // every event created, destroyed with the backend
+    std::vector<cudaEvent_t> free_events;  // those no request in flight holds (capacity: all of them)
 
     State(MPI_Comm user, cudaStream_t s) : stream(s) {
       int initialized = 0, finalized = 0;
@@ -280,12 +313,26 @@ class NcclBackend {
         local_error = impl::cat("ncclCommInitRank on CUDA device ", device, " failed: ", ncclGetErrorString(rc));
         nccl = nullptr;
       }
-      for (cudaEvent_t& e : events) {
-        if (!local_error.empty()) break;
-        if (const cudaError_t erc = cudaEventCreateWithFlags(&e, cudaEventDisableTiming); erc != cudaSuccess)
+      for (int k = 0; k < initial_events && local_error.empty(); ++k)
+        if (const cudaError_t erc = add_event(); erc != cudaSuccess)
           local_error = impl::cat("cudaEventCreate failed: ", cudaGetErrorString(erc));
-      }
       agree(local_error, "could not join the NCCL communicator");
+    }
+
+    // One more event in the pool (free); the pool's capacity covers every event, so returning
+    // one to it never allocates.
+    cudaError_t add_event() {
+      cudaEvent_t e = nullptr;
+      if (const cudaError_t rc = cudaEventCreateWithFlags(&e, cudaEventDisableTiming); rc != cudaSuccess) return rc;
+      try {
+        events.push_back(e);
+        free_events.reserve(events.size());
+      } catch (...) {
+        if (events.empty() || events.back() != e) cudaEventDestroy(e);
+        throw;
+      }
+      free_events.push_back(e);
+      return cudaSuccess;
     }
 
     // Throws on every rank when `local_error` is set on any, naming the failing ranks.
@@ -307,11 +354,9 @@ class NcclBackend {
         ncclCommDestroy(nccl);
         nccl = nullptr;
       }
-      for (cudaEvent_t& e : events)
-        if (e) {
-          cudaEventDestroy(e);
-          e = nullptr;
-        }
+      for (cudaEvent_t e : events) cudaEventDestroy(e);
+      events.clear();
+      free_events.clear();
       int finalized = 0;
       MPI_Finalized(&finalized);
       if (mpi != MPI_COMM_NULL && !finalized) MPI_Comm_free(&mpi);
@@ -329,14 +374,28 @@ class NcclBackend {
 
   template <class T>
   void allreduce(T* buf, std::size_t n, ncclRedOp_t op) const {
-    impl::nccl_check(ncclAllReduce(buf, buf, n, impl::nccl_type<T>(), op, nccl_comm(), stream()), "ncclAllReduce",
+    impl::nccl_check(ncclAllReduce(buf, buf, n, impl::nccl_type<T>(), op, live_comm(), stream()), "ncclAllReduce",
                      nccl_comm());
   }
 
+  // The communicator, or an Error when abort() has released it.
+  ncclComm_t live_comm() const {
+    if (state_->aborted)
+      throw Error(impl::cat("NcclBackend on rank ", rank(),
+                            ": the NCCL communicator was aborted (after a stall or a peer's failure); build a new "
+                            "backend"));
+    return state_->nccl;
+  }
+
+  // An event of its own for the collective just enqueued: a free one, or a new one when every
+  // event is held by a request in flight.
   Request record() const {
-    cudaEvent_t e = state_->events[state_->next_event];
-    state_->next_event = (state_->next_event + 1) % event_ring;
+    State& s = *state_;
+    if (s.free_events.empty())
+      impl::cuda_check(s.add_event(), "cudaEventCreate (gradsync NCCL request: more requests in flight)");
+    cudaEvent_t e = s.free_events.back();
     impl::cuda_check(cudaEventRecord(e, stream()), "cudaEventRecord (gradsync NCCL request)");
+    s.free_events.pop_back();
     return Request{e};
   }
 
@@ -347,7 +406,7 @@ class NcclBackend {
 
   void check_async() const {
     ncclResult_t async = ncclSuccess;
-    impl::nccl_check(ncclCommGetAsyncError(nccl_comm(), &async), "ncclCommGetAsyncError");
+    impl::nccl_check(ncclCommGetAsyncError(live_comm(), &async), "ncclCommGetAsyncError");
     impl::nccl_check(async, "an NCCL collective (asynchronous error)", nccl_comm());
   }
 

@@ -38,6 +38,7 @@
 #include "config.hpp"
 #include "error.hpp"
 #include "impl/fusion_kernels.hpp"
+#include "impl/range_index.hpp"
 #include "impl/segment_table.hpp"
 #include "tensor_traits.hpp"
 
@@ -251,14 +252,19 @@ class OptimizerSlots {
       throw Error(impl::cat(who, " parameter #", index, ": ", s.size, " values but its gradient has ", GT::size(grad)));
     if (!PT::is_contiguous(param) || !GT::is_contiguous(grad))
       throw Error(impl::cat(who, " parameter #", index, ": parameter and gradient must be contiguous"));
-    for (const Slot& o : slots_)
-      if (impl::overlaps(s.param, s.size, o.param, o.size))
-        throw Error(impl::cat(who, " parameter #", index, " overlaps a parameter already registered"));
+    if (by_param_.first_overlap(s.param, s.size) != Params::npos)  // O(log n): models have 100,000 parameters
+      throw Error(impl::cat(who, " parameter #", index, " overlaps a parameter already registered"));
     if constexpr (Kokkos::is_view<P>::value) s.keep_param = std::make_shared<P>(param);
     if constexpr (Kokkos::is_view<G>::value) s.keep_grad = std::make_shared<G>(grad);
     s.nstate = nstate;
     for (int k = 0; k < nstate; ++k) s.state[std::size_t(k)] = View(std::string(labels[k]), s.size);
-    slots_.push_back(std::move(s));
+    by_param_.insert(s.param, s.size, index);
+    try {
+      slots_.push_back(std::move(s));
+    } catch (...) {
+      by_param_.erase(PT::data(param), PT::size(param), index);
+      throw;
+    }
     dirty_ = true;
     return index;
   }
@@ -313,6 +319,8 @@ class OptimizerSlots {
     scales_dirty_ = false;
   }
 
+  using Params = RangeIndex<value_type>;
+  Params by_param_;  // the non-empty parameters, by address
   bool dirty_ = true;
   bool scales_dirty_ = false;
   View scales_;  // per slot, the gradient factor the kernels read

@@ -184,6 +184,12 @@ class ProcessSets {
     set_of(tag, name, group, me).tensors.push_back(Tensor{data, size, name, group, scale});
   }
 
+  /// Undoes the add() of the tensor at `data` when it was the set's last (a registration rolled back).
+  void withdraw(const std::string& tag, const T* data) {
+    Set* s = find(tag);
+    if (s && !s->tensors.empty() && s->tensors.back().data == data) s->tensors.pop_back();
+  }
+
   /// The backend and factor of a set (after connect()).
   const SetBackend& backend_of(const std::string& tag) const { return *find_const(tag)->backend; }
   std::size_t set_size(const std::string& tag) const { return find_const(tag)->ranks.size(); }

@@ -6,7 +6,7 @@
 //   sync.add<Tables>(g);                                   // any group, local or data-parallel
 //   ... backward fills rows(0 .. k-1, :) and ids(0 .. k-1) ...
 //   g.set_rows(k);                                         // this step's row count (a shared handle)
-//   sync.synchronize();                                    // then g holds the synchronized rows
+//   if (sync.synchronize()) { ... }                        // then g holds the synchronized rows
 //
 // The cost of a sync follows the rows touched, never the table's size:
 // - local group: the group's factor (1/world_size) is applied to the k given rows only;

@@ -55,6 +55,7 @@ struct TensorTraits<V, std::enable_if_t<Kokkos::is_view<V>::value>> {
 template <class T, class A>
 struct TensorTraits<std::vector<T, A>> {
   static constexpr bool is_tensor = true;
+  static constexpr bool owns_values = true;  // registered by reference: never a temporary
   using value_type = T;
   using memory_space = Kokkos::HostSpace;
   using execution_space = Kokkos::DefaultHostExecutionSpace;
@@ -77,6 +78,21 @@ struct TensorTraits<Span<T, M>> {
 };
 
 namespace impl {
+/// Whether a tensor type holds its values itself (a container: std::vector) rather than referring
+/// to them (a handle: a View, a Span, a torch::Tensor). Registrations keep a pointer into a
+/// container, so they refuse a temporary one at compile time. A TensorTraits specialisation of
+/// another container says so with `static constexpr bool owns_values = true;`.
+template <class T, class = void>
+struct owns_values : std::false_type {};
+template <class T>
+struct owns_values<T, std::void_t<decltype(TensorTraits<T>::owns_values)>>
+    : std::bool_constant<TensorTraits<T>::owns_values> {};
+template <class T>
+inline constexpr bool owns_values_v = owns_values<T>::value;
+
+template <class T>
+inline constexpr bool dependent_false_v = false;  // a static_assert that fires only when instantiated
+
 /// Whether [a, a+na) and [b, b+nb) share an element; empty ranges overlap nothing.
 template <class T>
 constexpr bool overlaps(const T* a, std::size_t na, const T* b, std::size_t nb) {

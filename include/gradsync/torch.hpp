@@ -10,7 +10,7 @@
 //   sync64.add<Dense>(gradsync::TorchTensor<double>(t));                   // double tensors
 //   gradsync::TorchParameters reg = gradsync::add_parameters<Trunk, Head>(sync, *net,
 //       [](const std::string& name) { return name.rfind("head.", 0) == 0; });  // true: Head
-//   ... loss.backward(); reg.check(); sync.synchronize(); optimizer.step();
+//   ... loss.backward(); reg.check(); if (sync.synchronize()) optimizer.step();
 //
 // A torch::Tensor's value type is a run-time property, a GradientSync's a compile-time one:
 // torch::Tensor stands for a float tensor, TorchTensor<T> for a T tensor. Only contiguous CPU

@@ -62,7 +62,7 @@ std::vector<double> step_times(const std::vector<View>& grads, std::vector<grads
       const std::size_t c = (k + std::size_t(s)) % syncs.size();
       MPI_Barrier(MPI_COMM_WORLD);
       const double t0 = MPI_Wtime();
-      syncs[c]->synchronize();
+      (void)syncs[c]->synchronize();
       if (s >= 2) t[c].push_back(MPI_Wtime() - t0);
     }
   std::vector<double> out;

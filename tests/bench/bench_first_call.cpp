@@ -58,7 +58,7 @@ double timed(F&& f) {
 
 double steady(Sync& s, int n = 5) {
   std::vector<double> t;
-  for (int i = 0; i < n; ++i) t.push_back(timed([&] { s.synchronize(); }));
+  for (int i = 0; i < n; ++i) t.push_back(timed([&] { (void)s.synchronize(); }));
   return bench::median(t);
 }
 
@@ -90,7 +90,7 @@ Sample run_once(const bench::Model& m, bool tune) {
   {
     auto g = make_grads(m);
     auto sync = make_sync(quiet, g);
-    s.first = timed([&] { sync->synchronize(); });
+    s.first = timed([&] { (void)sync->synchronize(); });
     s.steady = steady(*sync);
   }
   {
@@ -98,7 +98,7 @@ Sample run_once(const bench::Model& m, bool tune) {
     auto sync = make_sync(quiet, g);
     s.prepare = timed([&] { sync->prepare(); });
     s.huge_bytes = sync->stats().bytes_on_huge_pages;
-    s.after_prepare = timed([&] { sync->synchronize(); });
+    s.after_prepare = timed([&] { (void)sync->synchronize(); });
     s.builds_after_prepare = sync->stats().plan_builds;  // 1: the first synchronize() built nothing
     s.steady_p = steady(*sync);
   }
@@ -116,7 +116,7 @@ Sample run_once(const bench::Model& m, bool tune) {
     auto sync = make_sync(o, g);
     sync->prepare();
     while (sync->summary().tuning) {
-      s.tuning += timed([&] { sync->synchronize(); });
+      s.tuning += timed([&] { (void)sync->synchronize(); });
       ++s.tuning_steps;
     }
     s.chosen = sync->fusion_threshold_bytes();

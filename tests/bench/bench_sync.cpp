@@ -92,7 +92,7 @@ struct Tensors {
 // Runs the steps on which the plan times its candidates (across hosts: flat against hierarchical),
 // so that measurements see the plan it keeps. Collective; every rank tunes alike.
 void settle(Sync& s) {
-  while (s.tuning()) s.synchronize();
+  while (s.tuning()) (void)s.synchronize();
 }
 
 std::unique_ptr<Sync> make_sync(const bench::Model& m, Tensors& t, gradsync::Options opt) {
@@ -179,7 +179,7 @@ void bench_model(const bench::Model& m, double budget, gradsync::Options opt, co
   if (dlrm_mlp) {
     // DLRM: only the MLP moves. Checked on the plan and on what one synchronize() hands to MPI.
     const auto before = sync->stats().bytes_allreduced;
-    sync->synchronize();
+    (void)sync->synchronize();
     const auto moved = sync->stats().bytes_allreduced - before;
     if (sync->data_parallel_bytes() != dlrm_mlp * sizeof(float) || moved != dlrm_mlp * sizeof(float))
       throw std::runtime_error("DLRM: gradsync moved " + std::to_string(moved) + " bytes, the MLP holds " +
@@ -203,13 +203,13 @@ void bench_model(const bench::Model& m, double budget, gradsync::Options opt, co
     if (!m.local[i]) dp.push_back(t.g[i]), dp4k.push_back(t4k.g[i]);
 
   std::vector<bench::Method> ms;
-  ms.push_back({"gradsync", [&] { sync->synchronize(); }, {}});
+  ms.push_back({"gradsync", [&] { (void)sync->synchronize(); }, {}});
   // Variants (BENCH_VARIANTS=1): what each choice of the default is worth, same run.
   std::vector<std::unique_ptr<Sync>> variants;
   auto variant = [&](const std::string& label, gradsync::Options o) {
     variants.push_back(make_sync(m, t, o));
     Sync* s = variants.back().get();
-    ms.push_back({label, [s] { s->synchronize(); }, {}});
+    ms.push_back({label, [s] { (void)s->synchronize(); }, {}});
   };
   gradsync::Options o = opt;
   o.collectives = gradsync::Collectives::blocking;  // one MPI_Allreduce per chunk
@@ -224,7 +224,7 @@ void bench_model(const bench::Model& m, double budget, gradsync::Options opt, co
   o = opt;
   o.huge_pages = false;
   variants.push_back(make_sync(m, t4k, o));
-  ms.push_back({"gradsync on 4 KiB pages", [s = variants.back().get()] { s->synchronize(); }, {}});
+  ms.push_back({"gradsync on 4 KiB pages", [s = variants.back().get()] { (void)s->synchronize(); }, {}});
   if (sync->topology().spans_nodes()) {
     // Across hosts: what the topology's choices are worth, same run (docs/BENCHMARKS.md, "Across hosts").
     o = opt;
@@ -241,7 +241,7 @@ void bench_model(const bench::Model& m, double budget, gradsync::Options opt, co
   }
   Arena arena;
   variants.push_back(make_arena_sync(m, arena, opt));
-  ms.push_back({"gradsync arena", [s = variants.back().get()] { s->synchronize(); }, {}});
+  ms.push_back({"gradsync arena", [s = variants.back().get()] { (void)s->synchronize(); }, {}});
   if (std::getenv("BENCH_VARIANTS")) {
     for (double f : {0.0, 0.25, 1.0, HUGE_VAL}) {
       o = opt;
@@ -271,7 +271,7 @@ void bench_model(const bench::Model& m, double budget, gradsync::Options opt, co
       Arena own;  // its carves share the allocation, so it may go
       variants.push_back(make_arena_sync(m, own, o));
       ms.push_back({"gradsync arena max_chunks_in_flight " + std::to_string(k),
-                    [s = variants.back().get()] { s->synchronize(); }, {}});
+                    [s = variants.back().get()] { (void)s->synchronize(); }, {}});
     }
   }
   // The raw baseline: the sweep picks the best chunk size, then that size is timed again, head to
@@ -336,7 +336,7 @@ void run_compression(const std::string& dir, double budget, const std::string& o
       if (only_method && label.find(only_method) == std::string::npos && label != "gradsync fp32") return;
       syncs.push_back(make_sync(m, t, o));
       Sync* s = syncs.back().get();
-      ms.push_back({label, [s] { s->synchronize(); }, {}});
+      ms.push_back({label, [s] { (void)s->synchronize(); }, {}});
     };
     gradsync::Options o;
     method("gradsync fp32", o);
@@ -394,7 +394,7 @@ void run_chunks(const std::string& dir, double budget) {
       o.fusion_threshold_bytes = c;
       syncs.push_back(make_sync(m, t, o));
       Sync* s = syncs.back().get();
-      ms.push_back({"gradsync " + size_label(c), [s] { s->synchronize(); }, {}});
+      ms.push_back({"gradsync " + size_label(c), [s] { (void)s->synchronize(); }, {}});
       ms.push_back({"raw " + size_label(c), [&, c] { raw_chunked(raw.data(), elems, c); }, {}});
     }
     bench::measure_within(ms, budget, 5, 201);
@@ -409,7 +409,7 @@ void run_growth(std::size_t max_mib, double budget) {
     Tensors t(m);
     auto sync = make_sync(m, t, {});
     std::vector<bench::Method> ms;
-    ms.push_back({"gradsync", [&] { sync->synchronize(); }, {}});
+    ms.push_back({"gradsync", [&] { (void)sync->synchronize(); }, {}});
     ms.push_back({"per-tensor",
                   [&] {
                     for (auto& g : t.g)
@@ -429,7 +429,7 @@ void run_growth(std::size_t max_mib, double budget) {
     auto sync = make_sync(m, t, {});
     std::vector<float> raw(n * 64 * KiB, 0.f);
     std::vector<bench::Method> ms;
-    ms.push_back({"gradsync", [&] { sync->synchronize(); }, {}});
+    ms.push_back({"gradsync", [&] { (void)sync->synchronize(); }, {}});
     ms.push_back({"raw 2MiB", [&] { raw_chunked(raw.data(), raw.size(), 2 * MiB); }, {}});
     bench::measure(ms, 1, bench::reps_for(2 * 0.25e-3 * double(mib), budget / 10, 5, 201));
     for (auto& mm : ms)
@@ -454,8 +454,8 @@ void run_overlap(const std::string& dir, double budget, double factor) {
     auto plain_blk = make_sync(m, t, blk);
     auto overlapped = make_sync(m, t, {});
     std::vector<bench::Method> ms;
-    ms.push_back({"sync (default)", [&] { plain->synchronize(); }, {}});
-    ms.push_back({"sync (blocking)", [&] { plain_blk->synchronize(); }, {}});
+    ms.push_back({"sync (default)", [&] { (void)plain->synchronize(); }, {}});
+    ms.push_back({"sync (blocking)", [&] { (void)plain_blk->synchronize(); }, {}});
     bench::measure(ms, 2, bench::reps_for(0.5e-9 * double(m.dp_elements()) * 2, budget / 3, 9, 101));
     const double comm = bench::median(ms[0].times);
     const double backward = factor * comm;
@@ -487,9 +487,9 @@ void run_overlap(const std::string& dir, double budget, double factor) {
           }
         }
         if (mode == 1)
-          overlapped->synchronize();
+          (void)overlapped->synchronize();
         else
-          plain->synchronize();
+          (void)plain->synchronize();
         double e = MPI_Wtime() - (t0 + backward);
         MPI_Allreduce(MPI_IN_PLACE, &e, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
         (mode == 1 ? exposed : no_overlap).push_back(e);
@@ -520,7 +520,7 @@ void run_timeline(const std::string& dir, const std::string& out) {
   auto plain = make_sync(m, t, o);
   o.timeline = marked.c_str();
   auto overlapped = make_sync(m, t, o);
-  std::vector<bench::Method> ms{{"sync", [&] { plain->synchronize(); }, {}}};
+  std::vector<bench::Method> ms{{"sync", [&] { (void)plain->synchronize(); }, {}}};
   bench::measure(ms, 2, 9);
   const double backward = 2 * bench::median(ms[0].times);
   const std::size_t n = m.numel.size();
@@ -544,7 +544,7 @@ void run_timeline(const std::string& dir, const std::string& out) {
           std::this_thread::sleep_for(std::chrono::microseconds(20));
         }
       }
-      (mode == 1 ? overlapped : plain)->synchronize();
+      (void)(mode == 1 ? overlapped : plain)->synchronize();
     }
   plain.reset();
   overlapped.reset();
@@ -555,7 +555,7 @@ void run_timeline(const std::string& dir, const std::string& out) {
   auto stalled = make_sync(m, t, o);
   try {
     for (int step = 0; step < 3; ++step)
-      if (bench::rank() != bench::size() - 1 || step != 1) stalled->synchronize();  // the last rank skips one
+      if (bench::rank() != bench::size() - 1 || step != 1) (void)stalled->synchronize();  // the last rank skips one
   } catch (const gradsync::StallError& e) {
     if (bench::rank() == 0) std::printf("timeline: the stall, as expected: %s\n", e.what());
   }
@@ -573,8 +573,8 @@ void run_timeline_cost(const std::string& dir, int reps) {
   auto off = make_sync(m, t, o);
   o.timeline = "/tmp/gradsync_timeline_cost.json";
   auto on = make_sync(m, t, o);
-  std::vector<bench::Method> ms{{"timeline off", [&] { off->synchronize(); }, {}},
-                                {"timeline on", [&] { on->synchronize(); }, {}}};
+  std::vector<bench::Method> ms{{"timeline off", [&] { (void)off->synchronize(); }, {}},
+                                {"timeline on", [&] { (void)on->synchronize(); }, {}}};
   bench::measure(ms, 3, reps);
   std::vector<double> ratio;
   for (std::size_t r = 0; r < ms[0].times.size(); ++r) ratio.push_back(ms[1].times[r] / ms[0].times[r]);
@@ -598,7 +598,7 @@ void run_tablesize(const std::string& dir, double budget) {
     ts.push_back(std::make_unique<Tensors>(ms.back()));
     syncs.push_back(make_sync(ms.back(), *ts.back(), {}));
     Sync* s = syncs.back().get();
-    methods.push_back({"gradsync, rows capped at " + std::to_string(cap), [s] { s->synchronize(); }, {}});
+    methods.push_back({"gradsync, rows capped at " + std::to_string(cap), [s] { (void)s->synchronize(); }, {}});
   }
   std::vector<float> raw(ms[0].dp_elements(), 0.f);
   methods.push_back({"raw 256KiB", [&] { raw_chunked(raw.data(), raw.size(), 256 * KiB); }, {}});
@@ -618,8 +618,8 @@ void run_hostpath(std::size_t n, int reps) {
   bench::Model m{"tiny", std::vector<std::size_t>(n, 1), std::vector<bool>(n, false)};
   Tensors t(m);
   auto sync = make_sync(m, t, {});
-  sync->synchronize();  // builds the plan: not part of the steady state
-  for (int r = 0; r < reps; ++r) sync->synchronize();
+  (void)sync->synchronize();  // builds the plan: not part of the steady state
+  for (int r = 0; r < reps; ++r) (void)sync->synchronize();
   if (bench::rank() == 0) std::printf("hostpath: %zu tensors, %d syncs\n", n, reps);
 }
 
@@ -636,12 +636,12 @@ void run_dlrmstep(const std::string& dir, const std::string& op, int reps) {
   o.read_environment = false;
   if (op == "sum") o.op = gradsync::ReduceOp::sum;
   auto sync = make_sync(m, t, o);
-  sync->synchronize();  // builds the plan: not part of the steady state
+  (void)sync->synchronize();  // builds the plan: not part of the steady state
   std::vector<float> raw(m.dp_elements(), 1e-3f);
   if (op == "raw")
     dlrm_steps([&] { raw_chunked(raw.data(), raw.size(), 256 * KiB); }, reps);
   else
-    dlrm_steps([&] { sync->synchronize(); }, reps);
+    dlrm_steps([&] { (void)sync->synchronize(); }, reps);
   if (bench::rank() == 0) std::printf("dlrmstep: %s, %d steps\n", op.c_str(), reps);
 }
 

@@ -201,7 +201,7 @@ TEST_CASE("never staging with an MPI that cannot reach device memory is a Config
   sync.add<Dense>(DevSpan<float>(g.data(), g.size()));
   bool threw = false;
   try {
-    sync.synchronize();
+    (void)sync.synchronize();
   } catch (const gradsync::ConfigError& e) {
     threw = std::string(e.what()).find("gradsync::CudaDeviceSpace") != std::string::npos;
   }
@@ -257,7 +257,7 @@ void check_compressed(Make make, int n, cudaStream_t stream) {
       DeviceArray<T> g(host);
       gradsync::GradientSync<Backend, DevSpan<T>> sync(make(), o, gradsync::CudaStream(stream));
       sync.template add<Dense>(DevSpan<T>(g.data(), g.size()));
-      sync.synchronize();
+      CHECK(sync.synchronize());
       const std::vector<T> got = g.download();
       bool exact = true;
       for (std::size_t i = 0; i < len; ++i)  // SelfBackend (n = 1): this rank's own values

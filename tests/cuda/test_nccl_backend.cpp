@@ -4,6 +4,7 @@
 // Compiled by the host compiler: the backend itself needs no nvcc.
 #include <gradsync/gradsync.hpp>
 
+#include <set>
 #include <string>
 #include <vector>
 
@@ -20,6 +21,12 @@ using gradsync_test::world_rank;
 using gradsync_test::world_size;
 
 static_assert(std::is_copy_constructible_v<gradsync::NcclBackend>);
+// The failure path can abandon NCCL's collectives (impl::abort_collectives); MPI's it cannot.
+static_assert(gradsync::impl::has_abort<gradsync::NcclBackend>::value);
+static_assert(!gradsync::impl::has_abort<gradsync::MpiBackend>::value);
+static_assert(!gradsync::impl::reads_memory_space<gradsync::NcclBackend, Kokkos::HostSpace>::value);
+static_assert(gradsync::impl::reads_memory_space<gradsync::NcclBackend, gradsync::CudaDeviceSpace>::value);
+static_assert(gradsync::impl::reads_memory_space<gradsync::MpiBackend, Kokkos::HostSpace>::value);
 
 TEST_CASE("NcclBackend without a usable CUDA device: gradsync::Error on every rank, no hang") {
   if (gpu_setup().devices > 0) {
@@ -78,10 +85,18 @@ TEST_CASE_TEMPLATE("NcclBackend collectives on device memory", T, float, double)
       CHECK(b.test(r1));
       auto h1 = d1.download(), h2 = d2.download();
       for (std::size_t i = 0; i < m; ++i) ok = ok && h1[i] == sum_of(i) && h2[i] == sum_of(i);
-      // More requests than the event ring holds: each still completes in order.
-      std::vector<gradsync::NcclBackend::Request> reqs;
-      for (int k = 0; k < 20; ++k) reqs.push_back(b.iallreduce_sum(d1.data(), 1));
-      for (auto& r : reqs) b.wait(r);
+      // More requests in flight than the backend made events for up front (16): each has an event
+      // of its own (waiting for one never waits for a later collective), each completes, and
+      // the events go back to the pool for the next ones.
+      for (int round = 0; round < 2; ++round) {
+        std::vector<gradsync::NcclBackend::Request> reqs;
+        for (int k = 0; k < 40; ++k) reqs.push_back(b.iallreduce_sum(d1.data(), 1));
+        std::set<cudaEvent_t> distinct;
+        for (const auto& r : reqs) distinct.insert(r.event);
+        ok = ok && distinct.size() == reqs.size() && distinct.count(nullptr) == 0;
+        for (auto& r : reqs) b.wait(r);
+        for (auto& r : reqs) ok = ok && r.event == nullptr && b.test(r);
+      }
     }
     GRADSYNC_CHECK_ALL(ok);
     if constexpr (gradsync::NcclBackend::reduces_average) {
@@ -152,6 +167,40 @@ TEST_CASE_TEMPLATE("NcclBackend collectives on device memory", T, float, double)
     gradsync::NcclBackend copy = b;
     GRADSYNC_CHECK_ALL(copy.nccl_comm() == b.nccl_comm());
   }
+  cudaStreamDestroy(stream);
+}
+
+TEST_CASE("NcclBackend::abort releases a stream that waits for a missing peer, and refuses what follows") {
+  if (!gpu_setup().nccl_ok) {
+    MESSAGE("skipped: " << gpu_setup().why);
+    return;
+  }
+  const int rank = world_rank();
+  cudaStream_t stream;
+  gradsync_test::cuda_ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  {
+    gradsync::NcclBackend b(MPI_COMM_WORLD, stream);
+    gradsync::NcclBackend copy = b;
+    DeviceArray<float> d(std::vector<float>(256, 1.0f));
+    // Rank 0 alone starts a sum (with one rank it completes, with more it waits for peers that
+    // never come, as after a stall): abort() terminates it, the stream drains.
+    gradsync::NcclBackend::Request r;
+    if (rank == 0) r = b.iallreduce_sum(d.data(), 256);
+    gradsync::impl::abort_collectives(b);
+    gradsync::impl::abort_collectives(b);  // idempotent
+    (void)cudaStreamSynchronize(stream);   // returns: nothing left enqueued that waits
+    (void)cudaGetLastError();
+    GRADSYNC_CHECK_ALL(b.aborted() && copy.aborted() && copy.nccl_comm() == nullptr);
+    const std::string expect = "gradsync: NcclBackend on rank " + std::to_string(rank) +
+                               ": the NCCL communicator was aborted (after a stall or a peer's failure); build a "
+                               "new backend";
+    const std::string sum = gradsync_test::error_of([&] { b.allreduce_sum(d.data(), 256); });
+    const std::string nonblocking = gradsync_test::error_of([&] { (void)copy.iallreduce_sum(d.data(), 256); });
+    const std::string barrier = gradsync_test::error_of([&] { b.barrier(); });
+    CAPTURE(sum);
+    GRADSYNC_CHECK_ALL(sum == expect && nonblocking == expect && barrier == expect);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
   cudaStreamDestroy(stream);
 }
 

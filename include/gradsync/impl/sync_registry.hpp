@@ -3,14 +3,17 @@
 // Every other part reads it and none changes it: the plan lays the data-parallel tensors out in
 // fused order, the checks compare the registrations across ranks and name tensors in errors, the
 // facade answers questions about them. It changes only between steps (add, register_local_var,
-// defer_local_scale), through the facade.
+// defer_local_scale), through the facade. Everything add() asks of it (overlap, lookup, the index
+// in the group) is O(log n): models register 100,000 tensors.
 #pragma once
 
 #include <algorithm>
 #include <cstddef>
 #include <functional>
 #include <memory>
+#include <map>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -20,6 +23,7 @@
 #include "../options.hpp"
 #include "consistency.hpp"
 #include "fusion_plan.hpp"
+#include "range_index.hpp"
 
 namespace gradsync::impl {
 
@@ -52,18 +56,55 @@ class SyncRegistry {
   auto begin() { return entries_.begin(); }
   auto end() { return entries_.end(); }
   std::size_t size() const { return entries_.size(); }
+  const Entry& back() const { return entries_.back(); }
 
-  void push_back(Entry e) { entries_.push_back(std::move(e)); }
-
-  std::size_t count_in_group(const std::string& group) const {
-    return std::size_t(std::count_if(entries_.begin(), entries_.end(), [&](const Entry& o) { return o.group == group; }));
+  // Appends a tensor that overlaps none registered (find_overlap first). All or nothing.
+  void push_back(Entry e) {
+    const std::size_t id = entries_.size();
+    entries_.push_back(std::move(e));
+    const Entry& x = entries_.back();
+    try {
+      if (x.size == 0)
+        empty_.emplace(x.data, id);  // keeps the first of the empty tensors at this address
+      else
+        ranges_.insert(x.data, x.size, id);
+      ++per_group_[x.group];
+    } catch (...) {
+      forget(id);
+      entries_.pop_back();
+      throw;
+    }
   }
 
-  // The entry of the tensor at (p, n), or null.
+  // Undoes the last push_back (DistributedOptimizer::add's rollback when its optimizer refuses).
+  void pop_back() {
+    const std::size_t id = entries_.size() - 1;
+    forget(id);
+    if (const auto g = per_group_.find(entries_.back().group); g != per_group_.end() && --g->second == 0)
+      per_group_.erase(g);
+    entries_.pop_back();
+  }
+
+  std::size_t count_in_group(const std::string& group) const {
+    const auto g = per_group_.find(group);
+    return g == per_group_.end() ? 0 : g->second;
+  }
+
+  // The first registered tensor sharing an element with [p, p + n), or null. Empty tensors
+  // overlap nothing.
+  const Entry* find_overlap(const V* p, std::size_t n) const {
+    const std::size_t id = ranges_.first_overlap(p, n);
+    return id == Ranges::npos ? nullptr : &entries_[id];
+  }
+
+  // The entry of the tensor at (p, n), or null (the first one, for empty tensors at one address).
   const Entry* find(const V* p, std::size_t n) const {
-    for (const Entry& e : entries_)
-      if (e.data == p && e.size == n) return &e;
-    return nullptr;
+    if (n == 0) {
+      const auto it = empty_.find(p);
+      return it == empty_.end() ? nullptr : &entries_[it->second];
+    }
+    const std::size_t id = ranges_.find(p, n);
+    return id == Ranges::npos ? nullptr : &entries_[id];
   }
   Entry* find(const V* p, std::size_t n) { return const_cast<Entry*>(static_cast<const SyncRegistry*>(this)->find(p, n)); }
 
@@ -111,9 +152,8 @@ class SyncRegistry {
 
   // The data-parallel tensor holding the value at p, or null.
   const Entry* data_parallel_holding(const V* p) const {
-    for (const Entry& e : entries_)
-      if (!e.local() && p >= e.data && p < e.data + e.size) return &e;
-    return nullptr;
+    const std::size_t id = ranges_.holding(p);
+    return id != Ranges::npos && !entries_[id].local() ? &entries_[id] : nullptr;
   }
 
   std::size_t data_parallel_elements() const {
@@ -136,7 +176,18 @@ class SyncRegistry {
   }
 
  private:
+  using Ranges = RangeIndex<V>;
+
+  void forget(std::size_t id) {
+    const Entry& x = entries_[id];
+    ranges_.erase(x.data, x.size, id);
+    if (const auto it = empty_.find(x.data); it != empty_.end() && it->second == id) empty_.erase(it);
+  }
+
   std::vector<Entry> entries_;
+  Ranges ranges_;                                        // the non-empty tensors, by address
+  std::map<const V*, std::size_t, std::less<const V*>> empty_;  // the first empty tensor at each address
+  std::unordered_map<std::string, std::size_t> per_group_;      // tensors in each group
 };
 
 }  // namespace gradsync::impl
