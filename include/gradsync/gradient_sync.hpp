@@ -777,6 +777,7 @@ class GradientSync {
       std::string reason = what.rfind("gradsync: ", 0) == 0 ? what.substr(10) : what;
       if (reason.find("rank") == std::string::npos) reason = impl::cat(reason, " (in ", call, " on rank ", backend_.rank(), ")");
       step_.fail(kind, call, call_, backend_.rank(), reason);
+      impl::abort_collectives(backend_);  // NCCL: ncclCommAbort releases the user's stream; MPI: nothing
       // What collectives in flight may still write into: the chunks' requests (with the buffers
       // ctl_ keeps), the row-sparse exchange's buffers, the process sets' communicators and staging.
       ctl_.abandon(kind, reason,

@@ -66,15 +66,14 @@ class SyncChecks {
 
   // A registered vector that was resized or reallocated since add() fails here.
   void check_not_resized(Context& cx, const Registry& registry) {
-    for (const auto& e : registry) {
-      if (!e.requery) continue;
+    registry.for_each_requeried([&](const auto& e) {
       const auto now = e.requery();
       if (now.first != e.data || now.second != e.size)
         fail_here(cx, ErrorKind::error,
                   cat("tensor '", e.name, "' (group ", e.group, ") was resized or reallocated after it was "
                       "registered (", e.size, " -> ", now.second, " elements) on rank ", cx.backend.rank(),
                       "; build a new GradientSync and register it again after resizing"));
-    }
+    });
   }
 
   // Before each exchange the ranks agree, on the side channel and under the stall deadline, that

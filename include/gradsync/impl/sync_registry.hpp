@@ -64,6 +64,7 @@ class SyncRegistry {
     entries_.push_back(std::move(e));
     const Entry& x = entries_.back();
     try {
+      if (x.requery) requeried_.push_back(id);
       if (x.size == 0)
         empty_.emplace(x.data, id);  // keeps the first of the empty tensors at this address
       else
@@ -80,6 +81,7 @@ class SyncRegistry {
   void pop_back() {
     const std::size_t id = entries_.size() - 1;
     forget(id);
+    if (!requeried_.empty() && requeried_.back() == id) requeried_.pop_back();
     if (const auto g = per_group_.find(entries_.back().group); g != per_group_.end() && --g->second == 0)
       per_group_.erase(g);
     entries_.pop_back();
@@ -88,6 +90,13 @@ class SyncRegistry {
   std::size_t count_in_group(const std::string& group) const {
     const auto g = per_group_.find(group);
     return g == per_group_.end() ? 0 : g->second;
+  }
+
+  // The tensors registered by reference (std::vector), whose data and size are re-read at every
+  // call: the check walks these only, nothing for Views and Spans.
+  template <class F>
+  void for_each_requeried(F&& f) const {
+    for (std::size_t id : requeried_) f(entries_[id]);
   }
 
   // The first registered tensor sharing an element with [p, p + n), or null. Empty tensors
@@ -185,6 +194,7 @@ class SyncRegistry {
   }
 
   std::vector<Entry> entries_;
+  std::vector<std::size_t> requeried_;  // entries with a requery (vectors), in registration order
   Ranges ranges_;                                        // the non-empty tensors, by address
   std::map<const V*, std::size_t, std::less<const V*>> empty_;  // the first empty tensor at each address
   std::unordered_map<std::string, std::size_t> per_group_;      // tensors in each group
