@@ -327,6 +327,9 @@ class GradientSync {
     collective("progress()", [&] { advance(); });
   }
 
+  // --- Queries. Everything below that is const is local and legal in every state, failed included
+  // (a failed sync still tells what it held). ---
+
   /// The chunk size the sync uses now (fusion_threshold_auto: the candidate being timed, then the
   /// chosen one).
   std::size_t fusion_threshold_bytes() const { return plan_.fusion_threshold_bytes(); }
@@ -415,7 +418,8 @@ class GradientSync {
   /// instead of a pass of its own: after synchronize() returns true the tensor holds the unscaled
   /// sum, and pending_scale(tensor) is the factor the caller must apply (DistributedOptimizer folds
   /// it into the optimizer's update). Takes effect only while the tensor is local; rank-local (the
-  /// ranks need not agree). Not inside an aggregation cycle.
+  /// ranks need not agree). Local; legal between steps only (a change inside an aggregation cycle or
+  /// an open step is refused).
   template <class U>
   void defer_local_scale(const U& tensor, bool defer = true) {
     Entry& e = registry_.at(TensorTraits<U>::data(tensor), TensorTraits<U>::size(tensor), "defer_local_scale",
@@ -451,7 +455,8 @@ class GradientSync {
   bool local_scale_pending() const { return pending_; }
 
   /// Applies the pending deferred scales in place (one pass over the deferred tensors, the values
-  /// synchronize() would have left without deferral), after which nothing is pending.
+  /// synchronize() would have left without deferral), after which nothing is pending. Local; legal
+  /// in every state but failed.
   void apply_local_scale() {
     step_.require_usable("apply_local_scale()");
     if (!pending_) return;
