@@ -4,6 +4,7 @@
 
 #include <mpi.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstddef>
 #include <cstdint>
@@ -15,6 +16,7 @@
 #include "error.hpp"
 #include "impl/cuda_aware.hpp"
 #include "impl/ring_allreduce.hpp"
+#include "impl/test_hooks.hpp"
 #include "topology.hpp"
 
 namespace gradsync {
@@ -86,20 +88,6 @@ MPI_Op mpi_sum_op() {
     return MPI_SUM;
 }
 
-// Ranks per node as the backend sees them, for tests: 0 (the default) asks MPI which ranks share
-// memory; k > 0 puts ranks r with the same r / k on one "node", so one machine can stand for several.
-// Read when a backend is built; set it alike on every rank.
-inline int& mpi_ranks_per_node_override() {
-  static int k = 0;
-  return k;
-}
-
-// Largest element count handed to one MPI call; larger buffers are split. A variable, not a
-// constant, so tests can exercise the split without allocating 2^31 elements.
-inline std::size_t& mpi_max_count() {
-  static std::size_t n = std::size_t(INT_MAX);
-  return n;
-}
 
 }  // namespace impl
 
@@ -381,7 +369,7 @@ class MpiBackend {
       MPI_Comm_rank(comm, &rank);
       const int k = impl::mpi_ranks_per_node_override();
       if (k > 0)
-        impl::mpi_check(MPI_Comm_split(comm, rank / k, rank, &node), "MPI_Comm_split (nodes)");
+        impl::mpi_check(MPI_Comm_split(comm, rank / std::max(k, 1), rank, &node), "MPI_Comm_split (nodes)");
       else
         impl::mpi_check(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node),
                         "MPI_Comm_split_type (nodes)");

@@ -31,16 +31,11 @@
 #include "plan_tuner.hpp"
 #include "segment_table.hpp"
 #include "sync_registry.hpp"
+#include "test_hooks.hpp"
 #include "timeline.hpp"
 
 namespace gradsync::impl {
 
-// Largest element count of one fused chunk, whatever the threshold: one backend call must fit an
-// int count. A variable so tests can exercise the split on small tensors.
-inline std::size_t& max_chunk_elements() {
-  static std::size_t n = std::size_t(INT_MAX);
-  return n;
-}
 
 // A backend that knows which of its ranks share a node (MpiBackend), and one that can sum in three
 // stages over them (Algorithm::hierarchical).
