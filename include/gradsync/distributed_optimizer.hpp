@@ -39,6 +39,7 @@
 #include "error.hpp"
 #include "global_norm.hpp"
 #include "impl/demangle.hpp"
+#include "impl/profiling.hpp"
 #include "impl/range_index.hpp"
 #include "impl/stall.hpp"
 #include "process_set.hpp"
@@ -250,6 +251,7 @@ class DistributedOptimizer {
 
   /// Runs the wrapped optimizer on the current gradients (and their pending local factors).
   void apply() {
+    impl::ProfileRegion region(impl::Region::optimizer_update);
     if constexpr (folds) hand_factors();
     opt_.step();
   }
@@ -275,6 +277,7 @@ class DistributedOptimizer {
     const int size = sync().backend().size();
     if (root < 0 || root >= size)
       throw Error(impl::cat("broadcast_parameters: root ", root, " is not a rank of this ", size, "-rank communicator"));
+    impl::ProfileRegion region(impl::Region::broadcast_parameters);
     Kokkos::fence();  // pending kernels may still write parameters or state
     // Every collective below waits under the sync's stall watchdog: a rank that skips the call is
     // named by the others, and a failure on one rank stops all of them (the sync is then failed).

@@ -22,6 +22,7 @@
 
 #include "config.hpp"
 #include "error.hpp"
+#include "impl/profiling.hpp"
 #include "impl/segment_table.hpp"
 #include "impl/stall.hpp"
 
@@ -96,6 +97,7 @@ class GlobalNorm {
   /// sqrt(Σ over the whole model of g²), equal on every rank. Collective, under the sync's stall
   /// watchdog: a rank that skips it is named by the ranks that wait.
   double norm(Sync& sync) {
+    impl::ProfileRegion region(impl::Region::global_norm);
     refresh(sync);
     double local_part = 0;
     const std::int64_t nsegs = std::int64_t(segs_.extent(0));
@@ -138,6 +140,7 @@ class GlobalNorm {
   /// else (as in PyTorch) the gradients are scaled by the resulting NaN or zero factor.
   double clip(Sync& sync, double max_norm, bool error_if_nonfinite = false) {
     if (!(max_norm >= 0)) throw ConfigError(impl::cat("clip_grad_norm: max_norm must be >= 0, got ", max_norm));
+    impl::ProfileRegion region(impl::Region::clip);
     const double total = norm(sync);
     if (error_if_nonfinite && !std::isfinite(total))
       throw Error(impl::cat("clip_grad_norm: the global gradient norm is ", total, " on rank ", sync.backend().rank(),

@@ -37,6 +37,7 @@
 #include "error.hpp"
 #include "impl/demangle.hpp"
 #include "impl/fusion_kernels.hpp"
+#include "impl/profiling.hpp"
 #include "impl/stall.hpp"
 #include "impl/sync_checks.hpp"
 #include "impl/sync_context.hpp"
@@ -96,6 +97,7 @@ class GradientSync {
         ctl_(backend_, opt_) {
     plan_.apply_choice(stats_);
     timeline_ = impl::open_timeline(opt_.timeline, backend_.rank(), backend_.size(), ctl_);
+    impl::region_names();  // built now: no step allocates them, tool or not
   }
 
   // One sync owns one communicator's exchange: copies would share it.
@@ -254,6 +256,7 @@ class GradientSync {
   /// applies a partial sum (GRADSYNC_BACKWARD_PASSES_PER_STEP changes N without changing the code).
   [[nodiscard]] bool synchronize() {
     step_.require_usable("synchronize()");
+    impl::ProfileRegion region(impl::Region::synchronize);
     call_ = std::int64_t(stats_.passes) + 1;
     const value_type* overflow = nullptr;
     const bool done = collective("synchronize()", [&] { return sync_pass(overflow); });
@@ -273,6 +276,7 @@ class GradientSync {
   /// change in between. fusion_threshold_auto still times its candidates on the first steps.
   void prepare() {
     step_.require_between_steps("prepare()", opt_.backward_passes_per_step);
+    impl::ProfileRegion region(impl::Region::prepare);
     call_ = std::int64_t(stats_.passes) + 1;
     collective("prepare()", [&] {
       checks_before_pass(true);
@@ -301,6 +305,7 @@ class GradientSync {
       throw Error(impl::cat("mark_ready: the tensor (", TensorTraits<U>::size(tensor),
                             " elements) is not registered with add<Group>() on rank ", backend_.rank()));
     call_ = std::int64_t(stats_.passes) + 1;
+    impl::ProfileRegion region(impl::Region::mark_ready);
     collective("mark_ready()", [&] {
       if (plan_.dirty() && !step_.open()) {
         build_plan();
@@ -324,6 +329,7 @@ class GradientSync {
   void progress() {
     step_.require_usable("progress()");
     if (!step_.open() || plan_.blocking()) return;
+    impl::ProfileRegion region(impl::Region::progress);
     collective("progress()", [&] { advance(); });
   }
 
@@ -597,6 +603,7 @@ class GradientSync {
   void agree_before_exchange(bool commit, bool preparing = false) {
     const std::int64_t call = std::int64_t(stats_.passes) + 1;
     impl::TimelineScope span(timeline_.get(), impl::Timeline::Kind::call, "arrival check", call);
+    impl::ProfileRegion region(impl::Region::arrival_check);
     Context cx = ctx();
     const typename Checks::Arrival a = checks_.arrive(cx, preparing);
     check_consistency(a.registrations_changed, a.options_differ);  // names the option when they differ
@@ -612,6 +619,7 @@ class GradientSync {
       if (needed) sets_.connect(impl::Watched<Backend>(backend_, ctl_, opt_, call, "process sets' setup"));
     if (!checks_.comparison_due(opt_, needed, force)) return;
     impl::TimelineScope span(timeline_.get(), impl::Timeline::Kind::call, "consistency check", call);
+    impl::ProfileRegion region(impl::Region::consistency_check);
     Context cx = ctx();
     std::vector<impl::RegDesc> regs = registry_.describe(opt_);
     sparse_.describe(regs);
@@ -632,6 +640,7 @@ class GradientSync {
   // The plan's layout from the registrations, then the engine's buffers for it.
   void build_plan() {
     impl::TimelineScope span(timeline_.get(), impl::Timeline::Kind::plan, "plan build");
+    impl::ProfileRegion region(impl::Region::plan_build);
     Context cx = ctx();
     checks_.require_staging_possible(cx);
     const auto layout = plan_.build(registry_, opt_, backend_.size(), Plan::staging_wanted(backend_, opt_), backend_);

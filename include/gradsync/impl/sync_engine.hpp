@@ -26,6 +26,7 @@
 #include "backend_order.hpp"
 #include "fusion_kernels.hpp"
 #include "huge_pages.hpp"
+#include "profiling.hpp"
 #include "ready_tracker.hpp"
 #include "stall.hpp"
 #include "sync_context.hpp"
@@ -86,6 +87,7 @@ class SyncEngine {
 
   // Passes 1 .. N-1: sum gradients into the buffer (data-parallel) and the accumulator (local).
   void accumulate(Context& cx, const Plan& plan, bool first) {
+    ProfileRegion region(Region::accumulate);
     launch_segments(label_pack(), cx.exec, n_dp_segs_,
                     PackKernel<V, ExecutionSpace, MemorySpace>{dp_segs_, buffer_, 0, 0, plan.pre_factor(), !first});
     launch_segments(label_local(), cx.exec, n_local_segs_,
@@ -136,6 +138,7 @@ class SyncEngine {
   // Local tensors: their factor (and the sums of an aggregation cycle), in place.
   void finish_local(Context& cx, bool aggregated) {
     TimelineScope span(n_local_segs_ ? cx.timeline : nullptr, Timeline::Kind::local, "local scaling", n_local_segs_);
+    ProfileRegion region(Region::local_scale, n_local_segs_ > 0);
     launch_segments(label_local(), cx.exec, n_local_segs_,
                     LocalKernel<V, ExecutionSpace, MemorySpace>{local_segs_, local_acc_,
                                                                aggregated ? LocalMode::finish : LocalMode::scale});
@@ -144,6 +147,7 @@ class SyncEngine {
   // Deferred local scales (defer_local_scale): whether there are any, and their pass.
   bool has_deferred() const { return n_deferred_segs_ > 0; }
   void apply_deferred(Context& cx) {
+    ProfileRegion region(Region::local_scale, n_deferred_segs_ > 0);
     launch_segments(label_local(), cx.exec, n_deferred_segs_,
                     LocalKernel<V, ExecutionSpace, MemorySpace>{deferred_segs_, local_acc_, LocalMode::scale});
   }
@@ -258,6 +262,7 @@ class SyncEngine {
   // Packs chunk c into its place (the kernels index the buffer by segment offset - base).
   void pack_chunk(Context& cx, const Plan& plan, std::size_t c, bool aggregated) {
     TimelineScope span(cx.timeline, Timeline::Kind::pack, "pack", std::int64_t(c));
+    ProfileRegion region(Region::pack);
     const Chunk& ch = plan.chunk(c);
     launch_segments(label_pack(), cx.exec, ch.seg_end - ch.seg_begin,
                     PackKernel<V, ExecutionSpace, MemorySpace>{dp_segs_, buffer_, ch.seg_begin,
@@ -269,6 +274,7 @@ class SyncEngine {
   // per-segment loop one more instruction (callgrind, bench_sync hostpath).
   [[gnu::noinline]] void unpack_chunk(Context& cx, const Plan& plan, std::size_t c) {
     TimelineScope span(cx.timeline, Timeline::Kind::unpack, "unpack", std::int64_t(c));
+    ProfileRegion region(Region::unpack);
     const Chunk& ch = plan.chunk(c);
     launch_segments(label_unpack(), cx.exec, ch.seg_end - ch.seg_begin,
                     UnpackKernel<V, ExecutionSpace, MemorySpace>{
@@ -300,6 +306,7 @@ class SyncEngine {
     // The backend reads the buffer outside Kokkos, unless it is ordered on exec's own stream.
     if (plan.staged() || !ordered_on(cx.backend, cx.exec)) fence(cx.exec, label_fence_pack());
     if (cx.timeline) cx.timeline->reduce_begin(c);
+    ProfileRegion region(Region::reduce);  // the sum (blocking), or its start (nonblocking)
     if (plan.blocking() && plan.hierarchical()) {
       if constexpr (has_hierarchical_sum<Backend>::value) cx.backend.hierarchical_allreduce_sum(data, std::size_t(len));
     } else if (plan.blocking()) {
@@ -324,6 +331,7 @@ class SyncEngine {
     std::uint16_t* data = (wire_staged_ ? wire_staging_.data() : wire_.data()) + pos;
     if (wire_staged_ || !ordered_on(cx.backend, cx.exec)) fence(cx.exec, label_fence_pack());
     if (cx.timeline) cx.timeline->reduce_begin(c);
+    ProfileRegion region(Region::reduce);  // the sum (blocking), or its start (nonblocking)
     if (plan.chunk(c).kind == int(Compression::fp16))
       sum_wire(cx, plan, c, reinterpret_cast<WireFp16*>(data), std::size_t(len));
     else
@@ -338,6 +346,7 @@ class SyncEngine {
     const std::int64_t len = plan.chunk(c).size();
     if (!ordered_on(cx.backend, cx.exec)) fence(cx.exec, label_fence_pack());
     if (cx.timeline) cx.timeline->reduce_begin(c);
+    ProfileRegion region(Region::reduce);  // the sum (blocking), or its start (nonblocking)
     V* res = residual_.extent(0) > 0 ? residual_.data() + plan.chunk(c).begin : nullptr;
     requests_[c] = start_wire_ring(cx.backend, plan.chunk(c).kind, plan.chunk_data(c), len, plan.pre_factor(),
                                    plan.post_factor(), res);
@@ -385,9 +394,11 @@ class SyncEngine {
   void complete_chunk(Context& cx, const Plan& plan, std::size_t c) {
     const std::int64_t waited_from = cx.timeline && !plan.blocking() ? Timeline::now() : 0;
     // Nonblocking collectives are waited under the stall watchdog (blocking ones cannot be).
-    if (!plan.blocking())
+    if (!plan.blocking()) {
+      ProfileRegion region(Region::reduce);
       wait_for(cx.backend, requests_[c], cx.ctl, cx.opt,
                WaitSite{"allreduce", std::int64_t(cx.stats.passes), std::int64_t(c), std::int64_t(plan.num_chunks())});
+    }
     if (cx.timeline) cx.timeline->reduce_end(c, waited_from);
     if (plan.reduced_in_place(c)) {  // scaled before or in the reduction
       if (plan.chunk(c).wire_ring && wire_ring_non_finite<Backend>(requests_[c]) >= 0)  // fp16 only
