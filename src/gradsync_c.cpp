@@ -24,9 +24,11 @@ struct LocalUnscaled {};
 }  // namespace gradsync::impl::c_api
 
 template <>
-struct gradsync::LocalVarPolicy<gradsync::impl::c_api::LocalScaled> : gradsync::KeepLocal<gradsync::LocalScale::world_size> {};
+struct gradsync::LocalVarPolicy<gradsync::impl::c_api::LocalScaled>
+    : gradsync::KeepLocal<gradsync::LocalScale::world_size> {};
 template <>
-struct gradsync::LocalVarPolicy<gradsync::impl::c_api::LocalUnscaled> : gradsync::KeepLocal<gradsync::LocalScale::none> {};
+struct gradsync::LocalVarPolicy<gradsync::impl::c_api::LocalUnscaled>
+    : gradsync::KeepLocal<gradsync::LocalScale::none> {};
 
 struct gradsync_sync {
   gradsync::GradientSync<gradsync::MpiBackend, gradsync::Span<float>> f;
@@ -82,8 +84,9 @@ int guarded(const char* fn, F&& f) {
 
 int bad_handle(const char* fn, const void* h) {
   if (!h) return fail(GRADSYNC_ERR_INVALID_HANDLE, gradsync::impl::cat("gradsync: ", fn, ": the handle is NULL"));
-  return fail(GRADSYNC_ERR_INVALID_HANDLE, gradsync::impl::cat("gradsync: ", fn, ": handle ", h,
-                                                               " is not a live gradsync handle (destroyed, or never created)"));
+  return fail(GRADSYNC_ERR_INVALID_HANDLE,
+              gradsync::impl::cat("gradsync: ", fn, ": handle ", h,
+                                  " is not a live gradsync handle (destroyed, or never created)"));
 }
 
 // gradsync needs Kokkos; a C or Fortran code usually does not initialize it. Then the first
@@ -134,11 +137,12 @@ int gradsync_create(MPI_Fint comm, const gradsync_options* options, gradsync_han
       const gradsync_options& c = *options;
       if (c.op != GRADSYNC_AVERAGE && c.op != GRADSYNC_SUM)
         return fail(GRADSYNC_ERR_INVALID_ARGUMENT,
-                    gradsync::impl::cat("gradsync: gradsync_create: op ", c.op, " is neither GRADSYNC_AVERAGE (0) nor GRADSYNC_SUM (1)"));
+                    gradsync::impl::cat("gradsync: gradsync_create: op ", c.op,
+                                        " is neither GRADSYNC_AVERAGE (0) nor GRADSYNC_SUM (1)"));
       if (c.backward_passes_per_step < 1)
         return fail(GRADSYNC_ERR_INVALID_ARGUMENT,
-                    gradsync::impl::cat("gradsync: gradsync_create: backward_passes_per_step is ", c.backward_passes_per_step,
-                                        ", must be >= 1"));
+                    gradsync::impl::cat("gradsync: gradsync_create: backward_passes_per_step is ",
+                                        c.backward_passes_per_step, ", must be >= 1"));
       o.op = c.op == GRADSYNC_SUM ? gradsync::ReduceOp::sum : gradsync::ReduceOp::average;
       o.backward_passes_per_step = c.backward_passes_per_step;
       o.average_aggregated_gradients = c.average_aggregated_gradients != 0;
@@ -148,7 +152,8 @@ int gradsync_create(MPI_Fint comm, const gradsync_options* options, gradsync_han
     }
     int initialized = 0;
     MPI_Initialized(&initialized);
-    if (!initialized) return fail(GRADSYNC_ERR_RUNTIME, "gradsync: gradsync_create: MPI is not initialized (call MPI_Init first)");
+    if (!initialized)
+      return fail(GRADSYNC_ERR_RUNTIME, "gradsync: gradsync_create: MPI is not initialized (call MPI_Init first)");
     ensure_kokkos();
     const MPI_Comm c = MPI_Comm_f2c(comm);
     if (c == MPI_COMM_NULL)
@@ -172,9 +177,10 @@ int gradsync_add(gradsync_handle h, void* data, int64_t count, int32_t dtype, in
                 gradsync::impl::cat("gradsync: gradsync_add: ", who, ": dtype ", dtype,
                                     " is neither GRADSYNC_FLOAT (1) nor GRADSYNC_DOUBLE (2)"));
   if (kind != GRADSYNC_DATA_PARALLEL && kind != GRADSYNC_LOCAL_SCALED && kind != GRADSYNC_LOCAL)
-    return fail(GRADSYNC_ERR_INVALID_ARGUMENT,
-                gradsync::impl::cat("gradsync: gradsync_add: ", who, ": kind ", kind,
-                                    " is not GRADSYNC_DATA_PARALLEL (0), GRADSYNC_LOCAL_SCALED (1) or GRADSYNC_LOCAL (2)"));
+    return fail(
+        GRADSYNC_ERR_INVALID_ARGUMENT,
+        gradsync::impl::cat("gradsync: gradsync_add: ", who, ": kind ", kind,
+                            " is not GRADSYNC_DATA_PARALLEL (0), GRADSYNC_LOCAL_SCALED (1) or GRADSYNC_LOCAL (2)"));
   if (count < 0)
     return fail(GRADSYNC_ERR_INVALID_ARGUMENT,
                 gradsync::impl::cat("gradsync: gradsync_add: ", who, ": count is negative (", count, ")"));
@@ -248,15 +254,24 @@ const char* gradsync_last_error(void) { return last_error.c_str(); }
 
 const char* gradsync_status_name(int status) {
   switch (status) {
-    case GRADSYNC_OK: return "GRADSYNC_OK";
-    case GRADSYNC_ERR_INVALID_HANDLE: return "GRADSYNC_ERR_INVALID_HANDLE";
-    case GRADSYNC_ERR_INVALID_ARGUMENT: return "GRADSYNC_ERR_INVALID_ARGUMENT";
-    case GRADSYNC_ERR_MISMATCH: return "GRADSYNC_ERR_MISMATCH";
-    case GRADSYNC_ERR_STALL: return "GRADSYNC_ERR_STALL";
-    case GRADSYNC_ERR_CONFIG: return "GRADSYNC_ERR_CONFIG";
-    case GRADSYNC_ERR_RUNTIME: return "GRADSYNC_ERR_RUNTIME";
-    case GRADSYNC_ERR_INTERNAL: return "GRADSYNC_ERR_INTERNAL";
-    default: return "GRADSYNC_ERR_UNKNOWN_STATUS";
+    case GRADSYNC_OK:
+      return "GRADSYNC_OK";
+    case GRADSYNC_ERR_INVALID_HANDLE:
+      return "GRADSYNC_ERR_INVALID_HANDLE";
+    case GRADSYNC_ERR_INVALID_ARGUMENT:
+      return "GRADSYNC_ERR_INVALID_ARGUMENT";
+    case GRADSYNC_ERR_MISMATCH:
+      return "GRADSYNC_ERR_MISMATCH";
+    case GRADSYNC_ERR_STALL:
+      return "GRADSYNC_ERR_STALL";
+    case GRADSYNC_ERR_CONFIG:
+      return "GRADSYNC_ERR_CONFIG";
+    case GRADSYNC_ERR_RUNTIME:
+      return "GRADSYNC_ERR_RUNTIME";
+    case GRADSYNC_ERR_INTERNAL:
+      return "GRADSYNC_ERR_INTERNAL";
+    default:
+      return "GRADSYNC_ERR_UNKNOWN_STATUS";
   }
 }
 

@@ -4,9 +4,9 @@
 // themselves when the memory is the host's (no copy, no allocation: host builds run as before).
 #pragma once
 
-#include <Kokkos_Core.hpp>
 #include <doctest/doctest.h>
 #include <mpi.h>
+#include <Kokkos_Core.hpp>
 
 #include <gradsync/error.hpp>
 

@@ -45,7 +45,9 @@ gradsync::Options opts() {
 }
 
 constexpr gradsync::Collectives paths[] = {gradsync::Collectives::blocking, gradsync::Collectives::nonblocking};
-const char* path_name(gradsync::Collectives c) { return c == gradsync::Collectives::blocking ? "blocking" : "nonblocking"; }
+const char* path_name(gradsync::Collectives c) {
+  return c == gradsync::Collectives::blocking ? "blocking" : "nonblocking";
+}
 
 struct Outcome {
   std::string kind, what;
@@ -67,7 +69,8 @@ Outcome timed_outcome(F&& f) {
   } catch (const gradsync::Error& e) {
     out = {"error", e.what()};
   }
-  out.seconds = gradsync_test::max_over_ranks(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  out.seconds =
+      gradsync_test::max_over_ranks(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   return out;
 }
 
@@ -109,7 +112,9 @@ void expect_mismatch(const char* what, const std::function<void()>& f, const std
 }
 
 // Rank r's value of tensor k at index i in step s: integers, so sums are exact.
-double value(std::size_t k, std::size_t i, int r, int s) { return double(1000 * (r + 1) + 100 * s + 10 * int(k) + int(i % 7)); }
+double value(std::size_t k, std::size_t i, int r, int s) {
+  return double(1000 * (r + 1) + 100 * s + 10 * int(k) + int(i % 7));
+}
 
 // Three gradients: one large enough to be reduced in place (and by MpiBackend's ring), two small ones
 // fused; the shape that crashed with host staging on one rank. In V's memory space (the default's:
@@ -128,9 +133,8 @@ struct ModelOf {
   }
   // Largest error against the analytic average over ranks.
   double error(int step) const {
-    return gradsync_test::worst_vs_rank_average(g, world_size(), [&](std::size_t k, std::size_t i, int r) {
-      return value(k, i, r, step);
-    });
+    return gradsync_test::worst_vs_rank_average(
+        g, world_size(), [&](std::size_t k, std::size_t i, int r) { return value(k, i, r, step); });
   }
   // Whether every gradient still holds this rank's own values of `step` (nothing was exchanged).
   bool untouched(int step) const {
@@ -184,17 +188,20 @@ TEST_CASE("names given to add() are compared: same-size tensors in swapped order
     Kokkos::deep_copy(a, float(1 + rank));  // averaged crosswise before: a = b = 51 at 2 ranks
     Kokkos::deep_copy(b, float(100 + rank));
     expect_mismatch("names swapped on one rank", [&] { (void)sync.synchronize(); },
-                    {"data-parallel tensor #0",
-                     split(odd, "'b' (group Dense, index 0, 1000 x float)", "'a' (group Dense, index 0, 1000 x float)")});
+                    {"data-parallel tensor #0", split(odd, "'b' (group Dense, index 0, 1000 x float)",
+                                                      "'a' (group Dense, index 0, 1000 x float)")});
     GRADSYNC_CHECK_ALL(value_at(a, 999) == float(1 + rank) && value_at(b, 0) == float(100 + rank));
   }
   // A name given on some ranks only is a difference too: give names on every rank or on none.
   View a("a", 10);
   Sync sync(gradsync::MpiBackend(MPI_COMM_WORLD), opts());
-  if (rank == odd) sync.add<Dense>(a);
-  else sync.add<Dense>(a, "a");
-  expect_mismatch("a name given on some ranks only", [&] { (void)sync.synchronize(); },
-                  {split(odd, "'Dense[0]' (group Dense, index 0, 10 x double)", "'a' (group Dense, index 0, 10 x double)")});
+  if (rank == odd)
+    sync.add<Dense>(a);
+  else
+    sync.add<Dense>(a, "a");
+  expect_mismatch(
+      "a name given on some ranks only", [&] { (void)sync.synchronize(); },
+      {split(odd, "'Dense[0]' (group Dense, index 0, 10 x double)", "'a' (group Dense, index 0, 10 x double)")});
 }
 
 TEST_CASE("the same names in the same order pass, and the values are the averages") {
@@ -225,18 +232,23 @@ TEST_CASE("settings that shape the plan or the protocol, set on one rank only: a
     std::vector<std::string> parts;  // in the message
   };
   const std::vector<Case> cases = {
-      {"host_staging = always", [](gradsync::Options& o) { o.host_staging = gradsync::HostStaging::always; },
+      {"host_staging = always",
+       [](gradsync::Options& o) { o.host_staging = gradsync::HostStaging::always; },
        {"ranks disagree on host_staging: " + split(odd, "always", "auto")}},
-      {"consistency_check = off", [](gradsync::Options& o) { o.consistency_check = gradsync::CheckMode::off; },
+      {"consistency_check = off",
+       [](gradsync::Options& o) { o.consistency_check = gradsync::CheckMode::off; },
        {"ranks disagree on consistency_check: " + split(odd, "off", "on_change")}},
       {"consistency_check = every_step",
        [](gradsync::Options& o) { o.consistency_check = gradsync::CheckMode::every_step; },
        {"ranks disagree on consistency_check: " + split(odd, "every_step", "on_change")}},
-      {"check_finite", [](gradsync::Options& o) { o.check_finite = true; },
+      {"check_finite",
+       [](gradsync::Options& o) { o.check_finite = true; },
        {"ranks disagree on check_finite: " + split(odd, "true", "false")}},
-      {"fusion_order", [](gradsync::Options& o) { o.fusion_order = gradsync::FusionOrder::registration; },
+      {"fusion_order",
+       [](gradsync::Options& o) { o.fusion_order = gradsync::FusionOrder::registration; },
        {"ranks disagree on fusion_order: " + split(odd, "registration", "reverse")}},
-      {"in_place_min_bytes", [](gradsync::Options& o) { o.in_place_min_bytes = 1 << 20; },
+      {"in_place_min_bytes",
+       [](gradsync::Options& o) { o.in_place_min_bytes = 1 << 20; },
        {"ranks disagree on in_place_min_bytes: " + split(odd, "1048576", "65536")}},
   };
   for (auto path : paths)
@@ -250,7 +262,8 @@ TEST_CASE("settings that shape the plan or the protocol, set on one rank only: a
       Sync sync(gradsync::MpiBackend(MPI_COMM_WORLD), o);
       m.add_to(sync);
       m.fill(0);
-      expect_mismatch(c.what, [&] { (void)sync.synchronize(); }, c.parts);
+      expect_mismatch(
+          c.what, [&] { (void)sync.synchronize(); }, c.parts);
       GRADSYNC_CHECK_ALL(m.untouched(0));
     }
   // The collectives option itself, on one rank only.
@@ -290,8 +303,9 @@ TEST_CASE("CUDA-aware MPI on one rank only (MpiBackend's CudaAwareMpi; GRADSYNC_
   if (world_size() < 2) return;
   const int rank = world_rank(), odd = world_size() - 1;
   Model m;
-  Sync sync(gradsync::MpiBackend(MPI_COMM_WORLD, rank == odd ? gradsync::CudaAwareMpi::yes : gradsync::CudaAwareMpi::no),
-            opts());
+  Sync sync(
+      gradsync::MpiBackend(MPI_COMM_WORLD, rank == odd ? gradsync::CudaAwareMpi::yes : gradsync::CudaAwareMpi::no),
+      opts());
   m.add_to(sync);
   m.fill(0);
   expect_mismatch("CUDA-aware MPI on one rank", [&] { (void)sync.synchronize(); },
@@ -326,8 +340,9 @@ TEST_CASE("harmless when they differ: deadlines, warnings, stall action, huge pa
     if (rank == odd && world_size() > 1) sync.add<Dense>(extra, "extra");
     m.fill(4);
     if (world_size() > 1)
-      expect_mismatch("a registration changed on the rank without a deadline", [&] { (void)sync.synchronize(); },
-                      {"data-parallel tensor #3", split(odd, "'extra' (group Dense, index 3, 5 x double)", "no tensor")});
+      expect_mismatch(
+          "a registration changed on the rank without a deadline", [&] { (void)sync.synchronize(); },
+          {"data-parallel tensor #3", split(odd, "'extra' (group Dense, index 3, 5 x double)", "no tensor")});
   }
 }
 
@@ -392,8 +407,8 @@ TEST_CASE("check_finite without a deadline: the NaN rank's peers stop at once in
       report("NaN on one rank, stall_timeout 0", out);
       CAPTURE(out.what);
       GRADSYNC_CHECK_ALL(out.kind == "error");
-      GRADSYNC_CHECK_ALL(has(out.what, "gradient 'small' (group Dense, 300 values) holds NaN or Inf on rank " +
-                                           std::to_string(odd)));
+      GRADSYNC_CHECK_ALL(
+          has(out.what, "gradient 'small' (group Dense, 300 values) holds NaN or Inf on rank " + std::to_string(odd)));
       GRADSYNC_CHECK_ALL(out.seconds < 1.0);
       if (rank != odd) CHECK(has(out.what, "rank " + std::to_string(odd) + " failed before the "));
     }

@@ -10,13 +10,13 @@
 
 static int rank_, size_, failures_;
 
-#define CHECK(cond)                                                                   \
-  do {                                                                                \
-    if (!(cond)) {                                                                    \
-      ++failures_;                                                                    \
-      fprintf(stderr, "rank %d: %s:%d: CHECK(%s) failed; last error: %s\n", rank_,     \
-              __FILE__, __LINE__, #cond, gradsync_last_error());                      \
-    }                                                                                 \
+#define CHECK(cond)                                                                                           \
+  do {                                                                                                        \
+    if (!(cond)) {                                                                                            \
+      ++failures_;                                                                                            \
+      fprintf(stderr, "rank %d: %s:%d: CHECK(%s) failed; last error: %s\n", rank_, __FILE__, __LINE__, #cond, \
+              gradsync_last_error());                                                                         \
+    }                                                                                                         \
   } while (0)
 
 /* status s, and the message contains every given fragment */
@@ -45,8 +45,10 @@ static void test_create_errors(void) {
   CHECK(error_is(gradsync_options_init(NULL), GRADSYNC_ERR_INVALID_ARGUMENT, "gradsync_options_init", NULL));
   CHECK(gradsync_options_init(&o) == GRADSYNC_OK);
   CHECK(o.op == GRADSYNC_AVERAGE && o.backward_passes_per_step == 1 && o.prescale_factor == 1.0);
-  CHECK(error_is(gradsync_create(MPI_Comm_c2f(MPI_COMM_WORLD), NULL, NULL), GRADSYNC_ERR_INVALID_ARGUMENT, "out is NULL", NULL));
-  CHECK(error_is(gradsync_create(MPI_Comm_c2f(MPI_COMM_NULL), NULL, &h), GRADSYNC_ERR_INVALID_ARGUMENT, "MPI_COMM_NULL", NULL));
+  CHECK(error_is(gradsync_create(MPI_Comm_c2f(MPI_COMM_WORLD), NULL, NULL), GRADSYNC_ERR_INVALID_ARGUMENT,
+                 "out is NULL", NULL));
+  CHECK(error_is(gradsync_create(MPI_Comm_c2f(MPI_COMM_NULL), NULL, &h), GRADSYNC_ERR_INVALID_ARGUMENT, "MPI_COMM_NULL",
+                 NULL));
   CHECK(h == NULL);
   o.op = 7;
   CHECK(error_is(gradsync_create(MPI_Comm_c2f(MPI_COMM_WORLD), &o, &h), GRADSYNC_ERR_INVALID_ARGUMENT, "op 7", NULL));
@@ -75,7 +77,8 @@ static void test_bad_handles(void) {
   for (int k = 0; k < 3; ++k) {
     gradsync_handle b = bad[k];
     const char* what = k == 0 ? "handle is NULL" : "not a live gradsync handle";
-    CHECK(error_is(gradsync_add(b, x, 2, GRADSYNC_DOUBLE, GRADSYNC_DATA_PARALLEL, "x"), GRADSYNC_ERR_INVALID_HANDLE, "gradsync_add", what));
+    CHECK(error_is(gradsync_add(b, x, 2, GRADSYNC_DOUBLE, GRADSYNC_DATA_PARALLEL, "x"), GRADSYNC_ERR_INVALID_HANDLE,
+                   "gradsync_add", what));
     i32 = 7;
     CHECK(error_is(gradsync_synchronize(b, &i32), GRADSYNC_ERR_INVALID_HANDLE, "gradsync_synchronize", what));
     CHECK(i32 == 0);
@@ -91,13 +94,18 @@ static void test_bad_handles(void) {
 static void test_add_errors(void) {
   double x[4] = {0}, y[4] = {0};
   gradsync_handle h = make();
-  CHECK(error_is(gradsync_add(h, x, 4, 3, GRADSYNC_DATA_PARALLEL, "w"), GRADSYNC_ERR_INVALID_ARGUMENT, "buffer 'w'", "dtype 3"));
-  CHECK(error_is(gradsync_add(h, x, 4, GRADSYNC_DOUBLE, 9, "w"), GRADSYNC_ERR_INVALID_ARGUMENT, "buffer 'w'", "kind 9"));
-  CHECK(error_is(gradsync_add(h, x, -1, GRADSYNC_DOUBLE, GRADSYNC_LOCAL, NULL), GRADSYNC_ERR_INVALID_ARGUMENT, "unnamed", "negative"));
-  CHECK(error_is(gradsync_add(h, NULL, 4, GRADSYNC_FLOAT, GRADSYNC_LOCAL, "p"), GRADSYNC_ERR_INVALID_ARGUMENT, "buffer 'p'", "data is NULL"));
+  CHECK(error_is(gradsync_add(h, x, 4, 3, GRADSYNC_DATA_PARALLEL, "w"), GRADSYNC_ERR_INVALID_ARGUMENT, "buffer 'w'",
+                 "dtype 3"));
+  CHECK(
+      error_is(gradsync_add(h, x, 4, GRADSYNC_DOUBLE, 9, "w"), GRADSYNC_ERR_INVALID_ARGUMENT, "buffer 'w'", "kind 9"));
+  CHECK(error_is(gradsync_add(h, x, -1, GRADSYNC_DOUBLE, GRADSYNC_LOCAL, NULL), GRADSYNC_ERR_INVALID_ARGUMENT,
+                 "unnamed", "negative"));
+  CHECK(error_is(gradsync_add(h, NULL, 4, GRADSYNC_FLOAT, GRADSYNC_LOCAL, "p"), GRADSYNC_ERR_INVALID_ARGUMENT,
+                 "buffer 'p'", "data is NULL"));
   CHECK(gradsync_add(h, x, 4, GRADSYNC_DOUBLE, GRADSYNC_DATA_PARALLEL, "w") == GRADSYNC_OK);
   /* the same memory twice, or overlapping: a gradsync error naming both */
-  CHECK(error_is(gradsync_add(h, x + 2, 2, GRADSYNC_DOUBLE, GRADSYNC_LOCAL, "w_tail"), GRADSYNC_ERR_RUNTIME, "'w_tail'", "'w'"));
+  CHECK(error_is(gradsync_add(h, x + 2, 2, GRADSYNC_DOUBLE, GRADSYNC_LOCAL, "w_tail"), GRADSYNC_ERR_RUNTIME, "'w_tail'",
+                 "'w'"));
   CHECK(gradsync_add(h, y, 4, GRADSYNC_DOUBLE, GRADSYNC_LOCAL, "y") == GRADSYNC_OK);
   CHECK(gradsync_add(h, NULL, 0, GRADSYNC_FLOAT, GRADSYNC_LOCAL, "empty") == GRADSYNC_OK);
   CHECK(error_is(gradsync_get_stats(h, NULL), GRADSYNC_ERR_INVALID_ARGUMENT, "out is NULL", NULL));
@@ -126,8 +134,7 @@ static void test_values(void) {
   /* a local float buffer on rank 0 only: local registrations may differ across ranks */
   if (rank_ == 0) CHECK(gradsync_add(h, fls, N, GRADSYNC_FLOAT, GRADSYNC_LOCAL_SCALED, "fls") == GRADSYNC_OK);
   for (int step = 0; step < 2; ++step) {
-    for (int k = 0; k < N; ++k)
-      dp[k] = ls[k] = lu[k] = fdp[k] = fls[k] = (float)((rank_ + 1) * (k + 1));
+    for (int k = 0; k < N; ++k) dp[k] = ls[k] = lu[k] = fdp[k] = fls[k] = (float)((rank_ + 1) * (k + 1));
     CHECK(gradsync_synchronize(h, &done) == GRADSYNC_OK && done == 1);
     const double mean_r = (size_ + 1) / 2.0; /* mean of r+1 over ranks */
     for (int k = 0; k < N; ++k) {
@@ -184,14 +191,16 @@ static void test_mismatch(void) {
   if (size_ < 2) return;
   /* a size */
   h = make();
-  CHECK(gradsync_add(h, a, rank_ == size_ - 1 ? 7 : 8, GRADSYNC_DOUBLE, GRADSYNC_DATA_PARALLEL, "layer.w") == GRADSYNC_OK);
+  CHECK(gradsync_add(h, a, rank_ == size_ - 1 ? 7 : 8, GRADSYNC_DOUBLE, GRADSYNC_DATA_PARALLEL, "layer.w") ==
+        GRADSYNC_OK);
   CHECK(error_is(gradsync_synchronize(h, &done), GRADSYNC_ERR_MISMATCH, "layer.w", NULL));
   CHECK(done == 0);
   CHECK(gradsync_destroy(&h) == GRADSYNC_OK);
   /* a kind: data-parallel on rank 0, local elsewhere */
   h = make();
   CHECK(gradsync_add(h, a, 8, GRADSYNC_DOUBLE, GRADSYNC_DATA_PARALLEL, "shared") == GRADSYNC_OK);
-  CHECK(gradsync_add(h, b, 8, GRADSYNC_DOUBLE, rank_ == 0 ? GRADSYNC_DATA_PARALLEL : GRADSYNC_LOCAL, "head") == GRADSYNC_OK);
+  CHECK(gradsync_add(h, b, 8, GRADSYNC_DOUBLE, rank_ == 0 ? GRADSYNC_DATA_PARALLEL : GRADSYNC_LOCAL, "head") ==
+        GRADSYNC_OK);
   CHECK(error_is(gradsync_synchronize(h, &done), GRADSYNC_ERR_MISMATCH, NULL, NULL));
   CHECK(gradsync_destroy(&h) == GRADSYNC_OK);
   /* a value type: float on the last rank, double elsewhere */
@@ -210,7 +219,8 @@ static void test_config_error(void) {
   gradsync_options o;
   gradsync_options_init(&o);
   setenv("GRADSYNC_STALL_ACTION", "explode", 1);
-  CHECK(error_is(gradsync_create(MPI_Comm_c2f(MPI_COMM_WORLD), NULL, &h), GRADSYNC_ERR_CONFIG, "GRADSYNC_STALL_ACTION", "explode"));
+  CHECK(error_is(gradsync_create(MPI_Comm_c2f(MPI_COMM_WORLD), NULL, &h), GRADSYNC_ERR_CONFIG, "GRADSYNC_STALL_ACTION",
+                 "explode"));
   CHECK(h == NULL);
   o.read_environment = 0;
   CHECK(gradsync_create(MPI_Comm_c2f(MPI_COMM_WORLD), &o, &h) == GRADSYNC_OK);

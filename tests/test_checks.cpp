@@ -189,8 +189,10 @@ TEST_CASE("shape, count, order, value type, option and policy mismatches: every 
   SUBCASE("group") {
     View a("a", 10);
     Sync sync(gradsync::MpiBackend(MPI_COMM_WORLD), opts());
-    if (rank == last) sync.add<Head>(a, "a");
-    else sync.add<Dense>(a, "a");
+    if (rank == last)
+      sync.add<Head>(a, "a");
+    else
+      sync.add<Dense>(a, "a");
     expect_mismatch([&] { (void)sync.synchronize(); }, {"data-parallel tensor #0", "(group Head", "(group Dense"});
   }
   SUBCASE("value type") {
@@ -210,7 +212,8 @@ TEST_CASE("shape, count, order, value type, option and policy mismatches: every 
     View a("a", 10);
     Sync sync(gradsync::MpiBackend(MPI_COMM_WORLD), o);
     sync.add<Dense>(a, "a");
-    expect_mismatch([&] { (void)sync.synchronize(); }, {"fusion_threshold_bytes", rank_word(last) + ": 1024", ": by topology (the default)"});
+    expect_mismatch([&] { (void)sync.synchronize(); },
+                    {"fusion_threshold_bytes", rank_word(last) + ": 1024", ": by topology (the default)"});
   }
   SUBCASE("reduce op, scale factors and aggregation settings") {
     gradsync::Options o = opts();
@@ -242,12 +245,13 @@ TEST_CASE("shape, count, order, value type, option and policy mismatches: every 
     sync.add<Dense>(b);
     sync.add<Dense>(c);
     if (rank == 0) sync.register_local_var(b);
-    const std::string others = world_size() == 2 ? "rank 1" : "ranks [1" + std::string(world_size() == 3 ? ", " : "-") +
-                                                                   std::to_string(last) + "]";
-    expect_mismatch([&] { (void)sync.synchronize(); },
-                    {"policy mismatch: tensor Dense[1] is local (register_local_var) on rank 0 but data-parallel on " +
-                         others,
-                     "call register_local_var for it on every rank or on none"});
+    const std::string others =
+        world_size() == 2 ? "rank 1"
+                          : "ranks [1" + std::string(world_size() == 3 ? ", " : "-") + std::to_string(last) + "]";
+    expect_mismatch(
+        [&] { (void)sync.synchronize(); },
+        {"policy mismatch: tensor Dense[1] is local (register_local_var) on rank 0 but data-parallel on " + others,
+         "call register_local_var for it on every rank or on none"});
   }
   SUBCASE("a change of the registrations after the first steps") {
     View a("a", 10), b("b", rank == last ? 8 : 9);
@@ -259,7 +263,8 @@ TEST_CASE("shape, count, order, value type, option and policy mismatches: every 
     }
     GRADSYNC_CHECK_ALL(value_at(a, 2) == summed(2, 2) / world_size());
     sync.add<Dense>(b, "b");
-    expect_mismatch([&] { (void)sync.synchronize(); }, {"data-parallel tensor #1", rank_word(last) + ": 'b'", "8 x double"});
+    expect_mismatch([&] { (void)sync.synchronize(); },
+                    {"data-parallel tensor #1", rank_word(last) + ": 'b'", "8 x double"});
   }
 }
 
@@ -297,13 +302,15 @@ TEST_CASE("check_finite and resize detection on the single-process backend") {
   sync.add<Dense>(v, "v");
   CHECK(sync.synchronize());
   v[13] = std::numeric_limits<double>::quiet_NaN();
-  CHECK(has(outcome_of([&] { (void)sync.synchronize(); }).what, "gradient 'v' (group Dense, 20 values) holds NaN or Inf on rank 0"));
+  CHECK(has(outcome_of([&] { (void)sync.synchronize(); }).what,
+            "gradient 'v' (group Dense, 20 values) holds NaN or Inf on rank 0"));
   // The sync failed: every later call says so at once, with the first failure's reason.
   v[13] = 1.0;
   const Outcome again = outcome_of([&] { (void)sync.synchronize(); });
   CHECK(again.kind == "error");
-  CHECK(has(again.what, "synchronize(): this GradientSync failed in synchronize() (synchronize() call 2) on rank 0: "
-                        "gradient 'v' (group Dense, 20 values) holds NaN or Inf on rank 0"));
+  CHECK(has(again.what,
+            "synchronize(): this GradientSync failed in synchronize() (synchronize() call 2) on rank 0: "
+            "gradient 'v' (group Dense, 20 values) holds NaN or Inf on rank 0"));
   CHECK(has(again.what, "build a new one on every rank"));
   gradsync::GradientSync<gradsync::SelfBackend, std::vector<double>> fresh(gradsync::SelfBackend{}, o);
   fresh.add<Dense>(v, "v");
@@ -318,31 +325,31 @@ TEST_CASE("a NaN or Inf in a gradient: every rank throws, naming the tensor and 
   // Blocking collectives: the peers stop in the arrival check's second round; nonblocking (MPI's
   // default): in the allreduce they already posted.
   for (auto coll : {gradsync::Collectives::blocking, gradsync::Collectives::nonblocking})
-  for (double bad : {std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::infinity(),
-                     -std::numeric_limits<double>::infinity()}) {
-    gradsync::Options o = opts();
-    o.check_finite = true;
-    o.collectives = coll;
-    View a("a", 100), w("w", 3000);
-    Sync sync(gradsync::MpiBackend(MPI_COMM_WORLD), o);
-    sync.add<Dense>(a, "a");
-    sync.add<Dense>(w, "w");
-    fill(a, rank, 0);
-    fill(w, rank, 1);
-    CHECK(sync.synchronize());  // finite: no false alarm
-    GRADSYNC_CHECK_ALL(value_at(w, 2999) == summed(2999, 1) / world_size());
-    fill(a, rank, 0);
-    fill(w, rank, 1);
-    if (rank == last) gradsync_test::set_value(w, 2345, bad);
-    const Outcome out = outcome_of([&] { (void)sync.synchronize(); });
-    CAPTURE(out.what);
-    GRADSYNC_CHECK_ALL(out.kind == "error");
-    GRADSYNC_CHECK_ALL(has(out.what, "gradient 'w' (group Dense, 3000 values) holds NaN or Inf on rank " +
-                                         std::to_string(last)));
-    if (rank != last)
-      CHECK(has(out.what, "rank " + std::to_string(last) + " failed before the " +
-                              (coll == gradsync::Collectives::blocking ? "arrival check" : "allreduce")));
-  }
+    for (double bad : {std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::infinity(),
+                       -std::numeric_limits<double>::infinity()}) {
+      gradsync::Options o = opts();
+      o.check_finite = true;
+      o.collectives = coll;
+      View a("a", 100), w("w", 3000);
+      Sync sync(gradsync::MpiBackend(MPI_COMM_WORLD), o);
+      sync.add<Dense>(a, "a");
+      sync.add<Dense>(w, "w");
+      fill(a, rank, 0);
+      fill(w, rank, 1);
+      CHECK(sync.synchronize());  // finite: no false alarm
+      GRADSYNC_CHECK_ALL(value_at(w, 2999) == summed(2999, 1) / world_size());
+      fill(a, rank, 0);
+      fill(w, rank, 1);
+      if (rank == last) gradsync_test::set_value(w, 2345, bad);
+      const Outcome out = outcome_of([&] { (void)sync.synchronize(); });
+      CAPTURE(out.what);
+      GRADSYNC_CHECK_ALL(out.kind == "error");
+      GRADSYNC_CHECK_ALL(
+          has(out.what, "gradient 'w' (group Dense, 3000 values) holds NaN or Inf on rank " + std::to_string(last)));
+      if (rank != last)
+        CHECK(has(out.what, "rank " + std::to_string(last) + " failed before the " +
+                                (coll == gradsync::Collectives::blocking ? "arrival check" : "allreduce")));
+    }
 }
 
 TEST_CASE("a std::vector resized after registration is refused (on the rank that resized it, and its peers)") {
@@ -358,8 +365,10 @@ TEST_CASE("a std::vector resized after registration is refused (on the rank that
   const Outcome out = outcome_of([&] { (void)sync.synchronize(); });
   CAPTURE(out.what);
   GRADSYNC_CHECK_ALL(out.kind == "error");
-  GRADSYNC_CHECK_ALL(has(out.what, "tensor 'v' (group Dense) was resized or reallocated after it was registered "
-                                   "(50 -> 80 elements) on rank " + std::to_string(last)));
+  GRADSYNC_CHECK_ALL(has(out.what,
+                         "tensor 'v' (group Dense) was resized or reallocated after it was registered "
+                         "(50 -> 80 elements) on rank " +
+                             std::to_string(last)));
 }
 
 namespace {
@@ -368,7 +377,9 @@ struct BlindBackend : gradsync::MpiBackend {
   using MpiBackend::MpiBackend;
   static constexpr const char* name() { return "blind"; }
   template <class MemorySpace>
-  bool can_access() const { return false; }
+  bool can_access() const {
+    return false;
+  }
 };
 }  // namespace
 
@@ -409,7 +420,8 @@ TEST_CASE("invalid options are ConfigErrors naming the option") {
   bad([](gradsync::Options& o) { o.postscale_factor = -0.5; }, "postscale_factor must be finite and >= 0");
   bad([](gradsync::Options& o) { o.stall_timeout = -1; }, "stall_timeout must be finite and >= 0");
   bad([&](gradsync::Options& o) { o.stall_warning = nan; }, "stall_warning must be finite and >= 0");
-  bad([](gradsync::Options& o) { o.max_chunks_in_flight = -1; }, "max_chunks_in_flight must be >= 0 (0: by topology), got -1");
+  bad([](gradsync::Options& o) { o.max_chunks_in_flight = -1; },
+      "max_chunks_in_flight must be >= 0 (0: by topology), got -1");
 }
 
 TEST_CASE("zero fusion threshold means one call per tensor") {
@@ -425,7 +437,8 @@ TEST_CASE("zero fusion threshold means one call per tensor") {
   fill(c, rank, 2);
   CHECK(sync.synchronize());
   GRADSYNC_CHECK_ALL(sync.stats().allreduce_calls == 2);  // the empty tensor costs no call
-  GRADSYNC_CHECK_ALL(value_at(a, 9) == summed(9, 1) / world_size() && value_at(c, 4999) == summed(4999, 2) / world_size());
+  GRADSYNC_CHECK_ALL(value_at(a, 9) == summed(9, 1) / world_size() &&
+                     value_at(c, 4999) == summed(4999, 2) / world_size());
 }
 
 TEST_CASE("counts above the per-call maximum are split (small override of INT_MAX)") {
@@ -507,13 +520,13 @@ TEST_CASE("GRADSYNC_* environment variables override the code; malformed values 
   }
   SUBCASE("malformed") {
     const std::vector<std::pair<const char*, const char*>> cases = {
-        {"GRADSYNC_FUSION_THRESHOLD", "lots"},        {"GRADSYNC_FUSION_THRESHOLD", "-5"},
-        {"GRADSYNC_FUSION_THRESHOLD", "4MB"},         {"GRADSYNC_FUSION_THRESHOLD", "99999999999999999999999"},
-        {"GRADSYNC_BACKWARD_PASSES_PER_STEP", "0"},   {"GRADSYNC_BACKWARD_PASSES_PER_STEP", "2.5"},
-        {"GRADSYNC_STALL_TIMEOUT_S", "-1"},           {"GRADSYNC_STALL_TIMEOUT_S", "nan"},
-        {"GRADSYNC_STALL_WARNING_S", "soon"},         {"GRADSYNC_STALL_ACTION", "explode"},
-        {"GRADSYNC_CONSISTENCY_CHECK", "always"},     {"GRADSYNC_CHECK_FINITE", "maybe"},
-        {"GRADSYNC_HOST_STAGING", "sometimes"},       {"GRADSYNC_STALL_TIMEOUT_S", ""}};
+        {"GRADSYNC_FUSION_THRESHOLD", "lots"},      {"GRADSYNC_FUSION_THRESHOLD", "-5"},
+        {"GRADSYNC_FUSION_THRESHOLD", "4MB"},       {"GRADSYNC_FUSION_THRESHOLD", "99999999999999999999999"},
+        {"GRADSYNC_BACKWARD_PASSES_PER_STEP", "0"}, {"GRADSYNC_BACKWARD_PASSES_PER_STEP", "2.5"},
+        {"GRADSYNC_STALL_TIMEOUT_S", "-1"},         {"GRADSYNC_STALL_TIMEOUT_S", "nan"},
+        {"GRADSYNC_STALL_WARNING_S", "soon"},       {"GRADSYNC_STALL_ACTION", "explode"},
+        {"GRADSYNC_CONSISTENCY_CHECK", "always"},   {"GRADSYNC_CHECK_FINITE", "maybe"},
+        {"GRADSYNC_HOST_STAGING", "sometimes"},     {"GRADSYNC_STALL_TIMEOUT_S", ""}};
     for (const auto& var_value : cases) {
       const char* const var = var_value.first;
       const char* const value = var_value.second;

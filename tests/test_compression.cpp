@@ -26,10 +26,10 @@ using gradsync_test::world_rank;
 using gradsync_test::world_size;
 
 struct Dense {};
-struct Head {};      // kept in full precision whatever the options say
-struct Half {};      // fp16 whatever the options say
-struct Tables {};    // local, scaled by 1/n
-struct Tower {};     // local, not scaled
+struct Head {};    // kept in full precision whatever the options say
+struct Half {};    // fp16 whatever the options say
+struct Tables {};  // local, scaled by 1/n
+struct Tower {};   // local, not scaled
 template <>
 struct gradsync::LocalVarPolicy<Head> : gradsync::CompressWith<gradsync::Compression::none> {};
 template <>
@@ -60,7 +60,8 @@ gradsync::Options base_options() {
 // format holds.
 double value(std::size_t k, std::size_t i, int r) {
   const double mag = std::ldexp(1.0, int((i * 7 + k) % 9) - 4);  // 2^-4 .. 2^4
-  return mag * (0.6 + 0.37 * std::cos(0.013 * double(i) + 1.7 * r + 0.5 * double(k))) * ((i + std::size_t(r)) % 5 == 0 ? -1 : 1);
+  return mag * (0.6 + 0.37 * std::cos(0.013 * double(i) + 1.7 * r + 0.5 * double(k))) *
+         ((i + std::size_t(r)) % 5 == 0 ? -1 : 1);
 }
 
 // All finite values of a 16-bit format, sorted: the brute-force reference for rounding.
@@ -110,15 +111,21 @@ void check_rounding() {
     if (!std::isfinite(base)) continue;
     double x;
     switch (t % 4) {
-      case 0: x = base * (1 + std::ldexp(double(std::int64_t(rng() % 4096) - 2048), -19)); break;  // near a value
+      case 0:
+        x = base * (1 + std::ldexp(double(std::int64_t(rng() % 4096) - 2048), -19));
+        break;   // near a value
       case 1: {  // exactly half-way to the next pattern: a tie
         const double next = WT::decode(std::uint16_t(b + 1));
         if (!std::isfinite(next) || (next < 0) != (base < 0)) continue;
         x = (base + next) / 2;
         break;
       }
-      case 2: x = std::ldexp(std::uniform_real_distribution<double>(-1, 1)(rng), int(rng() % 60) - 30); break;
-      default: x = base * (1 + std::ldexp(1.0, -30)); break;  // a hair above: never a tie
+      case 2:
+        x = std::ldexp(std::uniform_real_distribution<double>(-1, 1)(rng), int(rng() % 60) - 30);
+        break;
+      default:
+        x = base * (1 + std::ldexp(1.0, -30));
+        break;  // a hair above: never a tie
     }
     const double want = nearest<W>(all, x);
     const double got_f = WT::decode(WT::encode(float(x)));
@@ -150,13 +157,13 @@ View<T> make(const char* label, std::size_t n, std::size_t k, int r, double scal
 // Largest |got - exact| / bound over the tensors, where exact and bound follow from value().
 template <class T>
 struct Errors {
-  double worst_ratio = 0;   // error / rounding bound: at most 1
-  double worst_error = 0;   // relative to the value, to see that rounding happened
+  double worst_ratio = 0;  // error / rounding bound: at most 1
+  double worst_error = 0;  // relative to the value, to see that rounding happened
 };
 
 template <class T>
-Errors<T> compare(const std::vector<View<T>>& views, const std::vector<std::size_t>& ks, int n, double u,
-                  double factor, int passes = 1) {
+Errors<T> compare(const std::vector<View<T>>& views, const std::vector<std::size_t>& ks, int n, double u, double factor,
+                  int passes = 1) {
   Errors<T> e;
   const double p = n;
   for (std::size_t t = 0; t < views.size(); ++t) {
@@ -165,8 +172,8 @@ Errors<T> compare(const std::vector<View<T>>& views, const std::vector<std::size
       double sum = 0, abs_sum = 0;
       for (int r = 0; r < n; ++r) sum += passes * value(ks[t], i, r), abs_sum += passes * std::abs(value(ks[t], i, r));
       const double exact = sum * factor;
-      const double bound =
-          u * (2 * p - 1) * std::pow(1 + u, p) * abs_sum * factor + 4 * std::numeric_limits<T>::epsilon() * std::abs(exact);
+      const double bound = u * (2 * p - 1) * std::pow(1 + u, p) * abs_sum * factor +
+                           4 * std::numeric_limits<T>::epsilon() * std::abs(exact);
       const double err = std::abs(double(h(i)) - exact);
       e.worst_ratio = std::max(e.worst_ratio, err / bound);
       e.worst_error = std::max(e.worst_error, err / std::max(std::abs(exact), 1e-30));
@@ -319,7 +326,7 @@ TEST_CASE("fp16 and bf16 conversions round to nearest even (against a search ove
   using F = gradsync::impl::Wire<gradsync::WireFp16>;
   CHECK(F::encode(65504.0f) == 0x7bff);
   CHECK(F::encode(65519.99f) == 0x7bff);
-  CHECK(F::encode(65520.0f) == 0x7c00);  // the tie past the largest rounds to infinity
+  CHECK(F::encode(65520.0f) == 0x7c00);         // the tie past the largest rounds to infinity
   CHECK(F::encode(1.0f + 0x1p-11f) == 0x3c00);  // a tie: to even
   CHECK(F::encode(1.0f + 3 * 0x1p-11f) == 0x3c02);
   CHECK(F::encode(0x1p-24f) == 0x0001);  // the smallest subnormal
@@ -354,7 +361,8 @@ TEST_CASE("per-group choice: a group keeps full precision, another takes fp16; l
     gradsync::Options o = base_options();
     o.compression = c;
     Sync<T> sync(gradsync::MpiBackend(MPI_COMM_WORLD), o);
-    View<T> dense = make<T>("dense", 5000, 0, r), head = make<T>("head", 3000, 1, r), fp16_part = make<T>("half", 700, 2, r);
+    View<T> dense = make<T>("dense", 5000, 0, r), head = make<T>("head", 3000, 1, r),
+            fp16_part = make<T>("half", 700, 2, r);
     // Local groups, of a size that differs per rank.
     View<T> table = make<T>("table", 100 + 10 * std::size_t(r), 3, r), tower = make<T>("tower", 50, 4, r);
     const std::vector<T> table0 = gradsync_test::host_values(table), tower0 = gradsync_test::host_values(tower);
@@ -366,17 +374,19 @@ TEST_CASE("per-group choice: a group keeps full precision, another takes fp16; l
     CHECK(sync.synchronize());
 
     // Head: full precision, T's own rounding of the sum and the scale only.
-    const double head_err = gradsync_test::worst_vs_rank_average(std::vector<View<T>>{head}, n,
-                                                                 [](std::size_t, std::size_t i, int q) { return value(1, i, q); });
+    const double head_err = gradsync_test::worst_vs_rank_average(
+        std::vector<View<T>>{head}, n, [](std::size_t, std::size_t i, int q) { return value(1, i, q); });
     GRADSYNC_CHECK_ALL(head_err <= gradsync_test::tol<T>() * n);
     const Errors<T> eh = compare<T>({fp16_part}, {2}, n, unit_roundoff(Compression::fp16), 1.0 / n);
     GRADSYNC_CHECK_ALL(eh.worst_ratio <= 1.0 && eh.worst_error > std::ldexp(1.0, -14));
-    const Errors<T> ed = compare<T>({dense}, {0}, n, unit_roundoff(c == Compression::none ? Compression::bf16 : c), 1.0 / n);
+    const Errors<T> ed =
+        compare<T>({dense}, {0}, n, unit_roundoff(c == Compression::none ? Compression::bf16 : c), 1.0 / n);
     GRADSYNC_CHECK_ALL(ed.worst_ratio <= 1.0);
     if (c == Compression::none)  // followed the options: full precision
-      GRADSYNC_CHECK_ALL(gradsync_test::worst_vs_rank_average(std::vector<View<T>>{dense}, n, [](std::size_t, std::size_t i, int q) {
-                           return value(0, i, q);
-                         }) <= gradsync_test::tol<T>() * n);
+      GRADSYNC_CHECK_ALL(
+          gradsync_test::worst_vs_rank_average(std::vector<View<T>>{dense}, n, [](std::size_t, std::size_t i, int q) {
+            return value(0, i, q);
+          }) <= gradsync_test::tol<T>() * n);
     else
       GRADSYNC_CHECK_ALL(ed.worst_error > std::ldexp(1.0, -11));
 
@@ -386,15 +396,17 @@ TEST_CASE("per-group choice: a group keeps full precision, another takes fp16; l
     for (std::size_t i = 0; same && i < table0.size(); ++i) same = table1[i] == table0[i] * (T(1) / T(n));
     GRADSYNC_CHECK_ALL(same);
 
-    const std::size_t wire = (c == Compression::none ? 0 : 5000) + 700, full = (c == Compression::none ? 5000 : 0) + 3000;
+    const std::size_t wire = (c == Compression::none ? 0 : 5000) + 700,
+                      full = (c == Compression::none ? 5000 : 0) + 3000;
     const gradsync::Stats s = sync.stats();
     GRADSYNC_CHECK_ALL(s.bytes_allreduced == 2 * wire + sizeof(T) * full);
     GRADSYNC_CHECK_ALL(s.bytes_uncompressed == sizeof(T) * (wire + full));
     const std::string d = gradsync::describe(sync);
     GRADSYNC_CHECK_ALL(has(d, "Half: 1 tensor, 2,800 bytes, data-parallel, fp16 on the wire\n"));
     GRADSYNC_CHECK_ALL(has(d, "Head: 1 tensor, 12,000 bytes, data-parallel\n"));
-    GRADSYNC_CHECK_ALL(has(d, c == Compression::none ? "Dense: 1 tensor, 20,000 bytes, data-parallel\n"
-                                                     : "Dense: 1 tensor, 20,000 bytes, data-parallel, bf16 on the wire\n"));
+    GRADSYNC_CHECK_ALL(has(d, c == Compression::none
+                                  ? "Dense: 1 tensor, 20,000 bytes, data-parallel\n"
+                                  : "Dense: 1 tensor, 20,000 bytes, data-parallel, bf16 on the wire\n"));
     GRADSYNC_CHECK_ALL(has(d, std::string(", compression ") + gradsync::to_string(c) + ", error_feedback false"));
   }
 }
@@ -470,38 +482,40 @@ TEST_CASE("error feedback: over K steps the sum of synchronized gradients is wit
   // ranks, where each rank keeps what its rounding of a partial sum dropped.
   const int n = world_size(), r = world_rank();
   constexpr int K = 40;
-  auto x = [&](std::size_t i) { return std::ldexp(1.0 + 0.3 * double(1 + i % 5) / 128.0, int(i % 3)) * (i % 4 == 1 ? -1 : 1); };
+  auto x = [&](std::size_t i) {
+    return std::ldexp(1.0 + 0.3 * double(1 + i % 5) / 128.0, int(i % 3)) * (i % 4 == 1 ? -1 : 1);
+  };
   for (std::size_t len : {std::size_t(3000), std::size_t(40000)})
-  for (Compression c : {Compression::bf16, Compression::fp16}) {
-    for (bool feedback : {false, true}) {
-      CAPTURE(len);
-      CAPTURE(std::string(gradsync::to_string(c)));
-      CAPTURE(feedback);
-      gradsync::Options o = base_options();
-      o.compression = c;
-      o.error_feedback = feedback;
-      o.op = gradsync::ReduceOp::sum;
-      Sync<double> sync(gradsync::MpiBackend(MPI_COMM_WORLD), o);
-      View<double> g("g", len);
-      sync.add<Dense>(g);
-      std::vector<double> total(len, 0.0);
-      for (int k = 0; k < K; ++k) {
-        gradsync_test::fill_host(g, [&](std::size_t i) { return int(i % std::size_t(n)) == r ? x(i) : 0.0; });
-        CHECK(sync.synchronize());
-        const auto h = gradsync_test::host_values(g);
-        for (std::size_t i = 0; i < len; ++i) total[i] += h[i];
+    for (Compression c : {Compression::bf16, Compression::fp16}) {
+      for (bool feedback : {false, true}) {
+        CAPTURE(len);
+        CAPTURE(std::string(gradsync::to_string(c)));
+        CAPTURE(feedback);
+        gradsync::Options o = base_options();
+        o.compression = c;
+        o.error_feedback = feedback;
+        o.op = gradsync::ReduceOp::sum;
+        Sync<double> sync(gradsync::MpiBackend(MPI_COMM_WORLD), o);
+        View<double> g("g", len);
+        sync.add<Dense>(g);
+        std::vector<double> total(len, 0.0);
+        for (int k = 0; k < K; ++k) {
+          gradsync_test::fill_host(g, [&](std::size_t i) { return int(i % std::size_t(n)) == r ? x(i) : 0.0; });
+          CHECK(sync.synchronize());
+          const auto h = gradsync_test::host_values(g);
+          for (std::size_t i = 0; i < len; ++i) total[i] += h[i];
+        }
+        double worst = 0;  // in units of one rounding of x(i): u |x(i)|
+        for (std::size_t i = 0; i < len; ++i)
+          worst = std::max(worst, std::abs(total[i] - K * x(i)) / (unit_roundoff(c) * std::abs(x(i))));
+        CAPTURE(worst);
+        GRADSYNC_CHECK_ALL(sync.stats().bytes_in_place == (len > 3000 && n >= 2 ? K * len * 2 : 0u));
+        if (feedback)
+          GRADSYNC_CHECK_ALL(worst <= 1.0);
+        else
+          GRADSYNC_CHECK_ALL(worst > 0.2 * K);  // the same rounding, K times
       }
-      double worst = 0;  // in units of one rounding of x(i): u |x(i)|
-      for (std::size_t i = 0; i < len; ++i)
-        worst = std::max(worst, std::abs(total[i] - K * x(i)) / (unit_roundoff(c) * std::abs(x(i))));
-      CAPTURE(worst);
-      GRADSYNC_CHECK_ALL(sync.stats().bytes_in_place == (len > 3000 && n >= 2 ? K * len * 2 : 0u));
-      if (feedback)
-        GRADSYNC_CHECK_ALL(worst <= 1.0);
-      else
-        GRADSYNC_CHECK_ALL(worst > 0.2 * K);  // the same rounding, K times
     }
-  }
 }
 
 TEST_CASE("ranks that disagree on compression or error feedback: a MismatchError naming it on every rank") {
@@ -525,7 +539,8 @@ TEST_CASE("ranks that disagree on compression or error feedback: a MismatchError
       sync.add<Dense>(g);
       const std::string msg = gradsync_test::error_of<gradsync::MismatchError>([&] { (void)sync.synchronize(); });
       CAPTURE(msg);
-      GRADSYNC_CHECK_ALL(has(msg, which == 0 ? "ranks disagree on compression: " : "ranks disagree on error_feedback: "));
+      GRADSYNC_CHECK_ALL(
+          has(msg, which == 0 ? "ranks disagree on compression: " : "ranks disagree on error_feedback: "));
       GRADSYNC_CHECK_ALL(has(msg, which == 0 ? "bf16" : "true"));
       GRADSYNC_CHECK_ALL(gradsync_test::host_values(g) == before);
     }
@@ -570,7 +585,8 @@ struct FloatOnlyName {
   static constexpr const char* value = "float-only";
 };
 using FloatOnlyBackend = gradsync_test::GenericMpiBackend<FloatOnlyName>;
-static_assert(!gradsync::impl::sums_wire<FloatOnlyBackend>::value && gradsync::impl::sums_wire<gradsync::MpiBackend>::value);
+static_assert(!gradsync::impl::sums_wire<FloatOnlyBackend>::value &&
+              gradsync::impl::sums_wire<gradsync::MpiBackend>::value);
 }  // namespace
 
 TEST_CASE("a backend that does not sum 16-bit values: a ConfigError on every rank, uncompressed still works") {
@@ -582,6 +598,7 @@ TEST_CASE("a backend that does not sum 16-bit values: a ConfigError on every ran
     sync.add<Dense>(g);
     const std::string msg = gradsync_test::error_of<gradsync::ConfigError>([&] { (void)sync.synchronize(); });
     CAPTURE(msg);
-    GRADSYNC_CHECK_ALL(c == Compression::none ? msg.empty() : has(msg, "backend 'float-only' does not declare sums_wire_values"));
+    GRADSYNC_CHECK_ALL(c == Compression::none ? msg.empty()
+                                              : has(msg, "backend 'float-only' does not declare sums_wire_values"));
   }
 }

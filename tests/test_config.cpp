@@ -112,8 +112,8 @@ TEST_CASE("edit distance and the closest known variable") {
   using gradsync::impl::edit_distance;
   CHECK(edit_distance("", "abc") == 3);
   CHECK(edit_distance("kitten", "sitting") == 3);
-  CHECK(edit_distance("GRADSYNC_STAL_TIMEOUT_S", "GRADSYNC_STALL_TIMEOUT_S") == 1);   // a letter missing
-  CHECK(edit_distance("GRADSYNC_HUGE_PGAES", "GRADSYNC_HUGE_PAGES") == 1);            // two swapped
+  CHECK(edit_distance("GRADSYNC_STAL_TIMEOUT_S", "GRADSYNC_STALL_TIMEOUT_S") == 1);  // a letter missing
+  CHECK(edit_distance("GRADSYNC_HUGE_PGAES", "GRADSYNC_HUGE_PAGES") == 1);           // two swapped
   CHECK(std::string(closest_env_var("GRADSYNC_STAL_TIMEOUT_S")) == "GRADSYNC_STALL_TIMEOUT_S");
   CHECK(std::string(closest_env_var("GRADSYNC_FUSION_TRESHOLD")) == "GRADSYNC_FUSION_THRESHOLD");
   CHECK(std::string(closest_env_var("GRADSYNC_STALL_TIMEOUT")) == "GRADSYNC_STALL_TIMEOUT_S");
@@ -122,22 +122,21 @@ TEST_CASE("edit distance and the closest known variable") {
 }
 
 TEST_CASE("unknown_env_warnings: one message per unknown GRADSYNC_ variable, known ones pass") {
-  std::vector<std::string> store = {"PATH=/usr/bin",
-                                    "GRADSYNC_STAL_TIMEOUT_S=5",
-                                    "GRADSYNC_HUGE_PAGES=0",
-                                    "GRADSYNC_LOG=info",
-                                    "GRADSYNC_CUDA_AWARE_MPI=1",
-                                    "GRADSYNC_SOMETHING_ELSE_ENTIRELY=1",
-                                    "MY_GRADSYNC_STAL=1"};
+  std::vector<std::string> store = {
+      "PATH=/usr/bin",     "GRADSYNC_STAL_TIMEOUT_S=5", "GRADSYNC_HUGE_PAGES=0",
+      "GRADSYNC_LOG=info", "GRADSYNC_CUDA_AWARE_MPI=1", "GRADSYNC_SOMETHING_ELSE_ENTIRELY=1",
+      "MY_GRADSYNC_STAL=1"};
   std::vector<char*> env;
   for (std::string& s : store) env.push_back(s.data());
   env.push_back(nullptr);
   const auto w = gradsync::impl::unknown_env_warnings(env.data());
   REQUIRE(w.size() == 2);
-  CHECK(w[0] == "gradsync: warning: unknown environment variable GRADSYNC_STAL_TIMEOUT_S is ignored; "
-                "did you mean GRADSYNC_STALL_TIMEOUT_S?");
-  CHECK(w[1] == "gradsync: warning: unknown environment variable GRADSYNC_SOMETHING_ELSE_ENTIRELY is ignored; "
-                "the known ones are in docs/ERRORS.md");
+  CHECK(w[0] ==
+        "gradsync: warning: unknown environment variable GRADSYNC_STAL_TIMEOUT_S is ignored; "
+        "did you mean GRADSYNC_STALL_TIMEOUT_S?");
+  CHECK(w[1] ==
+        "gradsync: warning: unknown environment variable GRADSYNC_SOMETHING_ELSE_ENTIRELY is ignored; "
+        "the known ones are in docs/ERRORS.md");
   // Every known variable passes.
   std::vector<std::string> known;
   for (const auto& v : gradsync::known_env_vars()) known.push_back(std::string(v.name) + "=1");
@@ -215,7 +214,9 @@ struct Model {
     sync.register_local_var(h2);
   }
   // Rank r's gradient values: integers, so the average over ranks is known exactly.
-  static double value(std::size_t k, std::size_t i, int rank) { return double(rank + 1) * double(k + 1) + double(i % 5); }
+  static double value(std::size_t k, std::size_t i, int rank) {
+    return double(rank + 1) * double(k + 1) + double(i % 5);
+  }
   std::vector<Grad> all() const { return {a, b, c, t, u, h1, h2}; }
   void fill() {
     auto v = all();
@@ -237,7 +238,8 @@ TEST_CASE("describe(sync): groups, tensors, bytes, plan and options on real valu
   gradsync::SyncSummary s0 = sync.summary();
   GRADSYNC_CHECK_ALL(!s0.planned && s0.chunks == 0);
   GRADSYNC_CHECK_ALL(describe(sync).find("plan: not built yet (prepare() or the first synchronize() builds it); "
-                                         "fusion_threshold_bytes by topology, 4,194,304 bytes (4.0 MiB)") != std::string::npos);
+                                         "fusion_threshold_bytes by topology, 4,194,304 bytes (4.0 MiB)") !=
+                     std::string::npos);
 
   sync.prepare();
   const gradsync::SyncSummary s = sync.summary();
@@ -277,14 +279,20 @@ TEST_CASE("describe(sync): groups, tensors, bytes, plan and options on real valu
   GRADSYNC_CHECK_ALL(has("Tables: 1 tensor, " + gradsync::impl::grouped(8000u * std::size_t(r + 1)) +
                          " bytes, local, scaled by 1/" + ns + "\n"));
   GRADSYNC_CHECK_ALL(has("Tower: 1 tensor, 400 bytes, local, not scaled\n"));
-  GRADSYNC_CHECK_ALL(has("Head: 2 tensors, 240 bytes, data-parallel (1 tensor, 160 bytes local by "
-                         "register_local_var, scaled by 1/" + ns + ")\n"));
-  GRADSYNC_CHECK_ALL(has("  data-parallel: 4 tensors, 5,608,080 bytes (5.3 MiB) handed to the backend per step; "
-                         "local: 3 tensors, " + gradsync::impl::grouped(local_bytes) + " bytes never sent\n"));
-  GRADSYNC_CHECK_ALL(has("  plan: 4 chunks per step (3 reduced in place, 1 packed through the fusion buffer); "
-                         "fusion_threshold_bytes by topology, 4,194,304 bytes (4.0 MiB), largest chunk 2,400,000 bytes (2.3 MiB)\n"));
+  GRADSYNC_CHECK_ALL(
+      has("Head: 2 tensors, 240 bytes, data-parallel (1 tensor, 160 bytes local by "
+          "register_local_var, scaled by 1/" +
+          ns + ")\n"));
+  GRADSYNC_CHECK_ALL(
+      has("  data-parallel: 4 tensors, 5,608,080 bytes (5.3 MiB) handed to the backend per step; "
+          "local: 3 tensors, " +
+          gradsync::impl::grouped(local_bytes) + " bytes never sent\n"));
+  GRADSYNC_CHECK_ALL(
+      has("  plan: 4 chunks per step (3 reduced in place, 1 packed through the fusion buffer); "
+          "fusion_threshold_bytes by topology, 4,194,304 bytes (4.0 MiB), largest chunk 2,400,000 bytes (2.3 MiB)\n"));
   // One node (this test never spans hosts): flat, by rule, nothing timed.
-  GRADSYNC_CHECK_ALL(has("  topology: 1 node x " + ns + (n == 1 ? " rank" : " ranks") + "; algorithm flat (automatic)\n"));
+  GRADSYNC_CHECK_ALL(
+      has("  topology: 1 node x " + ns + (n == 1 ? " rank" : " ranks") + "; algorithm flat (automatic)\n"));
   GRADSYNC_CHECK_ALL(s.topology.nodes == 1 && s.topology.local_size == n && s.algorithm == gradsync::Algorithm::flat &&
                      s.chunks_in_flight == 16 && s.plan_candidates == 1 && s.candidate_seconds.empty());
   GRADSYNC_CHECK_ALL(has("  collectives: nonblocking, up to 16 chunks in flight, " + std::string(n > 1 ? "3" : "0") +
@@ -357,7 +365,8 @@ TEST_CASE("prepare(): the plan, the check and the buffers before the first synch
       }
     for (std::size_t i = 0; i < m.t.size(); ++i)
       worst = std::max(worst, gradsync_test::rel_err(m.t(i), Model::value(3, i, m.r) / n));
-    for (std::size_t i = 0; i < m.u.size(); ++i) worst = std::max(worst, gradsync_test::rel_err(m.u(i), Model::value(4, i, m.r)));
+    for (std::size_t i = 0; i < m.u.size(); ++i)
+      worst = std::max(worst, gradsync_test::rel_err(m.u(i), Model::value(4, i, m.r)));
     for (std::size_t i = 0; i < m.h2.size(); ++i)
       worst = std::max(worst, gradsync_test::rel_err(m.h2(i), Model::value(6, i, m.r) / n));
     GRADSYNC_CHECK_ALL(worst <= gradsync_test::tol<double>());
@@ -386,9 +395,10 @@ TEST_CASE("prepare() inside an aggregation cycle is refused; on some ranks only 
     sync.add<Dense>(g);
     GRADSYNC_CHECK_ALL(!sync.synchronize());
     const std::string e = gradsync_test::error_of([&] { sync.prepare(); });
-    GRADSYNC_CHECK_ALL(e == "gradsync: prepare() called after pass 1 of 2 of an aggregation cycle; call it only "
-                            "between steps (after synchronize() returned true): the sums held for the cycle would "
-                            "no longer match");
+    GRADSYNC_CHECK_ALL(e ==
+                       "gradsync: prepare() called after pass 1 of 2 of an aggregation cycle; call it only "
+                       "between steps (after synchronize() returned true): the sums held for the cycle would "
+                       "no longer match");
     GRADSYNC_CHECK_ALL(sync.synchronize());
   }
   if (n < 2) return;
@@ -428,7 +438,8 @@ TEST_CASE("GRADSYNC_LOG=info prints describe(sync) from rank 0 at the first plan
     GRADSYNC_CHECK_ALL(capture_stderr([] { one_sync(); }).empty());
   }
   ScopedEnv log("GRADSYNC_LOG", "verbose");
-  const std::string e = gradsync_test::error_of<gradsync::ConfigError>([] { Sync sync{gradsync::MpiBackend(MPI_COMM_WORLD)}; });
+  const std::string e =
+      gradsync_test::error_of<gradsync::ConfigError>([] { Sync sync{gradsync::MpiBackend(MPI_COMM_WORLD)}; });
   GRADSYNC_CHECK_ALL(e == "gradsync: environment variable GRADSYNC_LOG='verbose' is not one of: off, info, info_all");
 }
 

@@ -34,12 +34,16 @@ class ScopedEnv {
       had_ = true;
       old_ = old;
     }
-    if (value) setenv(name, value, 1);
-    else unsetenv(name);
+    if (value)
+      setenv(name, value, 1);
+    else
+      unsetenv(name);
   }
   ~ScopedEnv() {
-    if (had_) setenv(name_, old_.c_str(), 1);
-    else unsetenv(name_);
+    if (had_)
+      setenv(name_, old_.c_str(), 1);
+    else
+      unsetenv(name_);
   }
   ScopedEnv(const ScopedEnv&) = delete;
   ScopedEnv& operator=(const ScopedEnv&) = delete;
@@ -56,7 +60,9 @@ class UnreachableMpiBackend : public gradsync::MpiBackend {
  public:
   using MpiBackend::MpiBackend;
   template <class MemorySpace>
-  bool can_access() const { return false; }
+  bool can_access() const {
+    return false;
+  }
 };
 
 // A backend ordered on the execution space (as NcclBackend is on its own stream): it counts how

@@ -3,8 +3,8 @@
 // computation on the global batch.
 #include <atomic>
 #include <cmath>
-#include <cstdio>
 #include <cstdint>
+#include <cstdio>
 #include <gradsync/gradsync.hpp>
 #include <limits>
 #include <stdexcept>
@@ -348,8 +348,8 @@ double single_process_norm(int n) {
 // Counts the backend's allreduces, blocking or not (global_norm must make exactly one of one value;
 // it starts a nonblocking one and waits for it under the stall watchdog).
 struct CountingBackend : gradsync::MpiBackend {
-  using gradsync::MpiBackend::MpiBackend;
   using gradsync::MpiBackend::iallreduce_sum;
+  using gradsync::MpiBackend::MpiBackend;
   mutable long calls = 0, values = 0;
   template <class T>
   void allreduce_sum(T* buf, std::size_t n) const {
@@ -541,8 +541,7 @@ TEST_CASE("broadcast_parameters and global_norm through staging copies") {
   const std::vector<double> a0 = host_values(a), t0 = host_values(t);
   const std::vector<double> sa0 = state_of(dopt.optimizer(), 0), st0 = state_of(dopt.optimizer(), 1);
   dopt.broadcast_parameters(root);
-  bool ok = host_values(a) == bcast_copy(a0, root) &&
-            state_of(dopt.optimizer(), 0) == bcast_copy(sa0, root) &&
+  bool ok = host_values(a) == bcast_copy(a0, root) && state_of(dopt.optimizer(), 0) == bcast_copy(sa0, root) &&
             host_values(t) == t0 && state_of(dopt.optimizer(), 1) == st0;
   GRADSYNC_CHECK_ALL(ok);
   GRADSYNC_CHECK_ALL(dopt.synchronize());  // the sync stages its fused chunks through host memory too
@@ -574,7 +573,7 @@ TEST_CASE("DistributedOptimizer::add refuses a wrong gradient size, an overlap, 
   const std::string overlap = error_of([&] { dopt.add<Tower>(tail, gb4, "tail"); });
   CHECK(overlap == add + "parameter 'tail' (group Tower) overlaps parameter 'w' already registered" + on_rank);
   Kokkos::View<double**, Kokkos::LayoutRight> m("m", 4, 3);  // a column strided on every backend
-  const auto column = Kokkos::subview(m, Kokkos::ALL, 1);  // stride 3
+  const auto column = Kokkos::subview(m, Kokkos::ALL, 1);    // stride 3
   const std::string strided = error_of([&] { dopt.add<Dense>(column, gb4, "m.col1"); });
   CHECK(strided == add + "parameter 'm.col1' (group Dense) is not contiguous");
   // A refused add leaves the sync and the optimizer as they were.
@@ -617,12 +616,15 @@ TEST_CASE("DistributedOptimizer::add is all or nothing: a refusal after the sync
   CHECK(error_of<std::runtime_error>([&] { dopt.add<Replicated>(bad, gbad); }) == refused);
   // The sync refuses: the gradient overlaps one registered (the parameters do not).
   const std::string by_sync = error_of([&] { dopt.add<Dense>(x, Kokkos::subview(gw, std::make_pair(1, 5))); });
-  CHECK(by_sync == "gradsync: tensor 'Dense[1]' (group Dense) overlaps tensor 'Dense[0]' (group Dense) already "
-                   "registered");
+  CHECK(by_sync ==
+        "gradsync: tensor 'Dense[1]' (group Dense) overlaps tensor 'Dense[0]' (group Dense) already "
+        "registered");
   // This object refuses before anything: a gradient of another size.
   const std::string sizes = error_of([&] { dopt.add<Dense>(x, gbad); });
-  CHECK(sizes == "gradsync: DistributedOptimizer::add: parameter 'Dense[1]' (group Dense) has 4 values but its "
-                 "gradient has 7 on rank " + std::to_string(rank));
+  CHECK(sizes ==
+        "gradsync: DistributedOptimizer::add: parameter 'Dense[1]' (group Dense) has 4 values but its "
+        "gradient has 7 on rank " +
+            std::to_string(rank));
   CHECK(dopt.num_params() == 2);
   CHECK(dopt.sync().num_tensors() == 2);
   CHECK(dopt.optimizer().num_params() == 2);
@@ -631,9 +633,10 @@ TEST_CASE("DistributedOptimizer::add is all or nothing: a refusal after the sync
   dopt.add<Dense>(x, gx);
   dopt.add<Replicated>(s, gs);
   const std::string again = error_of([&] { dopt.add<Dense>(x, gx); });
-  CHECK(again == "gradsync: DistributedOptimizer::add: parameter 'Dense[2]' (group Dense) overlaps parameter "
-                 "'Dense[1]' already registered on rank " + std::to_string(rank) +
-                 " (the same parameter registered twice)");
+  CHECK(again ==
+        "gradsync: DistributedOptimizer::add: parameter 'Dense[2]' (group Dense) overlaps parameter "
+        "'Dense[1]' already registered on rank " +
+            std::to_string(rank) + " (the same parameter registered twice)");
   CHECK(dopt.num_params() == 4);
   CHECK(dopt.sync().num_tensors() == 4);
   CHECK(dopt.optimizer().num_params() == 4);
@@ -650,7 +653,8 @@ TEST_CASE("DistributedOptimizer::add is all or nothing: a refusal after the sync
     const double mean = double(n + 1) / 2;
     for (const View& p : {w, x, s}) {
       const auto h = host_copy(p);
-      for (std::size_t i = 0; i < h.size(); ++i) worst = std::max(worst, rel_err(h(i), 1 - step * 0.5 * mean * (i + 1)));
+      for (std::size_t i = 0; i < h.size(); ++i)
+        worst = std::max(worst, rel_err(h(i), 1 - step * 0.5 * mean * (i + 1)));
     }
     const auto ht = host_copy(t);
     for (std::size_t i = 0; i < ht.size(); ++i)

@@ -6,8 +6,8 @@
 #include <atomic>
 #include <cmath>
 #include <cstdio>
-#include <cstring>
 #include <cstdlib>
+#include <cstring>
 #include <new>
 #include <numeric>
 #include <vector>
@@ -27,7 +27,6 @@ template <>
 struct gradsync::LocalVarPolicy<Tower> : gradsync::KeepLocal<gradsync::LocalScale::none> {};
 
 static_assert(gradsync::is_local_v<Tables> && gradsync::is_local_v<Tower> && !gradsync::is_local_v<Dense>);
-
 
 namespace {
 
@@ -60,9 +59,7 @@ struct TestTensor {
 template <class T>
 std::vector<TestTensor<T>> make_model(int rank, bool big = false) {
   std::vector<TestTensor<T>> m;
-  auto one = [&](Kind k, int tag, std::size_t n) {
-    m.push_back({k, tag, Kokkos::View<T*>("g", n), {}, false});
-  };
+  auto one = [&](Kind k, int tag, std::size_t n) { m.push_back({k, tag, Kokkos::View<T*>("g", n), {}, false}); };
   one(Kind::dense, 0, 37);
   for (int j = 0; j <= rank; ++j) one(Kind::table, 100 + j, std::size_t(3 + 2 * rank + j));
   one(Kind::dense, 1, 0);
@@ -81,11 +78,17 @@ void register_model(Sync& sync, std::vector<TestTensor<T>>& m) {
     switch (t.kind) {
       case Kind::dense:
       case Kind::runtime_local:
-        if (t.two_d) sync.template add<Dense>(t.v2);
-        else sync.template add<Dense>(t.v1);
+        if (t.two_d)
+          sync.template add<Dense>(t.v2);
+        else
+          sync.template add<Dense>(t.v1);
         break;
-      case Kind::table: sync.template add<Tables>(t.v1); break;
-      case Kind::tower: sync.template add<Tower>(t.v1); break;
+      case Kind::table:
+        sync.template add<Tables>(t.v1);
+        break;
+      case Kind::tower:
+        sync.template add<Tower>(t.v1);
+        break;
     }
   }
   for (auto& t : m)
@@ -133,8 +136,12 @@ double max_error(const std::vector<TestTensor<T>>& m, const Config& c, int last_
           if (o.op == gradsync::ReduceOp::average) expect /= n;
           break;
         }
-        case Kind::table: expect = cycle_sum(c.my_rank) / n / agg; break;
-        case Kind::tower: expect = cycle_sum(c.my_rank) / agg; break;
+        case Kind::table:
+          expect = cycle_sum(c.my_rank) / n / agg;
+          break;
+        case Kind::tower:
+          expect = cycle_sum(c.my_rank) / agg;
+          break;
         case Kind::runtime_local:
           expect = cycle_sum(c.my_rank) / agg / (o.scale_local_gradients ? n : 1.0);
           break;
@@ -186,72 +193,72 @@ TEST_CASE_TEMPLATE("every row of the semantics table, against analytic values", 
   // Both paths; on the nonblocking one the big tensor is reduced in place by the ring, which
   // takes every factor into its reduction (MpiBackend::folds_factor).
   for (auto coll : {gradsync::Collectives::automatic, gradsync::Collectives::nonblocking})
-  for (auto op : {gradsync::ReduceOp::sum, gradsync::ReduceOp::average})
-    for (int N : {1, 3, 4})
-      for (bool avg_agg : {false, true}) {
-        Config c{{}, world_members(), rank};
-        c.opt.collectives = coll;
-        c.opt.op = op;
-        c.opt.backward_passes_per_step = N;
-        c.opt.average_aggregated_gradients = avg_agg;
-        c.opt.scale_local_gradients = config % 2 == 0;
-        if (config % 3 == 1) {
-          c.opt.prescale_factor = 0.5;
-          c.opt.postscale_factor = 3.0;
+    for (auto op : {gradsync::ReduceOp::sum, gradsync::ReduceOp::average})
+      for (int N : {1, 3, 4})
+        for (bool avg_agg : {false, true}) {
+          Config c{{}, world_members(), rank};
+          c.opt.collectives = coll;
+          c.opt.op = op;
+          c.opt.backward_passes_per_step = N;
+          c.opt.average_aggregated_gradients = avg_agg;
+          c.opt.scale_local_gradients = config % 2 == 0;
+          if (config % 3 == 1) {
+            c.opt.prescale_factor = 0.5;
+            c.opt.postscale_factor = 3.0;
+          }
+          c.opt.fusion_threshold_bytes = config % 4 == 0 ? 256 : std::size_t(4) << 20;
+          c.opt.in_place_min_fraction = 0.05;  // 4 MiB chunks: tensors from 205 KiB in place
+          CAPTURE(config);
+          CAPTURE(N);
+          CAPTURE(avg_agg);
+          CAPTURE(int(coll));
+          ++config;
+          auto m = make_model<T>(rank, true);
+          Sync sync(gradsync::MpiBackend(MPI_COMM_WORLD), c.opt);
+          register_model(sync, m);
+          run_and_check<T>(sync, m, c);
+          // Local tensors never reach the wire: bytes handed over are exactly the dense ones.
+          GRADSYNC_CHECK_ALL(sync.stats().bytes_allreduced == sync.stats().steps * dense_bytes(m));
+          GRADSYNC_CHECK_ALL(sync.stats().steps == std::uint64_t(10 / N));
+          // (With aggregation the buffer holds the sums, and staged through host memory, as device
+          // memory is with an MPI that is not CUDA-aware, chunks are copied: nothing in place.)
+          const bool staged = !sync.backend().template can_access<typename Kokkos::View<T*>::memory_space>();
+          if (N == 1 && !staged)
+            GRADSYNC_CHECK_ALL(sync.stats().bytes_in_place >= sync.stats().steps * 70000 * sizeof(T));
+          if (staged) GRADSYNC_CHECK_ALL(sync.stats().bytes_in_place == 0);
         }
-        c.opt.fusion_threshold_bytes = config % 4 == 0 ? 256 : std::size_t(4) << 20;
-        c.opt.in_place_min_fraction = 0.05;  // 4 MiB chunks: tensors from 205 KiB in place
-        CAPTURE(config);
-        CAPTURE(N);
-        CAPTURE(avg_agg);
-        CAPTURE(int(coll));
-        ++config;
-        auto m = make_model<T>(rank, true);
-        Sync sync(gradsync::MpiBackend(MPI_COMM_WORLD), c.opt);
-        register_model(sync, m);
-        run_and_check<T>(sync, m, c);
-        // Local tensors never reach the wire: bytes handed over are exactly the dense ones.
-        GRADSYNC_CHECK_ALL(sync.stats().bytes_allreduced == sync.stats().steps * dense_bytes(m));
-        GRADSYNC_CHECK_ALL(sync.stats().steps == std::uint64_t(10 / N));
-        // (With aggregation the buffer holds the sums, and staged through host memory, as device
-        // memory is with an MPI that is not CUDA-aware, chunks are copied: nothing in place.)
-        const bool staged = !sync.backend().template can_access<typename Kokkos::View<T*>::memory_space>();
-        if (N == 1 && !staged)
-          GRADSYNC_CHECK_ALL(sync.stats().bytes_in_place >= sync.stats().steps * 70000 * sizeof(T));
-        if (staged) GRADSYNC_CHECK_ALL(sync.stats().bytes_in_place == 0);
-      }
 }
 
 TEST_CASE("fusion thresholds from 64 bytes to beyond the whole model give the same values") {
   using T = double;
   const int rank = world_rank();
   for (auto staging : {gradsync::HostStaging::automatic, gradsync::HostStaging::always})
-  for (int N : {1, 3})
-    for (std::size_t threshold : {std::size_t(64), std::size_t(100), std::size_t(4096), std::size_t(1) << 20,
-                                  std::size_t(1) << 30, std::size_t(0)}) {
-      Config c{{}, world_members(), rank};
-      c.opt.fusion_threshold_bytes = threshold;
-      c.opt.backward_passes_per_step = N;
-      c.opt.host_staging = staging;  // always: every chunk goes through the host mirror
-      CAPTURE(int(staging));
-      CAPTURE(threshold);
-      CAPTURE(N);
-      auto m = make_model<T>(rank);
-      gradsync::GradientSync<gradsync::MpiBackend, Kokkos::View<T*>> sync(gradsync::MpiBackend(MPI_COMM_WORLD),
-                                                                         c.opt);
-      register_model(sync, m);
-      run_and_check<T>(sync, m, c, 6);
-      // Calls per step: one per chunk of floor(threshold / 8) values, or one per non-empty tensor.
-      std::size_t expect_calls = 0;
-      if (threshold == 0) {
-        for (const auto& t : m) expect_calls += t.kind == Kind::dense && t.size() > 0;
-      } else {
-        const std::size_t chunk = std::max<std::size_t>(1, threshold / sizeof(T)) * sizeof(T);
-        expect_calls = (dense_bytes(m) + chunk - 1) / chunk;
+    for (int N : {1, 3})
+      for (std::size_t threshold : {std::size_t(64), std::size_t(100), std::size_t(4096), std::size_t(1) << 20,
+                                    std::size_t(1) << 30, std::size_t(0)}) {
+        Config c{{}, world_members(), rank};
+        c.opt.fusion_threshold_bytes = threshold;
+        c.opt.backward_passes_per_step = N;
+        c.opt.host_staging = staging;  // always: every chunk goes through the host mirror
+        CAPTURE(int(staging));
+        CAPTURE(threshold);
+        CAPTURE(N);
+        auto m = make_model<T>(rank);
+        gradsync::GradientSync<gradsync::MpiBackend, Kokkos::View<T*>> sync(gradsync::MpiBackend(MPI_COMM_WORLD),
+                                                                            c.opt);
+        register_model(sync, m);
+        run_and_check<T>(sync, m, c, 6);
+        // Calls per step: one per chunk of floor(threshold / 8) values, or one per non-empty tensor.
+        std::size_t expect_calls = 0;
+        if (threshold == 0) {
+          for (const auto& t : m) expect_calls += t.kind == Kind::dense && t.size() > 0;
+        } else {
+          const std::size_t chunk = std::max<std::size_t>(1, threshold / sizeof(T)) * sizeof(T);
+          expect_calls = (dense_bytes(m) + chunk - 1) / chunk;
+        }
+        CAPTURE(sync.stats().allreduce_calls);
+        GRADSYNC_CHECK_ALL(sync.stats().allreduce_calls == sync.stats().steps * expect_calls);
       }
-      CAPTURE(sync.stats().allreduce_calls);
-      GRADSYNC_CHECK_ALL(sync.stats().allreduce_calls == sync.stats().steps * expect_calls);
-    }
 }
 
 TEST_CASE("a sync of local groups only puts zero bytes on the wire") {

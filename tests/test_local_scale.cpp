@@ -50,8 +50,7 @@ struct Model {
   std::vector<View> p, g;
   gradsync::DistributedOptimizer<Opt, Sync> dopt;
 
-  Model(Opt opt, gradsync::Options o)
-      : dopt(std::move(opt), Sync(gradsync::MpiBackend(MPI_COMM_WORLD), o)) {
+  Model(Opt opt, gradsync::Options o) : dopt(std::move(opt), Sync(gradsync::MpiBackend(MPI_COMM_WORLD), o)) {
     const int r = world_rank();
     const std::size_t sizes[4] = {7, std::size_t(5 + r), std::size_t(3 + 2 * r), 2};
     for (std::size_t k = 0; k < 4; ++k) {
@@ -117,8 +116,8 @@ void compare_paths(const Opt& opt, const char* what) {
         const T f = folded.dopt.sync().local_scale_of(folded.g[1]);
         const T expect_f = T(1) / T(n) * (average ? T(1) / T(N) : T(1));
         CHECK(gradsync_test::all_ranks(f == expect_f));
-        CHECK(gradsync_test::all_ranks(folded.dopt.sync().local_scale_of(folded.g[2]) ==
-                                       (average ? T(1) / T(N) : T(1))));
+        CHECK(
+            gradsync_test::all_ranks(folded.dopt.sync().local_scale_of(folded.g[2]) == (average ? T(1) / T(N) : T(1))));
         CHECK(gradsync_test::all_ranks(folded.dopt.sync().local_scale_of(folded.g[0]) == T(1)));
         CHECK(gradsync_test::all_ranks(same));
         CHECK(gradsync_test::all_ranks(norm_diff == 0));

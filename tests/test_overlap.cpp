@@ -217,8 +217,7 @@ TEST_CASE("fusion_threshold_auto settles on one candidate on every rank and keep
   opt.fusion_threshold_bytes = gradsync::fusion_threshold_auto;
   Sync s(gradsync::MpiBackend(MPI_COMM_WORLD), opt);
   m.add_to(s);
-  const int steps =
-      int(gradsync::impl::chunk_candidates().size()) * gradsync::impl::PlanTuner::steps_per_candidate + 3;
+  const int steps = int(gradsync::impl::chunk_candidates().size()) * gradsync::impl::PlanTuner::steps_per_candidate + 3;
   for (int p = 0; p < steps; ++p) {
     m.fill(rank, p);
     CHECK(s.synchronize());
@@ -256,8 +255,9 @@ TEST_CASE("an arena of gradients is reduced in place as one region, in either fu
       for (std::size_t k = parts.size(); k-- > 0;) marked.mark_ready(parts[k]);  // backward: last layer first
       CHECK(plain.synchronize());
       CHECK(marked.synchronize());
-      const double worst = worst_vs_rank_average(std::vector<HostView>{plain_arena}, n,
-                                                 [&](std::size_t, std::size_t i, int r) { return grad_value(0, i, r, p); });
+      const double worst =
+          worst_vs_rank_average(std::vector<HostView>{plain_arena}, n,
+                                [&](std::size_t, std::size_t i, int r) { return grad_value(0, i, r, p); });
       CAPTURE(worst);
       GRADSYNC_CHECK_ALL(worst <= 1e-13);
       GRADSYNC_CHECK_ALL(std::memcmp(plain_arena.data(), marked_arena.data(), 5000 * sizeof(double)) == 0);
@@ -290,8 +290,8 @@ TEST_CASE("neighbours in memory on some ranks only: no rank merges, the values h
     for (std::size_t k = 0; k < g.size(); ++k)
       for (std::size_t i = 0; i < g[k].size(); ++i) g[k](i) = grad_value(int(k), i, rank, p);
     CHECK(s.synchronize());
-    const double worst = worst_vs_rank_average(
-        g, n, [&](std::size_t k, std::size_t i, int r) { return grad_value(int(k), i, r, p); });
+    const double worst =
+        worst_vs_rank_average(g, n, [&](std::size_t k, std::size_t i, int r) { return grad_value(int(k), i, r, p); });
     CAPTURE(worst);
     GRADSYNC_CHECK_ALL(worst <= 1e-13);
   }

@@ -20,9 +20,9 @@ using gradsync_test::world_rank;
 using gradsync_test::world_size;
 
 namespace {
-struct Pairs {};       // a kind of set: consecutive pairs of ranks {0,1}, {2,3}, ...
-struct Shard {};       // reduced over the pair, / world size
-struct ShardAvg {};    // reduced over the pair, / set size
+struct Pairs {};        // a kind of set: consecutive pairs of ranks {0,1}, {2,3}, ...
+struct Shard {};        // reduced over the pair, / world size
+struct ShardAvg {};     // reduced over the pair, / set size
 struct SparseShard {};  // row-sparse over the pair
 struct Dense {};
 }  // namespace
@@ -384,7 +384,8 @@ TEST_CASE("broadcast_parameters: the replicas of a set-reduced parameter take it
     fill_host(gt_, [&](std::size_t i) { return std::cos(r - 2.0 * k + 0.1 * double(i)); });
     CHECK(all_ranks(dopt.step()));
   }
-  CHECK(all_ranks(host_values(s) == bcast_in(host_values(s), pc) && host_values(w) == bcast_in(host_values(w), MPI_COMM_WORLD)));
+  CHECK(all_ranks(host_values(s) == bcast_in(host_values(s), pc) &&
+                  host_values(w) == bcast_in(host_values(w), MPI_COMM_WORLD)));
 
   // A parameter the optimizer does not hold (a table updated by hand from a RowSparse gradient).
   View table("table", 6);
@@ -411,10 +412,12 @@ TEST_CASE("broadcast_parameters: set members that hold different parameters all 
   fill_host(s, [&](std::size_t i) { return init_value(r, 1, i); });
   const std::string msg = gradsync_test::error_of<gradsync::MismatchError>([&] { dopt.broadcast_parameters(0); });
   CAPTURE(msg);
-  CHECK(all_ranks(r < 2 ? has(msg, "Pairs [0, 1]: the set-reduced parameters of rank(s) 1 differ from "
-                                   "its first rank's (rank 0), first at set-reduced parameter #0")
+  CHECK(all_ranks(r < 2 ? has(msg,
+                              "Pairs [0, 1]: the set-reduced parameters of rank(s) 1 differ from "
+                              "its first rank's (rank 0), first at set-reduced parameter #0")
                         : has(msg, "process set(s) of rank(s) 0, 1 (their error names the parameter)")));
-  CHECK(all_ranks(host_values(s) == std::vector<double>{init_value(r, 1, 0), init_value(r, 1, 1), init_value(r, 1, 2)}));
+  CHECK(
+      all_ranks(host_values(s) == std::vector<double>{init_value(r, 1, 0), init_value(r, 1, 1), init_value(r, 1, 2)}));
 }
 
 TEST_CASE("process sets: tensors above the backend's count limit are reduced in pieces") {
@@ -457,7 +460,8 @@ TEST_CASE("process sets: tensors above the backend's count limit are reduced in 
     gradsync::impl::mpi_max_count() = saved;
     CAPTURE(what);
     CHECK(all_ranks(ok));
-    CHECK(all_ranks(sync.stats().process_set_calls == 2 * 6 && sync.stats().process_set_bytes == 2 * 22 * sizeof(double)));
+    CHECK(all_ranks(sync.stats().process_set_calls == 2 * 6 &&
+                    sync.stats().process_set_bytes == 2 * 22 * sizeof(double)));
   };
   SUBCASE("in place") { run(gradsync::MpiBackend(MPI_COMM_WORLD)); }
   SUBCASE("through the host staging buffer") { run(UnreachableBackend(MPI_COMM_WORLD)); }

@@ -74,9 +74,7 @@ const Tool* tool() {
 struct Pushed {
   std::string name;
   std::vector<std::string> around;
-  bool inside(const std::string& outer) const {
-    return std::find(around.begin(), around.end(), outer) != around.end();
-  }
+  bool inside(const std::string& outer) const { return std::find(around.begin(), around.end(), outer) != around.end(); }
 };
 
 // The log since the last clear(), replayed: every push with the regions around it. `nested`: no pop
@@ -160,8 +158,9 @@ TEST_CASE("every phase of a step is a Kokkos Tools region named gradsync::..., n
   for (const std::string& n : names) all += n + " ";
   CAPTURE(all);
   for (const char* n : {"gradsync::broadcast_parameters", "gradsync::synchronize", "gradsync::arrival_check",
-                        "gradsync::consistency_check", "gradsync::plan_build", "gradsync::mark_ready",
-                        "gradsync::pack", "gradsync::reduce", "gradsync::unpack", "gradsync::clip", "gradsync::global_norm", "gradsync::optimizer_update"}) {
+                        "gradsync::consistency_check", "gradsync::plan_build", "gradsync::mark_ready", "gradsync::pack",
+                        "gradsync::reduce", "gradsync::unpack", "gradsync::clip", "gradsync::global_norm",
+                        "gradsync::optimizer_update"}) {
     CAPTURE(n);
     GRADSYNC_CHECK_ALL(names.count(n) == 1);
   }

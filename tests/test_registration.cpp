@@ -52,20 +52,23 @@ TEST_CASE("100,000 small views of one View register, and a real overlap among th
 
   // The indices in each group count that group's tensors only (default names).
   const std::string in_middle = error_of([&] { sync.add<Dense>(piece(big, 4 * 777 + 1, 4 * 777 + 2)); });
-  CHECK(in_middle == "gradsync: tensor 'Dense[50000]' (group Dense) overlaps tensor 'Other[388]' (group Other) "
-                     "already registered");
+  CHECK(in_middle ==
+        "gradsync: tensor 'Dense[50000]' (group Dense) overlaps tensor 'Other[388]' (group Other) "
+        "already registered");
   // Across two registered tensors: the first registered one is named.
-  const std::string across =
-      error_of([&] { sync.add<Other>(piece(big, 4 * 4242 + 2, 4 * 4242 + 5), "across"); });
-  CHECK(across == "gradsync: tensor 'across' (group Other) overlaps tensor 'Dense[2121]' (group Dense) already "
-                  "registered");
+  const std::string across = error_of([&] { sync.add<Other>(piece(big, 4 * 4242 + 2, 4 * 4242 + 5), "across"); });
+  CHECK(across ==
+        "gradsync: tensor 'across' (group Other) overlaps tensor 'Dense[2121]' (group Dense) already "
+        "registered");
   const std::string twice = error_of([&] { sync.add<Dense>(piece(big, 4 * 99999, 4 * 99999 + 3), "again"); });
-  CHECK(twice == "gradsync: tensor 'again' (group Dense) overlaps tensor 'Other[49999]' (group Other) already "
-                 "registered (the same tensor registered twice)");
+  CHECK(twice ==
+        "gradsync: tensor 'again' (group Dense) overlaps tensor 'Other[49999]' (group Other) already "
+        "registered (the same tensor registered twice)");
   // The same start, a longer tensor: still "twice" (the start is shared), and the first one named.
   const std::string longer = error_of([&] { sync.add<Dense>(piece(big, 0, 8), "longer"); });
-  CHECK(longer == "gradsync: tensor 'longer' (group Dense) overlaps tensor 'Dense[0]' (group Dense) already "
-                  "registered (the same tensor registered twice)");
+  CHECK(longer ==
+        "gradsync: tensor 'longer' (group Dense) overlaps tensor 'Dense[0]' (group Dense) already "
+        "registered (the same tensor registered twice)");
   // Starting in a gap, ending inside the next tensor (k = 11, the sixth of group Other).
   const std::string into = error_of([&] { sync.add<Dense>(piece(big, 4 * 10 + 3, 4 * 11 + 1), "into"); });
   CHECK(into == "gradsync: tensor 'into' (group Dense) overlaps tensor 'Other[5]' (group Other) already registered");
@@ -81,16 +84,18 @@ TEST_CASE("100,000 small views of one View register, and a real overlap among th
   CHECK(sync.num_tensors() == n_tensors + 3);
   // The next default index in each group follows the refused adds (none counted) and the named ones.
   const std::string next = error_of([&] { sync.add<Other>(piece(big, 9, 10)); });
-  CHECK(next == "gradsync: tensor 'Other[50000]' (group Other) overlaps tensor 'Dense[1]' (group Dense) already "
-                "registered");
+  CHECK(next ==
+        "gradsync: tensor 'Other[50000]' (group Other) overlaps tensor 'Dense[1]' (group Dense) already "
+        "registered");
 
   // The run-time local variable is found among 100,000 (and an unknown tensor is not).
   sync.register_local_var(piece(big, 4 * 60001, 4 * 60001 + 3));
   CHECK(sync.is_local(piece(big, 4 * 60001, 4 * 60001 + 3)));
   CHECK_FALSE(sync.is_local(piece(big, 4 * 60002, 4 * 60002 + 3)));
   const std::string unknown = error_of([&] { sync.register_local_var(piece(big, 4 * 60001, 4 * 60001 + 2)); });
-  CHECK(unknown == "gradsync: register_local_var: the tensor (2 elements) is not registered with add<Group>() on rank " +
-                       std::to_string(rank));
+  CHECK(unknown ==
+        "gradsync: register_local_var: the tensor (2 elements) is not registered with add<Group>() on rank " +
+            std::to_string(rank));
 
   // And the step is right: data-parallel tensors averaged, the local one scaled by 1/n, the gaps untouched.
   fill_host(big, [&](std::size_t i) { return double(rank + 1) * double(1 + i % 7); });
@@ -116,15 +121,17 @@ TEST_CASE("row-sparse and dense registrations refuse each other's overlaps, by n
   Sync sync(gradsync::MpiBackend(MPI_COMM_WORLD));
   sync.add<Dense>(sparse, "emb");
   const std::string dense_in_sparse = error_of([&] { sync.add<Dense>(piece(values, 8, 12), "inside"); });
-  CHECK(dense_in_sparse == "gradsync: tensor 'inside' (group Dense) overlaps row-sparse gradient 'emb' (group Dense) "
-                           "already registered");
+  CHECK(dense_in_sparse ==
+        "gradsync: tensor 'inside' (group Dense) overlaps row-sparse gradient 'emb' (group Dense) "
+        "already registered");
   View other("other", 8);
   sync.add<Other>(other, "other");
   Kokkos::View<int*> two("two", 2);
   gradsync::RowSparse<View, Kokkos::View<int*>> over(View(piece(other, 0, 8)), two, 5);  // 2 rows of 4
   const std::string sparse_in_dense = error_of([&] { sync.add<Dense>(over, "over"); });
-  CHECK(sparse_in_dense == "gradsync: row-sparse gradient 'over' (group Dense) overlaps tensor 'other' (group Other) "
-                           "already registered");
+  CHECK(sparse_in_dense ==
+        "gradsync: row-sparse gradient 'over' (group Dense) overlaps tensor 'other' (group Other) "
+        "already registered");
   CHECK(sync.num_tensors() == 1);
 }
 
@@ -133,7 +140,7 @@ TEST_CASE("handles may be temporaries, containers must be lvalues (a temporary v
   using VSync = gradsync::GradientSync<gradsync::MpiBackend, std::vector<double>>;
   VSync sync(gradsync::MpiBackend(MPI_COMM_WORLD));
   std::vector<double> kept(4, rank + 1.0), spanned(3, 2.0 * (rank + 1));
-  sync.add<Dense>(kept);                                                   // an lvalue container
+  sync.add<Dense>(kept);                                                    // an lvalue container
   sync.add<Dense>(gradsync::Span<double>(spanned.data(), spanned.size()));  // a temporary handle
   View v("v", 2);
   Sync vs(gradsync::MpiBackend(MPI_COMM_WORLD));
@@ -150,7 +157,7 @@ TEST_CASE("100,000 parameters through DistributedOptimizer::add (its own, the sy
   gradsync::SgdOptions so;
   so.lr = 0.25;
   gradsync::DistributedOptimizer<gradsync::Sgd<View>, Sync> dopt(gradsync::Sgd<View>(so),
-                                                                  Sync(gradsync::MpiBackend(MPI_COMM_WORLD)));
+                                                                 Sync(gradsync::MpiBackend(MPI_COMM_WORLD)));
   const auto t0 = std::chrono::steady_clock::now();
   for (std::size_t k = 0; k < n_tensors; ++k)
     dopt.add<Dense>(piece(params, k * stride, k * stride + width), piece(grads, k * stride, k * stride + width));
@@ -162,8 +169,10 @@ TEST_CASE("100,000 parameters through DistributedOptimizer::add (its own, the sy
   const std::string overlap = error_of([&] {
     dopt.add<Dense>(piece(params, 4 * 31337 + 2, 4 * 31337 + 3), piece(grads, 4 * 31337 + 3, 4 * 31337 + 4));
   });
-  CHECK(overlap == "gradsync: DistributedOptimizer::add: parameter 'Dense[100000]' (group Dense) overlaps parameter "
-                   "'Dense[31337]' already registered on rank " + std::to_string(rank));
+  CHECK(overlap ==
+        "gradsync: DistributedOptimizer::add: parameter 'Dense[100000]' (group Dense) overlaps parameter "
+        "'Dense[31337]' already registered on rank " +
+            std::to_string(rank));
   // The gradient in a gap, the parameter in a gap: accepted by everyone.
   dopt.add<Dense>(piece(params, 4 * 5 + 3, 4 * 5 + 4), piece(grads, 4 * 6 + 3, 4 * 6 + 4), "gaps");
   fill_host(params, [](std::size_t) { return 1.0; });
@@ -175,8 +184,9 @@ TEST_CASE("100,000 parameters through DistributedOptimizer::add (its own, the sy
     const double g = double(n + 1) / 2 * double(1 + i % 5);  // averaged
     const bool registered = i % stride != width || i == 4 * 5 + 3;
     // The parameter "gaps" at 4*5+3 steps with the gradient at 4*6+3.
-    const double expect = !registered ? 1.0 : i == 4 * 5 + 3 ? 1 - 0.25 * double(n + 1) / 2 * double(1 + (4 * 6 + 3) % 5)
-                                                             : 1 - 0.25 * g;
+    const double expect = !registered      ? 1.0
+                          : i == 4 * 5 + 3 ? 1 - 0.25 * double(n + 1) / 2 * double(1 + (4 * 6 + 3) % 5)
+                                           : 1 - 0.25 * g;
     worst = std::max(worst, rel_err(h(i), expect));
   }
   CAPTURE(worst);

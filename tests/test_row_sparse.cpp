@@ -94,8 +94,7 @@ double error_against(const RS<T>& g, const std::map<int, std::vector<double>>& w
 }
 
 template <class T>
-void data_parallel_case(std::int64_t table, int width, int base_k, gradsync::Options o, bool expect_dense,
-                        double tol) {
+void data_parallel_case(std::int64_t table, int width, int base_k, gradsync::Options o, bool expect_dense, double tol) {
   const int r = world_rank(), n = world_size();
   std::vector<int> k;
   for (int p = 0; p < n; ++p) k.push_back(p == 1 ? 0 : base_k + p);  // rank 1 (if any) has no rows
@@ -122,7 +121,8 @@ void data_parallel_case(std::int64_t table, int width, int base_k, gradsync::Opt
     const double sum_r = double(n) * double(n + 1) / 2;
     const auto dv = host_values(dense);
     double derr = 0;
-    for (std::size_t i = 0; i < dv.size(); ++i) derr = std::max(derr, gradsync_test::rel_err(dv[i], sum_r * double(i + 1) * factor));
+    for (std::size_t i = 0; i < dv.size(); ++i)
+      derr = std::max(derr, gradsync_test::rel_err(dv[i], sum_r * double(i + 1) * factor));
     CHECK(all_ranks(derr < tol));
     const auto after = sync.stats();
     CHECK(after.row_sparse_densified - before.row_sparse_densified == (expect_dense ? 1u : 0u));

@@ -64,9 +64,15 @@ TEST_CASE("soak: 2000 steps, registrations changing every 100 steps, exact value
     Tensor& t = model.back();
     switch (k) {
       case Kind::dense:
-      case Kind::runtime_local: sync->add<Dense>(t.v); break;
-      case Kind::head: sync->add<Head>(t.v); break;
-      case Kind::tower: sync->add<Tower>(t.v); break;
+      case Kind::runtime_local:
+        sync->add<Dense>(t.v);
+        break;
+      case Kind::head:
+        sync->add<Head>(t.v);
+        break;
+      case Kind::tower:
+        sync->add<Tower>(t.v);
+        break;
     }
     if (k == Kind::runtime_local) sync->register_local_var(t.v);
   };

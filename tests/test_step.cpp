@@ -47,7 +47,8 @@ struct Model {
     for (int k = 0; k < 4; ++k) g.emplace_back("g" + std::to_string(k), len);
   }
   void fill(int rank) {
-    for (std::size_t k = 0; k < g.size(); ++k) gradsync_test::fill_host(g[k], [&](std::size_t i) { return value(k, i, rank); });
+    for (std::size_t k = 0; k < g.size(); ++k)
+      gradsync_test::fill_host(g[k], [&](std::size_t i) { return value(k, i, rank); });
   }
   template <class S>
   void add_to(S& sync) {
@@ -108,43 +109,43 @@ TEST_CASE("an exception during backward with chunks in flight: no crash, the pee
   const int rank = world_rank(), n = world_size();
   // 1 KiB chunks go to MPI_Iallreduce; 128 KiB ones to gradsync's ring, reduced in place.
   for (std::size_t len : {kLen, std::size_t(16384)})
-  for (double deadline : {20.0, 0.0})
-    for (int victim : {0, n - 1, -1}) {  // -1: every rank throws
-      const bool everyone = victim < 0;
-      CAPTURE(len);
-      CAPTURE(deadline);
-      CAPTURE(victim);
-      Model m(len);
-      std::string sync_error;
-      bool user_error = false;
-      try {
-        gradsync::Options o = opts(deadline);
-        o.fusion_threshold_bytes = len * sizeof(double);
-        Sync sync(gradsync::MpiBackend(MPI_COMM_WORLD), o);
-        m.add_to(sync);
-        m.fill(rank);
-        sync.mark_ready(m.g[3]);  // the step opens and its first chunk is launched
-        if (everyone || rank == victim) throw std::runtime_error("loss is NaN");  // the user's own code
-        for (int k = 2; k >= 0; --k) sync.mark_ready(m.g[std::size_t(k)]);
-        (void)sync.synchronize();  // waits for chunks the victim never launches
-      } catch (const gradsync::Error& e) {
-        sync_error = e.what();
-      } catch (const std::runtime_error& e) {
-        user_error = std::string(e.what()) == "loss is NaN";
+    for (double deadline : {20.0, 0.0})
+      for (int victim : {0, n - 1, -1}) {  // -1: every rank throws
+        const bool everyone = victim < 0;
+        CAPTURE(len);
+        CAPTURE(deadline);
+        CAPTURE(victim);
+        Model m(len);
+        std::string sync_error;
+        bool user_error = false;
+        try {
+          gradsync::Options o = opts(deadline);
+          o.fusion_threshold_bytes = len * sizeof(double);
+          Sync sync(gradsync::MpiBackend(MPI_COMM_WORLD), o);
+          m.add_to(sync);
+          m.fill(rank);
+          sync.mark_ready(m.g[3]);  // the step opens and its first chunk is launched
+          if (everyone || rank == victim) throw std::runtime_error("loss is NaN");  // the user's own code
+          for (int k = 2; k >= 0; --k) sync.mark_ready(m.g[std::size_t(k)]);
+          (void)sync.synchronize();  // waits for chunks the victim never launches
+        } catch (const gradsync::Error& e) {
+          sync_error = e.what();
+        } catch (const std::runtime_error& e) {
+          user_error = std::string(e.what()) == "loss is NaN";
+        }
+        CAPTURE(sync_error);
+        if (everyone || rank == victim) {
+          CHECK(user_error);
+          CHECK(sync_error.empty());
+        } else {
+          CHECK(!user_error);
+          CHECK(has(sync_error, "rank " + std::to_string(victim) + " abandoned its step with the exchange in flight"));
+          CHECK(has(sync_error, "while an exception unwound the stack"));
+          CHECK(has(sync_error, "so rank " + std::to_string(rank) + " stops too"));
+          CHECK(!has(sync_error, "missing"));
+        }
+        mpi_and_a_new_sync_work();
       }
-      CAPTURE(sync_error);
-      if (everyone || rank == victim) {
-        CHECK(user_error);
-        CHECK(sync_error.empty());
-      } else {
-        CHECK(!user_error);
-        CHECK(has(sync_error, "rank " + std::to_string(victim) + " abandoned its step with the exchange in flight"));
-        CHECK(has(sync_error, "while an exception unwound the stack"));
-        CHECK(has(sync_error, "so rank " + std::to_string(rank) + " stops too"));
-        CHECK(!has(sync_error, "missing"));
-      }
-      mpi_and_a_new_sync_work();
-    }
 }
 
 TEST_CASE("check_finite during overlap: the NaN never leaves its rank, every rank names it") {
@@ -168,8 +169,8 @@ TEST_CASE("check_finite during overlap: the NaN never leaves its rank, every ran
     what = e.what();
   }
   CAPTURE(what);
-  GRADSYNC_CHECK_ALL(has(what, "gradient 'g1' (group Dense, 128 values) holds NaN or Inf on rank " +
-                                   std::to_string(victim)));
+  GRADSYNC_CHECK_ALL(
+      has(what, "gradient 'g1' (group Dense, 128 values) holds NaN or Inf on rank " + std::to_string(victim)));
   if (rank != victim) {
     CHECK(has(what, "rank " + std::to_string(victim) + " failed before the allreduce of synchronize() call 2"));
     CHECK(m.finite());  // nothing of the victim's g1 was summed here
@@ -193,7 +194,8 @@ TEST_CASE("registrations and scales changed while a step is open are refused; th
   gradsync_test::fill_host(b, [&](std::size_t) { return rank + 1.0; });
   sync.mark_ready(a);  // opens the step
   GRADSYNC_CHECK_ALL(has(error_of([&] { sync.add<Dense>(b, "b"); }), "add() called while a step is open"));
-  GRADSYNC_CHECK_ALL(has(error_of([&] { sync.register_local_var(a); }), "register_local_var() called while a step is open"));
+  GRADSYNC_CHECK_ALL(
+      has(error_of([&] { sync.register_local_var(a); }), "register_local_var() called while a step is open"));
   GRADSYNC_CHECK_ALL(has(error_of([&] { sync.defer_local_scale(a); }),
                          "defer_local_scale('a', group Dense) called while a step is open"));
   GRADSYNC_CHECK_ALL(has(error_of([&] { sync.prepare(); }), "prepare() called while a step is open"));
@@ -216,7 +218,8 @@ TEST_CASE("registrations and scales changed while a step is open are refused; th
   agg.add<Dense>(a, "a");
   gradsync_test::fill_host(a, [&](std::size_t) { return rank + 1.0; });
   GRADSYNC_CHECK_ALL(!agg.synchronize());
-  GRADSYNC_CHECK_ALL(has(error_of([&] { agg.add<Dense>(c, "c"); }), "add() called after pass 1 of 2 of an aggregation cycle"));
+  GRADSYNC_CHECK_ALL(
+      has(error_of([&] { agg.add<Dense>(c, "c"); }), "add() called after pass 1 of 2 of an aggregation cycle"));
   GRADSYNC_CHECK_ALL(agg.synchronize());
   GRADSYNC_CHECK_ALL(gradsync_test::value_at(a, 3) == n + 1.0);  // the sum of two passes, averaged
 }
@@ -246,13 +249,15 @@ TEST_CASE("a failure inside a collective phase on one rank is told: every peer t
       CHECK(what == "injected failure in the backend's sum");
     } else {
       CHECK(kind == "error");
-      CHECK(has(what, "rank " + std::to_string(victim) + " failed before the allreduce of synchronize() call 1, so rank " +
-                          std::to_string(rank) + " stops too: injected failure in the backend's sum (in synchronize() "
-                          "on rank " + std::to_string(victim) + ")"));
+      CHECK(has(what, "rank " + std::to_string(victim) +
+                          " failed before the allreduce of synchronize() call 1, so rank " + std::to_string(rank) +
+                          " stops too: injected failure in the backend's sum (in synchronize() "
+                          "on rank " +
+                          std::to_string(victim) + ")"));
     }
     const std::string later = error_of([&] { (void)sync.synchronize(); });
-    GRADSYNC_CHECK_ALL(has(later, "this GradientSync failed in synchronize() (synchronize() call 1) on rank " +
-                                      std::to_string(rank)));
+    GRADSYNC_CHECK_ALL(
+        has(later, "this GradientSync failed in synchronize() (synchronize() call 1) on rank " + std::to_string(rank)));
     GRADSYNC_CHECK_ALL(has(later, "injected failure in the backend's sum"));
     mpi_and_a_new_sync_work();
   }

@@ -85,19 +85,34 @@ struct JsonReader {
       if (i >= s.size()) bad("bad escape");
       const char e = s[i++];
       switch (e) {
-        case '"': case '\\': case '/': out += e; break;
-        case 'n': out += '\n'; break;
-        case 't': out += '\t'; break;
-        case 'r': out += '\r'; break;
-        case 'b': out += '\b'; break;
-        case 'f': out += '\f'; break;
+        case '"':
+        case '\\':
+        case '/':
+          out += e;
+          break;
+        case 'n':
+          out += '\n';
+          break;
+        case 't':
+          out += '\t';
+          break;
+        case 'r':
+          out += '\r';
+          break;
+        case 'b':
+          out += '\b';
+          break;
+        case 'f':
+          out += '\f';
+          break;
         case 'u': {
           if (i + 4 > s.size()) bad("bad \\u escape");
           out += char(std::stoi(s.substr(i, 4), nullptr, 16));
           i += 4;
           break;
         }
-        default: bad("bad escape");
+        default:
+          bad("bad escape");
       }
     }
   }
@@ -116,7 +131,10 @@ struct JsonReader {
         expect(':');
         j.fields[k] = value();
         ws();
-        if (i < s.size() && s[i] == ',') { ++i; continue; }
+        if (i < s.size() && s[i] == ',') {
+          ++i;
+          continue;
+        }
         expect('}');
         return j;
       }
@@ -129,7 +147,10 @@ struct JsonReader {
       for (;;) {
         j.items.push_back(value());
         ws();
-        if (i < s.size() && s[i] == ',') { ++i; continue; }
+        if (i < s.size() && s[i] == ',') {
+          ++i;
+          continue;
+        }
         expect(']');
         return j;
       }
@@ -232,8 +253,9 @@ bool well_formed_as(const std::string& text, Json& doc, std::string& why, int ra
   }
   for (auto& [tid, spans] : lanes) {
     // Sorted by begin, longer first: each span lies inside the innermost open one, or after it.
-    std::sort(spans.begin(), spans.end(), [](auto& a, auto& b) { return a.first < b.first || (a.first == b.first && a.second > b.second); });
-    std::vector<double> open;  // ends of the enclosing spans
+    std::sort(spans.begin(), spans.end(),
+              [](auto& a, auto& b) { return a.first < b.first || (a.first == b.first && a.second > b.second); });
+    std::vector<double> open;   // ends of the enclosing spans
     const double eps = 0.0015;  // the file's resolution is 1 ns = 0.001 us
     for (const auto& sp : spans) {
       while (!open.empty() && open.back() <= sp.first + eps) open.pop_back();

@@ -48,7 +48,8 @@ gradsync::Topology topology_from_names() {
   t.local_size = count[names[std::size_t(r)]];
   t.local_rank = int(std::count(names.begin(), names.begin() + r, names[std::size_t(r)]));
   t.min_local_size = n, t.max_local_size = 0;
-  for (const auto& [s, c] : count) t.min_local_size = std::min(t.min_local_size, c), t.max_local_size = std::max(t.max_local_size, c);
+  for (const auto& [s, c] : count)
+    t.min_local_size = std::min(t.min_local_size, c), t.max_local_size = std::max(t.max_local_size, c);
   return t;
 }
 
@@ -72,7 +73,9 @@ bool same(const gradsync::Topology& a, const gradsync::Topology& b) {
 
 // Rank r's value i of tensor k at step p: integers below 2^20, so every sum is exact in float too
 // and any order of additions gives the same bits.
-double grad_value(std::size_t k, std::size_t i, int r, int p) { return double((k * 7 + i * 3 + std::size_t(r) * 11 + std::size_t(p) * 5) % 1024); }
+double grad_value(std::size_t k, std::size_t i, int r, int p) {
+  return double((k * 7 + i * 3 + std::size_t(r) * 11 + std::size_t(p) * 5) % 1024);
+}
 
 template <class T>
 struct Model {
@@ -145,7 +148,8 @@ TEST_CASE("across nodes the rule picks 1 MiB chunks and 2 in flight; on one node
     GRADSYNC_CHECK_ALL(s.fusion_threshold_bytes() == (network ? std::size_t(1) << 20 : std::size_t(4) << 20));
     GRADSYNC_CHECK_ALL(s.chunks_in_flight() == (network ? 2 : 16));
     GRADSYNC_CHECK_ALL(s.algorithm() == gradsync::Algorithm::flat && !s.tuning());
-    GRADSYNC_CHECK_ALL(s.stats().chunk_bytes == s.fusion_threshold_bytes() && s.stats().chunks_in_flight == std::uint64_t(s.chunks_in_flight()));
+    GRADSYNC_CHECK_ALL(s.stats().chunk_bytes == s.fusion_threshold_bytes() &&
+                       s.stats().chunks_in_flight == std::uint64_t(s.chunks_in_flight()));
   }
   {
     RanksPerNode k(4);  // one node of up to 4 ranks
@@ -190,10 +194,12 @@ TEST_CASE_TEMPLATE("hierarchical: the analytic average, over made-up and real no
           GRADSYNC_CHECK_ALL((s.stats().allreduce_calls > calls) == (reducing && !blocking));
           const bool done = s.synchronize();
           GRADSYNC_CHECK_ALL(done == reducing);
-          if (done) GRADSYNC_CHECK_ALL(m.error(p, passes) <= tol<T>());  // the sums are exact in any order; the 1/n rounds
+          if (done)
+            GRADSYNC_CHECK_ALL(m.error(p, passes) <= tol<T>());  // the sums are exact in any order; the 1/n rounds
         }
         GRADSYNC_CHECK_ALL(s.algorithm() == gradsync::Algorithm::hierarchical &&
-                           s.stats().algorithm == gradsync::Algorithm::hierarchical && s.summary().blocking == blocking &&
+                           s.stats().algorithm == gradsync::Algorithm::hierarchical &&
+                           s.summary().blocking == blocking &&
                            s.stats().chunks_in_flight == (blocking ? 1u : std::uint64_t(s.chunks_in_flight())));
         const std::string d = describe(s);
         GRADSYNC_CHECK_ALL(has(d, "algorithm hierarchical (set)") &&
@@ -205,7 +211,8 @@ TEST_CASE_TEMPLATE("hierarchical: the analytic average, over made-up and real no
   }
 }
 
-TEST_CASE("automatic across nodes: flat and hierarchical timed on the first steps, one kept by every rank, values exact") {
+TEST_CASE(
+    "automatic across nodes: flat and hierarchical timed on the first steps, one kept by every rank, values exact") {
   const int n = world_size();
   RanksPerNode k(2);  // nodes of 2 ranks: at 3 and 4 ranks, 2 nodes with 2 ranks on one
   gradsync::Options o = base();

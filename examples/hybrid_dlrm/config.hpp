@@ -37,10 +37,10 @@ struct Config {
   std::uint64_t seed = 1;  // model initialisation and data stream; the teacher's seed is fixed
   int log_every = 10;
   bool check = false;
-  bool scale_tables = true;   // --table-scale world_size (default) | none
-  int replicas = 0;           // --replicas R: tables sharded over n/R ranks, replicated R times (0: off)
-  double min_loss_drop = -1;  // --min-loss-drop F: fail unless the loss fell by the fraction F
-  double clip = 0;            // --clip MAX: gradients clipped to global norm MAX before each step (0: off)
+  bool scale_tables = true;          // --table-scale world_size (default) | none
+  int replicas = 0;                  // --replicas R: tables sharded over n/R ranks, replicated R times (0: off)
+  double min_loss_drop = -1;         // --min-loss-drop F: fail unless the loss fell by the fraction F
+  double clip = 0;                   // --clip MAX: gradients clipped to global norm MAX before each step (0: off)
   std::string compression = "none";  // --compression none | fp16 | bf16: the MLP gradients on the wire
 
   int num_tables() const { return int(table_rows.size()); }

@@ -387,5 +387,7 @@ int main(int argc, char** argv) {
   Config c;
   return examples::mpi_main(
       "hybrid_dlrm", argc, argv, [&](bool print) { return dlrm::parse(c, argc, argv, print); },
-      [&] { return c.replicas > 0 ? run<TablesReplicated>(c) : c.scale_tables ? run<Tables>(c) : run<TablesUnscaled>(c); });
+      [&] {
+        return c.replicas > 0 ? run<TablesReplicated>(c) : c.scale_tables ? run<Tables>(c) : run<TablesUnscaled>(c);
+      });
 }

@@ -83,7 +83,8 @@ class Trainer {
   using HostReal = typename View1<Real>::HostMirror;
   using RowIds = Kokkos::View<int**, Kokkos::LayoutRight, Mem>;  // [owned table][slot]: row numbers
   using TableRows =
-      gradsync::RowSparse<decltype(Kokkos::subview(std::declval<const Cube&>(), Index(0), Kokkos::ALL(), Kokkos::ALL())),
+      gradsync::RowSparse<decltype(Kokkos::subview(std::declval<const Cube&>(), Index(0), Kokkos::ALL(),
+                                                   Kokkos::ALL())),
                           decltype(Kokkos::subview(std::declval<const RowIds&>(), Index(0), Kokkos::ALL()))>;
 
   Trainer(const Config& c, Backend backend) : Trainer(c, backend, backend, {}) {}
@@ -208,8 +209,9 @@ class Trainer {
     // The rows the sync left in each table's RowSparse: this batch's rows, or with replicas the
     // union of every replica's rows (summed over the table's process set).
     for (std::size_t i = 0; i < table_rows_.size(); ++i)
-      Kokkos::parallel_for("dlrm::sgd_sparse_rows", range(table_rows_[i].rows() * dim_),
-                           TableRowUpdate{tables_, table_grad_, row_ids_, Index(i), row_offset_h_(Index(i)), cfg_.lr, dim_});
+      Kokkos::parallel_for(
+          "dlrm::sgd_sparse_rows", range(table_rows_[i].rows() * dim_),
+          TableRowUpdate{tables_, table_grad_, row_ids_, Index(i), row_offset_h_(Index(i)), cfg_.lr, dim_});
     Kokkos::fence();
   }
 
@@ -467,7 +469,7 @@ class Trainer {
         for (Index s = 0; s < b_; ++s) *out++ = ids_local_h_(s, t);
     }
     group_.alltoallv(ids_send_.data(), id_scount_.data(), id_sdispl_.data(), ids_recv_.data(), id_rcount_.data(),
-                       id_rdispl_.data());
+                     id_rdispl_.data());
     count_sent(id_scount_, sizeof(int), stats_.ids);
     const Index m = Index(my_.size());
     for (int p = 0; p < gn_; ++p)
@@ -537,8 +539,8 @@ class Trainer {
   Generator gen_;
   int n_ = 1, r_ = 0, gn_ = 1, gr_ = 0, T_ = 0, dim_ = 0;
   Index B_ = 0, b_ = 0;
-  Index GB_ = 0;      // the replica group's samples (B_ without replicas)
-  Index sample0_ = 0; // this rank's first sample in the global batch
+  Index GB_ = 0;                 // the replica group's samples (B_ without replicas)
+  Index sample0_ = 0;            // this rank's first sample in the global batch
   std::vector<Index> lo_, cnt_;  // per member of the replica group: first sample (from the group's), count
 
   std::vector<int> owner_, slot_, my_;

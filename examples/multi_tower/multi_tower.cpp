@@ -79,7 +79,7 @@ int main(int argc, char** argv) {
       const std::string a = argv[i];
       if (a == "--compression" && i + 1 < argc) {
         const std::string f = argv[++i];
-        so.compression = f == "bf16" ? gradsync::Compression::bf16
+        so.compression = f == "bf16"   ? gradsync::Compression::bf16
                          : f == "fp16" ? gradsync::Compression::fp16
                                        : gradsync::Compression::none;
       } else if (a.rfind("--kokkos", 0) != 0) {

@@ -16,25 +16,25 @@ constexpr double pi = 3.14159265358979323846;
 
 struct Config {
   // The problem.
-  int cells = 128;      // coarse cells on [0, 2 pi)
-  int refine = 8;       // fine cells per coarse cell
-  int substeps = 16;    // fine steps per coarse step
-  double nu = 0.02;     // viscosity (both grids)
-  double dt = 0.01;     // coarse time step
+  int cells = 128;    // coarse cells on [0, 2 pi)
+  int refine = 8;     // fine cells per coarse cell
+  int substeps = 16;  // fine steps per coarse step
+  double nu = 0.02;   // viscosity (both grids)
+  double dt = 0.01;   // coarse time step
   // The closure and its training.
-  int hidden = 16;      // trunk width
-  int passes = 4;       // backward_passes_per_step: solver steps per optimizer step
-  double lr = 1e-2;     // Adam, cosine-decayed to lr / 100
+  int hidden = 16;   // trunk width
+  int passes = 4;    // backward_passes_per_step: solver steps per optimizer step
+  double lr = 1e-2;  // Adam, cosine-decayed to lr / 100
   std::uint64_t seed = 1;
-  int steps = 3000;     // solver steps (one backward pass each)
+  int steps = 3000;  // solver steps (one backward pass each)
   bool steps_given = false;
-  int rollout = 25;     // steps of each free-running evaluation window (0: none)
-  int eval_windows = 20; // free-running windows after training, the closure frozen
+  int rollout = 25;       // steps of each free-running evaluation window (0: none)
+  int eval_windows = 20;  // free-running windows after training, the closure frozen
   int log_every = 250;
   bool check = false;
-  bool scale_local = true;     // --local-scale world_size (default) | none
-  double max_ratio = -1;       // --max-ratio F: exit 1 unless the final one-step error ratio <= F
-  std::string plot;            // --plot FILE.png
+  bool scale_local = true;  // --local-scale world_size (default) | none
+  double max_ratio = -1;    // --max-ratio F: exit 1 unless the final one-step error ratio <= F
+  std::string plot;         // --plot FILE.png
 
   double fine_dt() const { return dt / substeps; }
 };
@@ -80,8 +80,9 @@ inline void validate(const Config& c) {
   // Forward Euler on the diffusion term is stable for nu dt / dx^2 <= 1/2 (less with advection).
   const double dx_f = 2 * pi / (double(c.cells) * c.refine), dx_c = 2 * pi / c.cells;
   if (c.nu * c.fine_dt() / (dx_f * dx_f) > 0.4 || c.nu * c.dt / (dx_c * dx_c) > 0.4)
-    fail("the time step is unstable for the viscosity: nu dt / dx^2 must stay <= 0.4 on both grids "
-         "(raise --substeps or lower --dt)");
+    fail(
+        "the time step is unstable for the viscosity: nu dt / dx^2 must stay <= 0.4 on both grids "
+        "(raise --substeps or lower --dt)");
 }
 
 /// Parses the command line, skipping Kokkos' --kokkos-* options; false for --help (after printing

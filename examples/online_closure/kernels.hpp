@@ -37,9 +37,7 @@ KOKKOS_INLINE_FUNCTION std::uint64_t hash(std::uint64_t a, std::uint64_t b, std:
 }
 
 /// Uniform in (-1, 1).
-KOKKOS_INLINE_FUNCTION double symmetric(std::uint64_t h) {
-  return 2.0 * examples::uniform(h) - 1.0;
-}
+KOKKOS_INLINE_FUNCTION double symmetric(std::uint64_t h) { return 2.0 * examples::uniform(h) - 1.0; }
 
 /// p[i] = bound * u, u uniform in (-1, 1) from (seed, tag, offset + i): a parameter's values do not
 /// depend on which process initialises it.
@@ -92,8 +90,8 @@ struct BurgersStep {
   KOKKOS_INLINE_FUNCTION void operator()(Index i) const {
     const Real ul = u(halo + i - 1), uc = u(halo + i), ur = u(halo + i + 1);
     const Real x = (Real(first + i) + Real(0.5)) * dx;
-    out(out_halo + i) = uc - dt / dx * (rusanov(uc, ur) - rusanov(ul, uc)) + dt * nu / (dx * dx) * (ur - 2 * uc + ul) +
-                        dt * f(x, t);
+    out(out_halo + i) =
+        uc - dt / dx * (rusanov(uc, ur) - rusanov(ul, uc)) + dt * nu / (dx * dx) * (ur - 2 * uc + ul) + dt * f(x, t);
   }
 };
 

@@ -209,8 +209,7 @@ int run_check(const Config& c) {
           if (name == rname) params.add(rel_diff(to_host(p), to_host(rp)), name);
       params.add(rel_diff(to_host(dist.head(me, false)), to_host(ref.head(me, false))), "head " + std::to_string(me));
     }
-    const double ms = max_over_ranks(state.value), mg = max_over_ranks(grads.value),
-                 mp = max_over_ranks(params.value);
+    const double ms = max_over_ranks(state.value), mg = max_over_ranks(grads.value), mp = max_over_ranks(params.value);
     for (const Worst* w : {&state, &grads, &params})
       if (!w->what.empty()) overall.add(w->value, "step " + std::to_string(step) + ", " + w->what);
     if (me == 0) {
@@ -354,14 +353,13 @@ int run_train(const Config& c) {
 
   // Plot: rank 0 writes the CSV files and runs the plotting script.
   if (!c.plot.empty()) {
-    const auto fine = gather(sim.field("fine")), target = gather(sim.field("target")),
-               rp = gather(sim.field("plain")), rc = gather(sim.field("corrected"));
+    const auto fine = gather(sim.field("fine")), target = gather(sim.field("target")), rp = gather(sim.field("plain")),
+               rc = gather(sim.field("corrected"));
     if (me == 0) {
       const std::string base = c.plot.size() > 4 && c.plot.substr(c.plot.size() - 4) == ".png"
                                    ? c.plot.substr(0, c.plot.size() - 4)
                                    : c.plot;
-      std::ofstream h(base + "_history.csv"), w(base + "_rollouts.csv"), f(base + "_field.csv"),
-          ff(base + "_fine.csv");
+      std::ofstream h(base + "_history.csv"), w(base + "_rollouts.csv"), f(base + "_field.csv"), ff(base + "_fine.csv");
       h << "step,time,corrected,plain\n";
       for (std::size_t k = 0; k < corrected.size(); ++k)
         h << k + 1 << "," << double(k + 1) * c.dt << "," << corrected[k] << "," << plain[k] << "\n";
@@ -382,9 +380,10 @@ int run_train(const Config& c) {
       std::printf("plot: %s\n", cmd.c_str());
       std::fflush(stdout);
       if (std::system(cmd.c_str()) != 0)
-        std::printf("plot: the command failed (it needs python3 with matplotlib: apt-get install python3-matplotlib;\n"
-                    "      PYTHON=/path/to/python3 picks the interpreter); the CSV files are %s_*.csv\n",
-                    base.c_str());
+        std::printf(
+            "plot: the command failed (it needs python3 with matplotlib: apt-get install python3-matplotlib;\n"
+            "      PYTHON=/path/to/python3 picks the interpreter); the CSV files are %s_*.csv\n",
+            base.c_str());
     }
   }
 

@@ -182,9 +182,9 @@ class Simulation {
     const Real dtf = cfg_.fine_dt();
     for (int s = 0; s < cfg_.substeps; ++s) {
       fhalo_.exchange(fine_, nf_);
-      Kokkos::parallel_for("closure::fine_step", range(nf_),
-                           BurgersStep{fine_, fine_next_, 1, 1, lo_ * cfg_.refine, dxf_, dtf, cfg_.nu,
-                                       t + Real(s) * dtf, force_});
+      Kokkos::parallel_for(
+          "closure::fine_step", range(nf_),
+          BurgersStep{fine_, fine_next_, 1, 1, lo_ * cfg_.refine, dxf_, dtf, cfg_.nu, t + Real(s) * dtf, force_});
       std::swap(fine_, fine_next_);
     }
     Kokkos::parallel_for("closure::restrict", range(n_), Restrict{fine_, target_, 1, 0, cfg_.refine});
@@ -368,8 +368,10 @@ class Simulation {
   // forward's scratch).
   void advance_rollouts(Real t) {
     if (roll_left_ == 0) {  // a new window starts from the restricted fine state
-      Kokkos::parallel_for("closure::rollout_start", range(n_), CopyInterior{coarse_, roll_plain_, coarse_halo, coarse_halo});
-      Kokkos::parallel_for("closure::rollout_start", range(n_), CopyInterior{coarse_, roll_corr_, coarse_halo, coarse_halo});
+      Kokkos::parallel_for("closure::rollout_start", range(n_),
+                           CopyInterior{coarse_, roll_plain_, coarse_halo, coarse_halo});
+      Kokkos::parallel_for("closure::rollout_start", range(n_),
+                           CopyInterior{coarse_, roll_corr_, coarse_halo, coarse_halo});
       roll_left_ = rollout_;
     }
     for (View1* u : {&roll_plain_, &roll_corr_}) {

@@ -65,7 +65,7 @@ int main(int argc, char** argv) {
         gc(0) += e / samples;
       }
       MPI_Allreduce(MPI_IN_PLACE, &loss, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
-      loss /= size;  // the global mean loss
+      loss /= size;                       // the global mean loss
       if (!sync.synchronize()) continue;  // accumulating (backward_passes_per_step > 1): no update yet
       // c is seen by 1/size of the global samples: its exact global gradient is dL_r/dc / size,
       // so its effective step is lr/size. Scale the local learning rate back up to converge fast.
@@ -80,8 +80,8 @@ int main(int argc, char** argv) {
     for (int j = 0; j < dim; ++j) err = std::max(err, std::abs(w(j) - 0.5 * (j + 1)));
     MPI_Allreduce(MPI_IN_PLACE, &err, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
     if (rank == 0)
-      std::printf("%d ranks: largest parameter error %.2e (%s); local gradient grad_c never left its rank\n", size,
-                  err, err < 1e-4 ? "converged" : "NOT converged");
+      std::printf("%d ranks: largest parameter error %.2e (%s); local gradient grad_c never left its rank\n", size, err,
+                  err < 1e-4 ? "converged" : "NOT converged");
     status = err < 1e-4 ? 0 : 1;
   }
   Kokkos::finalize();

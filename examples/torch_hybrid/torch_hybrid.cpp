@@ -90,8 +90,9 @@ int main(int argc, char** argv) {
     gradsync::GradientSync<gradsync::MpiBackend, torch::Tensor> sync(gradsync::MpiBackend(MPI_COMM_WORLD));
     const auto is_head = [](const std::string& name) { return name.rfind("head.", 0) == 0; };
     const bool unscaled = argc > 2 && std::string(argv[1]) == "--head-scale" && std::string(argv[2]) == "none";
-    const gradsync::TorchParameters params = unscaled ? gradsync::add_parameters<Trunk, UnscaledHead>(sync, *net, is_head)
-                                                      : gradsync::add_parameters<Trunk, Head>(sync, *net, is_head);
+    const gradsync::TorchParameters params = unscaled
+                                                 ? gradsync::add_parameters<Trunk, UnscaledHead>(sync, *net, is_head)
+                                                 : gradsync::add_parameters<Trunk, Head>(sync, *net, is_head);
     torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(ref::LR));
 
     double worst = 0, loss_err = 0;
@@ -105,7 +106,8 @@ int main(int argc, char** argv) {
       params.check();
       if (sync.synchronize()) opt.step();  // false while accumulating (backward_passes_per_step > 1)
 
-      worst = std::max({worst, err(net->trunk->weight, ref::trunk_w[n - 1][s]), err(net->trunk->bias, ref::trunk_b[n - 1][s]),
+      worst = std::max({worst, err(net->trunk->weight, ref::trunk_w[n - 1][s]),
+                        err(net->trunk->bias, ref::trunk_b[n - 1][s]),
                         err(net->head->weight, ref::head_w[n - 1][s] + rank * ref::H),
                         err(net->head->bias, ref::head_b[n - 1][s] + rank)});
       // the global batch's loss is the mean of the ranks' losses (equal blocks)
@@ -119,12 +121,14 @@ int main(int argc, char** argv) {
     const gradsync::Stats st = sync.stats();
     // float rounding only: the n-rank sums add the batch in another order than PyTorch's one process
     const double tol = 2e-6;
-    failed = !(worst < tol && loss_err < tol && last_loss < first_loss && params.size() == 4 && params.local_count() == 2);
+    failed =
+        !(worst < tol && loss_err < tol && last_loss < first_loss && params.size() == 4 && params.local_count() == 2);
     MPI_Allreduce(MPI_IN_PLACE, &failed, 1, MPI_INT, MPI_LOR, MPI_COMM_WORLD);
     if (rank == 0) {
-      std::printf("torch_hybrid: %d ranks, %d steps, loss %.5f -> %.5f; largest difference from PyTorch's single-process "
-                  "model %.2e (parameters), %.2e (loss); tolerance %.0e\n",
-                  n, ref::STEPS, first_loss, last_loss, worst, loss_err, tol);
+      std::printf(
+          "torch_hybrid: %d ranks, %d steps, loss %.5f -> %.5f; largest difference from PyTorch's single-process "
+          "model %.2e (parameters), %.2e (loss); tolerance %.0e\n",
+          n, ref::STEPS, first_loss, last_loss, worst, loss_err, tol);
       std::printf("torch_hybrid: %zu parameters registered (%zu local); rank 0 allreduced %llu bytes in %llu calls\n",
                   params.size(), params.local_count(), (unsigned long long)st.bytes_allreduced,
                   (unsigned long long)st.allreduce_calls);

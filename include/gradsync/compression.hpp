@@ -8,8 +8,8 @@
 // Options::compression (CompressWith<>); local groups are never sent, hence never compressed.
 #pragma once
 
-#include <cstdint>
 #include <string.h>  // memcpy, usable in device code too
+#include <cstdint>
 
 #include <type_traits>
 

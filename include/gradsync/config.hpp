@@ -8,8 +8,7 @@
 #define GRADSYNC_VERSION_MAJOR 0
 #define GRADSYNC_VERSION_MINOR 1
 #define GRADSYNC_VERSION_PATCH 0
-#define GRADSYNC_VERSION \
-  (GRADSYNC_VERSION_MAJOR * 10000 + GRADSYNC_VERSION_MINOR * 100 + GRADSYNC_VERSION_PATCH)
+#define GRADSYNC_VERSION (GRADSYNC_VERSION_MAJOR * 10000 + GRADSYNC_VERSION_MINOR * 100 + GRADSYNC_VERSION_PATCH)
 
 #if !defined(KOKKOS_VERSION) || KOKKOS_VERSION < 30400
 #error "gradsync needs Kokkos 3.4 or newer"
@@ -29,10 +28,10 @@ void fence(const ExecutionSpace& exec, [[maybe_unused]] const std::string& label
 }
 
 // Kernel and fence labels, built once.
-#define GRADSYNC_LABEL(name, text)                 \
-  inline const std::string& label_##name() {       \
-    static const std::string s(text);              \
-    return s;                                      \
+#define GRADSYNC_LABEL(name, text)           \
+  inline const std::string& label_##name() { \
+    static const std::string s(text);        \
+    return s;                                \
   }
 GRADSYNC_LABEL(pack, "gradsync::pack")
 GRADSYNC_LABEL(unpack, "gradsync::unpack")
@@ -46,7 +45,7 @@ GRADSYNC_LABEL(check_finite, "gradsync::check_finite")
 // Fence labels fit std::string's small buffer (15 characters with libstdc++ and libc++): Kokkos 4
 // copies the label at every fence (Tools::beginFence takes it by value), so a longer one would
 // allocate on the heap at every step.
-#define GRADSYNC_FENCE_LABEL(name, text)                                                           \
+#define GRADSYNC_FENCE_LABEL(name, text)                                                         \
   static_assert(sizeof(text) <= 16, "gradsync: fence label " text " longer than 15 characters"); \
   GRADSYNC_LABEL(name, text)
 GRADSYNC_FENCE_LABEL(fence_pack, "gradsync:packed")

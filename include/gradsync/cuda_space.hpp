@@ -227,10 +227,18 @@ __global__ void local(const Segment<T>* segs, T* acc, LocalMode mode) {
   const std::int64_t stride = std::int64_t(gridDim.y) * blockDim.x;
   for (std::int64_t i = std::int64_t(blockIdx.y) * blockDim.x + threadIdx.x; i < s.count; i += stride) {
     switch (mode) {
-      case LocalMode::scale: g[i] *= s.scale; break;
-      case LocalMode::store: a[i] = g[i]; break;
-      case LocalMode::accumulate: a[i] += g[i]; break;
-      case LocalMode::finish: g[i] = s.scale * (a[i] + g[i]); break;
+      case LocalMode::scale:
+        g[i] *= s.scale;
+        break;
+      case LocalMode::store:
+        a[i] = g[i];
+        break;
+      case LocalMode::accumulate:
+        a[i] += g[i];
+        break;
+      case LocalMode::finish:
+        g[i] = s.scale * (a[i] + g[i]);
+        break;
     }
   }
 }
@@ -285,16 +293,16 @@ void launch(cudaStream_t s, std::int64_t nsegs, const PackKernel<T, CudaStream, 
         k.segs.data(), k.buf.data(), k.wire.data(), k.residual.data(), k.first_seg, k.base, k.prescale, k.accumulate);
   else
     pack<T><<<grid(nsegs), threads_per_block, 0, s>>>(k.segs.data(), k.buf.data(), k.first_seg, k.base, k.prescale,
-                                                     k.accumulate);
+                                                      k.accumulate);
 }
 template <class T, class M>
 void launch(cudaStream_t s, std::int64_t nsegs, const UnpackKernel<T, CudaStream, M>& k) {
   if (k.format == Compression::fp16)
-    unpack_wire<T, WireFp16><<<grid(nsegs), threads_per_block, 0, s>>>(
-        k.segs.data(), k.wire.data(), k.first_seg, k.base, k.factor, k.overflow.data());
+    unpack_wire<T, WireFp16><<<grid(nsegs), threads_per_block, 0, s>>>(k.segs.data(), k.wire.data(), k.first_seg,
+                                                                       k.base, k.factor, k.overflow.data());
   else if (k.format == Compression::bf16)
-    unpack_wire<T, WireBf16><<<grid(nsegs), threads_per_block, 0, s>>>(
-        k.segs.data(), k.wire.data(), k.first_seg, k.base, k.factor, k.overflow.data());
+    unpack_wire<T, WireBf16><<<grid(nsegs), threads_per_block, 0, s>>>(k.segs.data(), k.wire.data(), k.first_seg,
+                                                                       k.base, k.factor, k.overflow.data());
   else
     unpack<T><<<grid(nsegs), threads_per_block, 0, s>>>(k.segs.data(), k.buf.data(), k.first_seg, k.base, k.factor);
 }

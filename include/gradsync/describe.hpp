@@ -24,18 +24,18 @@ class GradientSync;
 /// What a GradientSync holds and how it exchanges it, on this rank. Bytes are bytes of gradient.
 struct SyncSummary {
   struct Group {
-    std::string name;                      ///< the group type's name
-    bool policy_local = false;             ///< LocalVarPolicy<Group> keeps it local
-    LocalScale scale = LocalScale::none;   ///< its policy's scale (when policy_local)
-    std::size_t tensors = 0, bytes = 0;    ///< every tensor registered in it
+    std::string name;                                                ///< the group type's name
+    bool policy_local = false;                                       ///< LocalVarPolicy<Group> keeps it local
+    LocalScale scale = LocalScale::none;                             ///< its policy's scale (when policy_local)
+    std::size_t tensors = 0, bytes = 0;                              ///< every tensor registered in it
     std::size_t runtime_local_tensors = 0, runtime_local_bytes = 0;  ///< made local by register_local_var
     Compression compression = Compression::none;  ///< its wire format (its policy's, else the options')
   };
   std::string backend;  ///< Backend::name()
   int rank = 0, ranks = 1;
   std::string value_type, memory_space;
-  Options options;                       ///< as applied (environment included)
-  std::vector<Group> groups;             ///< in the order of their first registration
+  Options options;                                                 ///< as applied (environment included)
+  std::vector<Group> groups;                                       ///< in the order of their first registration
   std::size_t data_parallel_tensors = 0, data_parallel_bytes = 0;  ///< handed to the backend per step
   std::size_t local_tensors = 0, local_bytes = 0;                  ///< never sent
 
@@ -50,20 +50,20 @@ struct SyncSummary {
   std::size_t chunks_folded = 0;           ///< of which the backend's sum applies the scale (MpiBackend: its ring)
   std::size_t chunks_compressed = 0;       ///< of which travel as 16-bit values (Options::compression, policies)
   std::size_t largest_chunk_bytes = 0;
-  std::size_t buffer_bytes = 0;            ///< fusion buffer, accumulators and staging held now
-  std::size_t bytes_on_huge_pages = 0;     ///< gradient bytes moved onto 2 MiB pages at the last build
+  std::size_t buffer_bytes = 0;         ///< fusion buffer, accumulators and staging held now
+  std::size_t bytes_on_huge_pages = 0;  ///< gradient bytes moved onto 2 MiB pages at the last build
 
   // Where the ranks are and what the plan chose from it.
   Topology topology;
-  Algorithm algorithm = Algorithm::flat;   ///< in use (while tuning: the candidate timed now)
-  int chunks_in_flight = 0;                ///< nonblocking: most chunks reduced at once
-  std::size_t plan_candidates = 1;         ///< ways the first steps time (1: decided by rule)
+  Algorithm algorithm = Algorithm::flat;  ///< in use (while tuning: the candidate timed now)
+  int chunks_in_flight = 0;               ///< nonblocking: most chunks reduced at once
+  std::size_t plan_candidates = 1;        ///< ways the first steps time (1: decided by rule)
   struct Timed {
     std::size_t chunk_bytes;
     Algorithm algorithm;
     double seconds;  ///< best step, the slowest rank's
   };
-  std::vector<Timed> candidate_seconds;    ///< after tuning: each candidate's agreed time
+  std::vector<Timed> candidate_seconds;  ///< after tuning: each candidate's agreed time
 };
 
 namespace impl {
@@ -117,14 +117,15 @@ inline std::string describe(const SyncSummary& s) {
       os << "data-parallel";
       if (g.compression != Compression::none) os << ", " << to_string(g.compression) << " on the wire";
       if (g.runtime_local_tensors > 0)
-        os << " (" << plural(g.runtime_local_tensors, "tensor", "tensors") << ", "
-           << bytes_text(g.runtime_local_bytes) << " local by register_local_var, "
+        os << " (" << plural(g.runtime_local_tensors, "tensor", "tensors") << ", " << bytes_text(g.runtime_local_bytes)
+           << " local by register_local_var, "
            << (o.scale_local_gradients ? "scaled by 1/" + std::to_string(s.ranks) : std::string("not scaled")) << ")";
     }
   }
   os << "\n  data-parallel: " << plural(s.data_parallel_tensors, "tensor", "tensors") << ", "
-     << bytes_text(s.data_parallel_bytes) << " handed to the backend per step; local: "
-     << plural(s.local_tensors, "tensor", "tensors") << ", " << bytes_text(s.local_bytes) << " never sent\n";
+     << bytes_text(s.data_parallel_bytes)
+     << " handed to the backend per step; local: " << plural(s.local_tensors, "tensor", "tensors") << ", "
+     << bytes_text(s.local_bytes) << " never sent\n";
   const std::string threshold =
       "fusion_threshold_bytes " +
       (o.fusion_threshold_bytes == fusion_threshold_auto
@@ -134,8 +135,10 @@ inline std::string describe(const SyncSummary& s) {
        : s.fusion_threshold_bytes == 0 ? std::string("0 (one call per tensor)")
                                        : bytes_text(s.fusion_threshold_bytes));
   os << "  topology: " << describe_topology(s.topology) << "; algorithm " << to_string(s.algorithm);
-  if (o.algorithm == Algorithm::automatic) os << " (automatic";
-  else os << " (set";
+  if (o.algorithm == Algorithm::automatic)
+    os << " (automatic";
+  else
+    os << " (set";
   if (s.plan_candidates > 1 && s.tuning) os << ", timing " << s.plan_candidates << " candidates on the first steps";
   for (std::size_t k = 0; k < s.candidate_seconds.size(); ++k)
     os << (k ? ", " : "; timed: ") << to_string(s.candidate_seconds[k].algorithm) << " "
@@ -145,8 +148,8 @@ inline std::string describe(const SyncSummary& s) {
     os << "  plan: not built yet (prepare() or the first synchronize() builds it); " << threshold;
   } else {
     os << "  plan: " << plural(s.chunks, "chunk", "chunks") << " per step (" << s.chunks_in_place
-       << " reduced in place, " << s.chunks - s.chunks_in_place << " packed through the fusion buffer); "
-       << threshold << ", largest chunk " << bytes_text(s.largest_chunk_bytes) << "\n";
+       << " reduced in place, " << s.chunks - s.chunks_in_place << " packed through the fusion buffer); " << threshold
+       << ", largest chunk " << bytes_text(s.largest_chunk_bytes) << "\n";
     os << "  collectives: ";
     if (s.blocking && s.algorithm == Algorithm::hierarchical)
       os << "per chunk, a blocking reduce within each node, allreduce among nodes and broadcast";
@@ -158,20 +161,20 @@ inline std::string describe(const SyncSummary& s) {
     else
       os << "nonblocking, up to " << s.chunks_in_flight << " chunks in flight, " << s.chunks_folded
          << " with the scale folded into the backend's sum";
-    if (s.chunks_compressed > 0) os << "; " << s.chunks_compressed << " compressed (16 bits on the wire, added in fp32)";
+    if (s.chunks_compressed > 0)
+      os << "; " << s.chunks_compressed << " compressed (16 bits on the wire, added in fp32)";
     os << "; " << (s.staged ? "staged through host memory" : "no host staging") << "; buffers "
        << bytes_text(s.buffer_bytes) << "; " << bytes_text(s.bytes_on_huge_pages) << " of gradients on huge pages";
   }
   os << "\n  options: op " << to_string(o.op) << ", prescale " << o.prescale_factor << ", postscale "
      << o.postscale_factor << ", backward_passes_per_step " << o.backward_passes_per_step
-     << ", average_aggregated_gradients " << impl::to_text(o.average_aggregated_gradients)
-     << ", scale_local_gradients " << impl::to_text(o.scale_local_gradients) << ", in_place_min_bytes "
-     << impl::grouped(o.in_place_min_bytes) << ", host_staging " << impl::to_text(o.host_staging)
-     << ", huge_pages " << impl::to_text(o.huge_pages) << ", consistency_check " << impl::to_text(o.consistency_check)
-     << ", check_finite " << impl::to_text(o.check_finite) << ", stall_timeout " << o.stall_timeout
-     << " s, stall_warning " << o.stall_warning << " s, stall_action "
-     << (o.stall_action == StallAction::abort ? "abort" : "throw") << ", compression " << to_string(o.compression)
-     << ", error_feedback " << impl::to_text(o.error_feedback);
+     << ", average_aggregated_gradients " << impl::to_text(o.average_aggregated_gradients) << ", scale_local_gradients "
+     << impl::to_text(o.scale_local_gradients) << ", in_place_min_bytes " << impl::grouped(o.in_place_min_bytes)
+     << ", host_staging " << impl::to_text(o.host_staging) << ", huge_pages " << impl::to_text(o.huge_pages)
+     << ", consistency_check " << impl::to_text(o.consistency_check) << ", check_finite "
+     << impl::to_text(o.check_finite) << ", stall_timeout " << o.stall_timeout << " s, stall_warning "
+     << o.stall_warning << " s, stall_action " << (o.stall_action == StallAction::abort ? "abort" : "throw")
+     << ", compression " << to_string(o.compression) << ", error_feedback " << impl::to_text(o.error_feedback);
   return os.str();
 }
 

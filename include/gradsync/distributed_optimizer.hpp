@@ -276,7 +276,8 @@ class DistributedOptimizer {
   void broadcast_parameters(int root) {
     const int size = sync().backend().size();
     if (root < 0 || root >= size)
-      throw Error(impl::cat("broadcast_parameters: root ", root, " is not a rank of this ", size, "-rank communicator"));
+      throw Error(
+          impl::cat("broadcast_parameters: root ", root, " is not a rank of this ", size, "-rank communicator"));
     impl::ProfileRegion region(impl::Region::broadcast_parameters);
     Kokkos::fence();  // pending kernels may still write parameters or state
     // Every collective below waits under the sync's stall watchdog: a rank that skips the call is
@@ -425,10 +426,10 @@ class DistributedOptimizer {
     const auto& sets = sync().impl_process_sets().sets();
     std::string mine;
     for (std::size_t i = 0; i < sets.size(); ++i) {  // every kind, even after a failure: the sets' peers wait
-      std::string e = disagreement(by_set[i], b.over(*sets[i].backend), 0, sets[i].ranks,
-                                   impl::cat("broadcast_parameters: process set ", sets[i].tag, " ",
-                                             impl::rank_list(sets[i].ranks)),
-                                   "set-reduced", impl::cat("its first rank's (rank ", sets[i].ranks.front(), ")"));
+      std::string e = disagreement(
+          by_set[i], b.over(*sets[i].backend), 0, sets[i].ranks,
+          impl::cat("broadcast_parameters: process set ", sets[i].tag, " ", impl::rank_list(sets[i].ranks)),
+          "set-reduced", impl::cat("its first rank's (rank ", sets[i].ranks.front(), ")"));
       if (mine.empty()) mine = std::move(e);
     }
     constexpr std::int64_t none = std::numeric_limits<std::int64_t>::max();
@@ -440,9 +441,10 @@ class DistributedOptimizer {
       if (bad[std::size_t(r)] != none) ranks += impl::cat(ranks.empty() ? "" : ", ", r);
     if (ranks.empty()) return;
     if (!mine.empty()) throw MismatchError(mine);
-    throw MismatchError(impl::cat("broadcast_parameters: the set-reduced parameters differ between the members of the "
-                                  "process set(s) of rank(s) ", ranks, " (their error names the parameter); rank ",
-                                  b.rank(), "'s sets agree"));
+    throw MismatchError(
+        impl::cat("broadcast_parameters: the set-reduced parameters differ between the members of the "
+                  "process set(s) of rank(s) ",
+                  ranks, " (their error names the parameter); rank ", b.rank(), "'s sets agree"));
   }
 
   // Sends the parameters of `es` and their optimizer state from `root` to every rank of `b`.
@@ -544,14 +546,15 @@ void broadcast_set_parameter(Sync& sync, const P& param) {
                 "gradsync::broadcast_set_parameter: the parameter must be a writable tensor gradsync knows");
   using Space = typename PT::memory_space;
   const std::string tag = impl::type_name<typename LocalVarPolicy<Group>::set_tag>();
-  const std::string what = impl::cat("broadcast_set_parameter<", impl::type_name<Group>(), "> on rank ",
-                                     sync.backend().rank());
+  const std::string what =
+      impl::cat("broadcast_set_parameter<", impl::type_name<Group>(), "> on rank ", sync.backend().rank());
   const auto& sets = sync.impl_process_sets().sets();
   const auto s = std::find_if(sets.begin(), sets.end(), [&](const auto& x) { return x.tag == tag; });
   if (s == sets.end())
     throw Error(impl::cat(what, ": process set ", tag, " is not bound (bind_process_set<", tag, ">)"));
   if (!s->backend)
-    throw Error(impl::cat(what, ": process set ", tag, " has no communicator yet: call it after the sync's prepare() "
+    throw Error(impl::cat(what, ": process set ", tag,
+                          " has no communicator yet: call it after the sync's prepare() "
                           "or first synchronize()"));
   if (!PT::is_contiguous(param)) throw Error(impl::cat(what, ": the parameter is not contiguous"));
   const int me = sync.backend().rank();

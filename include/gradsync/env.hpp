@@ -85,9 +85,12 @@ inline bool env_parse_size(const char* var, std::size_t& out) {
   const unsigned long long n = std::strtoull(v, &end, 10);
   if (errno == ERANGE) env_bad(var, v, expect);
   unsigned long long mult = 1;
-  if (*end == 'K' || *end == 'k') mult = 1ull << 10, ++end;
-  else if (*end == 'M' || *end == 'm') mult = 1ull << 20, ++end;
-  else if (*end == 'G' || *end == 'g') mult = 1ull << 30, ++end;
+  if (*end == 'K' || *end == 'k')
+    mult = 1ull << 10, ++end;
+  else if (*end == 'M' || *end == 'm')
+    mult = 1ull << 20, ++end;
+  else if (*end == 'G' || *end == 'g')
+    mult = 1ull << 30, ++end;
   if (*end != '\0' || n > std::numeric_limits<std::size_t>::max() / mult) env_bad(var, v, expect);
   out = std::size_t(n * mult);
   return true;
@@ -121,9 +124,12 @@ inline bool env_parse_bool(const char* var, bool& out) {
   const char* v = env_value(var);
   if (!v) return false;
   const std::string s(v);
-  if (s == "1" || s == "true" || s == "on" || s == "yes") out = true;
-  else if (s == "0" || s == "false" || s == "off" || s == "no") out = false;
-  else env_bad(var, v, "a boolean (1/0, true/false, on/off, yes/no)");
+  if (s == "1" || s == "true" || s == "on" || s == "yes")
+    out = true;
+  else if (s == "0" || s == "false" || s == "off" || s == "no")
+    out = false;
+  else
+    env_bad(var, v, "a boolean (1/0, true/false, on/off, yes/no)");
   return true;
 }
 
@@ -149,7 +155,8 @@ inline std::size_t edit_distance(const std::string& a, const std::string& b) {
   for (std::size_t i = 1; i <= n; ++i)
     for (std::size_t j = 1; j <= m; ++j) {
       d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (a[i - 1] != b[j - 1])});
-      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1]) d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1])
+        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
     }
   return d[n][m];
 }
@@ -179,8 +186,9 @@ inline std::vector<std::string> unknown_env_warnings(char** env) {
     const auto& known = known_env_vars();
     if (std::any_of(known.begin(), known.end(), [&](const EnvVar& v) { return name == v.name; })) continue;
     const char* near = closest_env_var(name);
-    out.push_back(cat("gradsync: warning: unknown environment variable ", name, " is ignored",
-                      near ? cat("; did you mean ", near, "?") : std::string("; the known ones are in docs/ERRORS.md")));
+    out.push_back(
+        cat("gradsync: warning: unknown environment variable ", name, " is ignored",
+            near ? cat("; did you mean ", near, "?") : std::string("; the known ones are in docs/ERRORS.md")));
   }
   return out;
 }

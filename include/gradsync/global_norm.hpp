@@ -79,7 +79,6 @@ struct ScaleKernel {
   }
 };
 
-
 }  // namespace impl
 
 /// Global norm and clipping over every gradient a GradientSync holds. Keeps its kernel table between
@@ -146,7 +145,7 @@ class GlobalNorm {
       throw Error(impl::cat("clip_grad_norm: the global gradient norm is ", total, " on rank ", sync.backend().rank(),
                             " (and every other rank)"));
     const double coef = max_norm / (total + 1e-6);
-    if (!(coef >= 1)) {  // also NaN, as torch.clamp(NaN, max=1) is NaN
+    if (!(coef >= 1)) {          // also NaN, as torch.clamp(NaN, max=1) is NaN
       sync.apply_local_scale();  // deferred scales first: the same two roundings as without deferral
       impl::launch_per_segment(impl::label_clip(), exec_, std::int64_t(segs_.extent(0)),
                                impl::ScaleKernel<value_type, execution_space, memory_space>{segs_, value_type(coef)});
@@ -227,8 +226,8 @@ class GlobalNorm {
         Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("gradsync::norm_segments")), host.size());
     segs_host_ = Kokkos::create_mirror_view(segs_);
     std::copy(host.begin(), host.end(), segs_host_.data());
-    partial_ = Kokkos::View<double*, memory_space>(Kokkos::view_alloc("gradsync::norm_partials", Kokkos::WithoutInitializing),
-                                                   host.size());
+    partial_ = Kokkos::View<double*, memory_space>(
+        Kokkos::view_alloc("gradsync::norm_partials", Kokkos::WithoutInitializing), host.size());
     partial_host_ = Kokkos::create_mirror_view(partial_);
     keys_.assign(scratch_.begin(), scratch_.end());  // scratch_ keeps its capacity: no allocation next time
     world_ = n;
@@ -241,10 +240,10 @@ class GlobalNorm {
   std::vector<SparseSegment> sparse_segs_;  // the segments whose count follows used_
   impl::NormSegmentView<value_type, memory_space> segs_;
   typename impl::NormSegmentView<value_type, memory_space>::HostMirror segs_host_;  // segs_ itself on the host
-  Kokkos::View<double*, memory_space> partial_;  // one partial sum per segment
+  Kokkos::View<double*, memory_space> partial_;                                     // one partial sum per segment
   typename Kokkos::View<double*, memory_space>::HostMirror partial_host_;
   Kokkos::View<double, memory_space> device_value_;  // allocated on first use, by device-only backends only
-  std::shared_ptr<double> cell_;  // the host path's value in flight (see norm)
+  std::shared_ptr<double> cell_;                     // the host path's value in flight (see norm)
 };
 
 /// The global gradient norm of everything `sync` holds (see GlobalNorm; builds its table each call).

@@ -77,8 +77,8 @@ class GradientArena {
  private:
   std::size_t take(std::size_t n) {
     if (n > capacity() - used_)
-      throw Error(impl::cat("gradient arena '", storage_.label(), "': ", n, " values asked for, ",
-                            capacity() - used_, " of ", capacity(), " left"));
+      throw Error(impl::cat("gradient arena '", storage_.label(), "': ", n, " values asked for, ", capacity() - used_,
+                            " of ", capacity(), " left"));
     used_ += n;
     return used_ - n;
   }

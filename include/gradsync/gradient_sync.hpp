@@ -116,8 +116,10 @@ class GradientSync {
   ~GradientSync() {
     if (!step_.open()) return;
     fail_step(impl::ErrorKind::error,
-              impl::cat("rank ", backend_.rank(), " abandoned its step with the exchange in flight: its GradientSync was "
-                        "destroyed", std::uncaught_exceptions() > 0 ? " while an exception unwound the stack" : "",
+              impl::cat("rank ", backend_.rank(),
+                        " abandoned its step with the exchange in flight: its GradientSync was "
+                        "destroyed",
+                        std::uncaught_exceptions() > 0 ? " while an exception unwound the stack" : "",
                         " before synchronize() returned"),
               "the GradientSync's destructor");
   }
@@ -156,8 +158,8 @@ class GradientSync {
     if constexpr (impl::is_std_vector<U>::value)
       e.requery = [&tensor] { return std::make_pair(UT::data(tensor), UT::size(tensor)); };
     if (const Entry* o = registry_.find_overlap(e.data, e.size))  // O(log n): 100,000 tensors register
-      throw Error(impl::cat("tensor '", e.name, "' (group ", e.group, ") overlaps tensor '", o->name,
-                            "' (group ", o->group, ") already registered",
+      throw Error(impl::cat("tensor '", e.name, "' (group ", e.group, ") overlaps tensor '", o->name, "' (group ",
+                            o->group, ") already registered",
                             e.data == o->data ? " (the same tensor registered twice)" : ""));
     sparse_.for_each_values([&](const value_type* p, std::size_t n, const std::string& on, const std::string& og) {
       if (impl::overlaps(e.data, e.size, p, n))
@@ -364,7 +366,8 @@ class GradientSync {
     s.memory_space = memory_space::name();
     s.options = opt_;
     for (const Entry& e : registry_) {
-      auto g = std::find_if(s.groups.begin(), s.groups.end(), [&](const SyncSummary::Group& x) { return x.name == e.group; });
+      auto g = std::find_if(s.groups.begin(), s.groups.end(),
+                            [&](const SyncSummary::Group& x) { return x.name == e.group; });
       if (g == s.groups.end()) {
         s.groups.push_back({e.group, e.policy_local, e.policy_scale});
         s.groups.back().compression = e.policy_local ? Compression::none : Registry::wire_of(e, opt_.compression);
@@ -488,8 +491,9 @@ class GradientSync {
   decltype(auto) impl_collective(const char* call, const char* what, F&& run) {
     step_.require_usable(call);
     if (step_.open())
-      throw Error(impl::cat(call, " called while a step is open (mark_ready() started its exchange); call it after "
-                                  "synchronize() returned"));
+      throw Error(impl::cat(call,
+                            " called while a step is open (mark_ready() started its exchange); call it after "
+                            "synchronize() returned"));
     return collective(call, [&]() -> decltype(auto) {
       return run(impl::Watched<Backend>(backend_, ctl_, opt_, std::int64_t(stats_.passes), what));
     });
@@ -541,20 +545,20 @@ class GradientSync {
   void finish_row_sparse() {
     std::vector<std::string> tags;
     if constexpr (sets_supported) tags = sets_.tags_in_order();
-    sparse_.finish(backend_, exec_, value_type(plan_.pre_factor() * plan_.post_factor()), stats_, tags,
-                   [&](const std::string& tag, SetScale scale) -> std::pair<const set_backend_type*, value_type> {
-                     if constexpr (sets_supported)
-                       return {&sets_.backend_of(tag),
-                               sets_.factor(scale, opt_, backend_.size(), sets_.set_size(tag))};
-                     else
-                       return {nullptr, value_type(1)};  // never asked: no sets without split()
-                   },
-                   [&](const auto& b) -> decltype(auto) {  // the sync's own backend type: watched
-                     if constexpr (std::is_same_v<std::decay_t<decltype(b)>, Backend>)
-                       return impl::Watched<Backend>(b, ctl_, opt_, std::int64_t(stats_.passes), "row-sparse exchange");
-                     else
-                       return (b);
-                   });
+    sparse_.finish(
+        backend_, exec_, value_type(plan_.pre_factor() * plan_.post_factor()), stats_, tags,
+        [&](const std::string& tag, SetScale scale) -> std::pair<const set_backend_type*, value_type> {
+          if constexpr (sets_supported)
+            return {&sets_.backend_of(tag), sets_.factor(scale, opt_, backend_.size(), sets_.set_size(tag))};
+          else
+            return {nullptr, value_type(1)};  // never asked: no sets without split()
+        },
+        [&](const auto& b) -> decltype(auto) {  // the sync's own backend type: watched
+          if constexpr (std::is_same_v<std::decay_t<decltype(b)>, Backend>)
+            return impl::Watched<Backend>(b, ctl_, opt_, std::int64_t(stats_.passes), "row-sparse exchange");
+          else
+            return (b);
+        });
   }
 
   // Environment overrides applied, then validated, before anything collective starts.
@@ -578,11 +582,11 @@ class GradientSync {
     if (bad(o.postscale_factor))
       throw ConfigError(impl::cat("postscale_factor must be finite and >= 0, got ", o.postscale_factor));
     if (bad(o.stall_timeout))
-      throw ConfigError(impl::cat("stall_timeout must be finite and >= 0 seconds (0 waits forever), got ",
-                                  o.stall_timeout));
+      throw ConfigError(
+          impl::cat("stall_timeout must be finite and >= 0 seconds (0 waits forever), got ", o.stall_timeout));
     if (bad(o.stall_warning))
-      throw ConfigError(impl::cat("stall_warning must be finite and >= 0 seconds (0: no warning), got ",
-                                  o.stall_warning));
+      throw ConfigError(
+          impl::cat("stall_warning must be finite and >= 0 seconds (0: no warning), got ", o.stall_warning));
   }
 
   // Local checks, then the agreement before the exchange (agree_before_exchange; on the blocking
@@ -595,7 +599,8 @@ class GradientSync {
     if (checks_.agrees_each_call() || !checks_.agreed_once())
       agree_before_exchange(false, preparing);  // before the step's first collective, which is watched itself
     else
-      check_consistency(checks_.registrations_pending(), false);  // no side channel: the first call agreed on the options
+      check_consistency(checks_.registrations_pending(),
+                        false);  // no side channel: the first call agreed on the options
   }
 
   // The arrival round (SyncChecks::arrive), the registrations' comparison when due, and on the
@@ -687,8 +692,9 @@ class GradientSync {
   // One pass of synchronize(), its collective phase. `overflow`: the fp16 sum found not finite, which
   // synchronize() throws after the phase (every rank holds the same sums: the sync stays usable).
   bool sync_pass(const value_type*& overflow) {
-    const std::int64_t t_begin = timeline_ ? impl::Timeline::now() : 0;  // no RAII here: keeps the inlining of the timeline-off path
-    pending_ = false;  // the tensors are about to hold this pass's values
+    const std::int64_t t_begin =
+        timeline_ ? impl::Timeline::now() : 0;  // no RAII here: keeps the inlining of the timeline-off path
+    pending_ = false;                           // the tensors are about to hold this pass's values
     const bool step_open = step_.open();
     if (!step_open) checks_before_pass();  // else mark_ready ran them when it opened the step
     const auto t0 = std::chrono::steady_clock::now();
@@ -698,7 +704,8 @@ class GradientSync {
     // chunks it launched were scanned at their launch and the rest are scanned at theirs (reduce).
     if (opt_.check_finite && !step_open)
       checks_.check_finite(cx, registry_, engine_.data_parallel_segments(), engine_.num_data_parallel_segments());
-    if (checks_.agrees_each_call() && plan_.blocking()) agree_before_exchange(true);  // after every local check: the collectives follow
+    if (checks_.agrees_each_call() && plan_.blocking())
+      agree_before_exchange(true);  // after every local check: the collectives follow
     ++stats_.passes;
     const int n_passes = opt_.backward_passes_per_step;
     if (step_.pass() + 1 < n_passes) {
@@ -715,8 +722,7 @@ class GradientSync {
       engine_.reduce(cx, plan_, n_passes > 1);
     engine_.finish_local(cx, n_passes > 1);
     if constexpr (sets_supported) {
-      if (sets_.has_tensors())
-        sets_.reduce(exec_, opt_, ctl_, backend_.size(), std::int64_t(stats_.passes), stats_);
+      if (sets_.has_tensors()) sets_.reduce(exec_, opt_, ctl_, backend_.size(), std::int64_t(stats_.passes), stats_);
     }
     if (!sparse_.empty()) finish_row_sparse();
     impl::fence(exec_, impl::label_fence_sync());
@@ -725,7 +731,8 @@ class GradientSync {
     if (engine_.watches_overflow()) overflow = engine_.take_overflow(cx);
     if (plan_.tuner().active()) {
       const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      plan_.tune(seconds, [&](double* v, std::size_t n) { allreduce_max_watched(v, n); }, stats_, timeline_.get());
+      plan_.tune(
+          seconds, [&](double* v, std::size_t n) { allreduce_max_watched(v, n); }, stats_, timeline_.get());
     }
     step_.closed();
     if (timeline_) timeline_->step_span(t_begin, stats_.passes);
@@ -789,7 +796,8 @@ class GradientSync {
   void fail_step(impl::ErrorKind kind, const std::string& what, const char* call) noexcept {
     try {
       std::string reason = what.rfind("gradsync: ", 0) == 0 ? what.substr(10) : what;
-      if (reason.find("rank") == std::string::npos) reason = impl::cat(reason, " (in ", call, " on rank ", backend_.rank(), ")");
+      if (reason.find("rank") == std::string::npos)
+        reason = impl::cat(reason, " (in ", call, " on rank ", backend_.rank(), ")");
       step_.fail(kind, call, call_, backend_.rank(), reason);
       impl::abort_collectives(backend_);  // NCCL: ncclCommAbort releases the user's stream; MPI: nothing
       // What collectives in flight may still write into: the chunks' requests (with the buffers
@@ -814,13 +822,13 @@ class GradientSync {
   Checks checks_;      // the cross-rank agreements
   Engine engine_;      // the buffers and the step in progress
 
-  impl::SyncStep step_;     // the step's state: idle, accumulating, open, failed (impl/sync_step.hpp)
-  std::int64_t call_ = 1;  // the synchronize() call the current (or next) collective phase belongs to
-  bool pending_ = false;   // deferred local scales not yet applied (local_scale_pending)
+  impl::SyncStep step_;         // the step's state: idle, accumulating, open, failed (impl/sync_step.hpp)
+  std::int64_t call_ = 1;       // the synchronize() call the current (or next) collective phase belongs to
+  bool pending_ = false;        // deferred local scales not yet applied (local_scale_pending)
   impl::Control<Backend> ctl_;  // side channel: consistency check, stall reports, peer failures
-  std::unique_ptr<impl::Timeline> timeline_;  // Options::timeline; null when off
+  std::unique_ptr<impl::Timeline> timeline_;                                  // Options::timeline; null when off
   impl::row_sparse_set_t<value_type, memory_space, execution_space> sparse_;  // RowSparse gradients
-  impl::ProcessSets<Backend, value_type, execution_space> sets_;  // ReduceOver groups' sets
+  impl::ProcessSets<Backend, value_type, execution_space> sets_;              // ReduceOver groups' sets
 };
 
 }  // namespace gradsync

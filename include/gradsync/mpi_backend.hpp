@@ -24,15 +24,24 @@ namespace impl {
 
 template <class T>
 MPI_Datatype mpi_type() {
-  if constexpr (std::is_same_v<T, float>) return MPI_FLOAT;
-  else if constexpr (std::is_same_v<T, double>) return MPI_DOUBLE;
-  else if constexpr (std::is_same_v<T, int>) return MPI_INT;
-  else if constexpr (std::is_same_v<T, char>) return MPI_CHAR;
-  else if constexpr (std::is_same_v<T, unsigned char>) return MPI_UNSIGNED_CHAR;
-  else if constexpr (std::is_same_v<T, std::int64_t>) return MPI_INT64_T;
-  else if constexpr (std::is_same_v<T, std::uint64_t>) return MPI_UINT64_T;
-  else if constexpr (is_wire_v<T>) return MPI_UINT16_T;  // summed by mpi_wire_op<T>(), never MPI_SUM
-  else static_assert(sizeof(T) == 0, "gradsync: no built-in MPI datatype for this type");
+  if constexpr (std::is_same_v<T, float>)
+    return MPI_FLOAT;
+  else if constexpr (std::is_same_v<T, double>)
+    return MPI_DOUBLE;
+  else if constexpr (std::is_same_v<T, int>)
+    return MPI_INT;
+  else if constexpr (std::is_same_v<T, char>)
+    return MPI_CHAR;
+  else if constexpr (std::is_same_v<T, unsigned char>)
+    return MPI_UNSIGNED_CHAR;
+  else if constexpr (std::is_same_v<T, std::int64_t>)
+    return MPI_INT64_T;
+  else if constexpr (std::is_same_v<T, std::uint64_t>)
+    return MPI_UINT64_T;
+  else if constexpr (is_wire_v<T>)
+    return MPI_UINT16_T;  // summed by mpi_wire_op<T>(), never MPI_SUM
+  else
+    static_assert(sizeof(T) == 0, "gradsync: no built-in MPI datatype for this type");
 }
 
 inline void mpi_check(int rc, const char* what) {
@@ -87,7 +96,6 @@ MPI_Op mpi_sum_op() {
   else
     return MPI_SUM;
 }
-
 
 }  // namespace impl
 
@@ -165,13 +173,14 @@ class MpiBackend {
     for_pieces(n, [&](std::size_t off, int cnt) {
       T* p = buf + off;
       if (c.topology.local_size > 1)
-        impl::mpi_check(MPI_Reduce(c.topology.local_rank == 0 ? MPI_IN_PLACE : p, c.topology.local_rank == 0 ? p : nullptr,
-                                   cnt, type, impl::mpi_sum_op<T>(), 0, c.node),
-                        "MPI_Reduce (within the node)");
+        impl::mpi_check(
+            MPI_Reduce(c.topology.local_rank == 0 ? MPI_IN_PLACE : p, c.topology.local_rank == 0 ? p : nullptr, cnt,
+                       type, impl::mpi_sum_op<T>(), 0, c.node),
+            "MPI_Reduce (within the node)");
       if (c.leaders != MPI_COMM_NULL && c.topology.nodes > 1)
-        impl::mpi_check(MPI_Allreduce(MPI_IN_PLACE, p, cnt, type, impl::mpi_sum_op<T>(), c.leaders), "MPI_Allreduce (among nodes)");
-      if (c.topology.local_size > 1)
-        impl::mpi_check(MPI_Bcast(p, cnt, type, 0, c.node), "MPI_Bcast (within the node)");
+        impl::mpi_check(MPI_Allreduce(MPI_IN_PLACE, p, cnt, type, impl::mpi_sum_op<T>(), c.leaders),
+                        "MPI_Allreduce (among nodes)");
+      if (c.topology.local_size > 1) impl::mpi_check(MPI_Bcast(p, cnt, type, 0, c.node), "MPI_Bcast (within the node)");
     });
   }
 
@@ -212,9 +221,7 @@ class MpiBackend {
 
   /// Whether a nonblocking sum of this many bytes runs the ring and so takes a factor. Device
   /// buffers stay with MPI (MPI_Reduce_local works on host memory), as do small sums.
-  bool folds_factor(std::size_t bytes) const {
-    return size_ > 1 && !cuda_aware_.aware && bytes >= ring_min_bytes;
-  }
+  bool folds_factor(std::size_t bytes) const { return size_ > 1 && !cuda_aware_.aware && bytes >= ring_min_bytes; }
   /// Where 16-bit wire values can be summed: host memory (the op runs on the CPU); device chunks
   /// are staged through host memory for it.
   template <class MemorySpace>
@@ -265,9 +272,13 @@ class MpiBackend {
   static constexpr std::size_t ring_min_bytes = std::size_t(64) << 10;
 
   template <class T>
-  void allreduce_min(T* buf, std::size_t n) const { reduce_op(buf, n, MPI_MIN); }
+  void allreduce_min(T* buf, std::size_t n) const {
+    reduce_op(buf, n, MPI_MIN);
+  }
   template <class T>
-  void allreduce_max(T* buf, std::size_t n) const { reduce_op(buf, n, MPI_MAX); }
+  void allreduce_max(T* buf, std::size_t n) const {
+    reduce_op(buf, n, MPI_MAX);
+  }
 
   template <class T>
   void broadcast(T* buf, std::size_t n, int root) const {
@@ -307,25 +318,25 @@ class MpiBackend {
   /// recv holds size()*n values: rank r's `n` values at recv + r*n.
   template <class T>
   void allgather(const T* send, T* recv, std::size_t n) const {
-    impl::mpi_check(MPI_Allgather(send, checked_count(n), impl::mpi_type<T>(), recv, checked_count(n),
-                                  impl::mpi_type<T>(), comm()),
-                    "MPI_Allgather");
+    impl::mpi_check(
+        MPI_Allgather(send, checked_count(n), impl::mpi_type<T>(), recv, checked_count(n), impl::mpi_type<T>(), comm()),
+        "MPI_Allgather");
   }
 
   /// Each rank sends n values to every rank: send and recv hold size()*n values.
   template <class T>
   void alltoall(const T* send, T* recv, std::size_t n) const {
-    impl::mpi_check(MPI_Alltoall(send, checked_count(n), impl::mpi_type<T>(), recv, checked_count(n),
-                                 impl::mpi_type<T>(), comm()),
-                    "MPI_Alltoall");
+    impl::mpi_check(
+        MPI_Alltoall(send, checked_count(n), impl::mpi_type<T>(), recv, checked_count(n), impl::mpi_type<T>(), comm()),
+        "MPI_Alltoall");
   }
 
   /// Variable all-to-all: counts and displacements in elements, one per rank.
   template <class T>
-  void alltoallv(const T* send, const int* send_counts, const int* send_displs, T* recv,
-                 const int* recv_counts, const int* recv_displs) const {
-    impl::mpi_check(MPI_Alltoallv(send, send_counts, send_displs, impl::mpi_type<T>(), recv, recv_counts,
-                                  recv_displs, impl::mpi_type<T>(), comm()),
+  void alltoallv(const T* send, const int* send_counts, const int* send_displs, T* recv, const int* recv_counts,
+                 const int* recv_displs) const {
+    impl::mpi_check(MPI_Alltoallv(send, send_counts, send_displs, impl::mpi_type<T>(), recv, recv_counts, recv_displs,
+                                  impl::mpi_type<T>(), comm()),
                     "MPI_Alltoallv");
   }
 
@@ -345,8 +356,8 @@ class MpiBackend {
   // Owns the duplicate; shared so that copies of the backend use one communicator.
   struct Comm {
     MPI_Comm comm = MPI_COMM_NULL;
-    MPI_Comm node = MPI_COMM_NULL;     // the ranks of this rank's node
-    MPI_Comm leaders = MPI_COMM_NULL;  // each node's first rank (MPI_COMM_NULL on the others)
+    MPI_Comm node = MPI_COMM_NULL;        // the ranks of this rank's node
+    MPI_Comm leaders = MPI_COMM_NULL;     // each node's first rank (MPI_COMM_NULL on the others)
     MPI_Comm node_bcast = MPI_COMM_NULL;  // node's duplicate: the broadcasts of hierarchical sums
     Topology topology;
     impl::RingPool rings;  // shared by copies of the backend, like the communicator
@@ -399,8 +410,7 @@ class MpiBackend {
 
   static int checked_count(std::size_t n) {
     if (n > impl::mpi_max_count())
-      throw Error(impl::cat("a single MPI call of ", n, " elements exceeds the limit of ",
-                            impl::mpi_max_count()));
+      throw Error(impl::cat("a single MPI call of ", n, " elements exceeds the limit of ", impl::mpi_max_count()));
     return int(n);
   }
 
@@ -418,9 +428,9 @@ class MpiBackend {
     const bool in_node = c.topology.local_size > 1, root = c.topology.local_rank == 0;
     for (; s <= 3; ++s) {
       if (s == 1 && in_node) {
-        impl::mpi_check(MPI_Ireduce(root ? MPI_IN_PLACE : r.buf, root ? r.buf : nullptr, r.count, r.type, r.op, 0,
-                                    c.node, &r.req),
-                        "MPI_Ireduce (within the node)");
+        impl::mpi_check(
+            MPI_Ireduce(root ? MPI_IN_PLACE : r.buf, root ? r.buf : nullptr, r.count, r.type, r.op, 0, c.node, &r.req),
+            "MPI_Ireduce (within the node)");
         break;
       }
       if (s == 2 && c.leaders != MPI_COMM_NULL && c.topology.nodes > 1) {
@@ -446,18 +456,18 @@ class MpiBackend {
       return r;
     }
     if (factor != 1.0)
-      throw Error(impl::cat("MpiBackend::iallreduce_sum: a factor is folded only into ring sums (",
-                            n * sizeof(T), " bytes given; see folds_factor)"));
-    impl::mpi_check(MPI_Iallreduce(MPI_IN_PLACE, buf, count, impl::mpi_type<T>(), impl::mpi_sum_op<T>(), comm(), &r.req),
-                    "MPI_Iallreduce");
+      throw Error(impl::cat("MpiBackend::iallreduce_sum: a factor is folded only into ring sums (", n * sizeof(T),
+                            " bytes given; see folds_factor)"));
+    impl::mpi_check(
+        MPI_Iallreduce(MPI_IN_PLACE, buf, count, impl::mpi_type<T>(), impl::mpi_sum_op<T>(), comm(), &r.req),
+        "MPI_Iallreduce");
     return r;
   }
 
   template <class T>
   void reduce_op(T* buf, std::size_t n, MPI_Op op) const {
     for_pieces(n, [&](std::size_t off, int cnt) {
-      impl::mpi_check(MPI_Allreduce(MPI_IN_PLACE, buf + off, cnt, impl::mpi_type<T>(), op, comm()),
-                      "MPI_Allreduce");
+      impl::mpi_check(MPI_Allreduce(MPI_IN_PLACE, buf + off, cnt, impl::mpi_type<T>(), op, comm()), "MPI_Allreduce");
     });
   }
 

@@ -38,19 +38,29 @@ namespace impl {
 
 template <class T>
 ncclDataType_t nccl_type() {
-  if constexpr (std::is_same_v<T, float>) return ncclFloat32;
-  else if constexpr (std::is_same_v<T, double>) return ncclFloat64;
-  else if constexpr (std::is_same_v<T, int>) return ncclInt32;
-  else if constexpr (std::is_same_v<T, std::int64_t>) return ncclInt64;
-  else if constexpr (std::is_same_v<T, std::uint64_t>) return ncclUint64;
-  else if constexpr (std::is_same_v<T, char> || std::is_same_v<T, signed char>) return ncclInt8;
-  else if constexpr (std::is_same_v<T, unsigned char>) return ncclUint8;
+  if constexpr (std::is_same_v<T, float>)
+    return ncclFloat32;
+  else if constexpr (std::is_same_v<T, double>)
+    return ncclFloat64;
+  else if constexpr (std::is_same_v<T, int>)
+    return ncclInt32;
+  else if constexpr (std::is_same_v<T, std::int64_t>)
+    return ncclInt64;
+  else if constexpr (std::is_same_v<T, std::uint64_t>)
+    return ncclUint64;
+  else if constexpr (std::is_same_v<T, char> || std::is_same_v<T, signed char>)
+    return ncclInt8;
+  else if constexpr (std::is_same_v<T, unsigned char>)
+    return ncclUint8;
   // 16-bit wire values (compression.hpp): NCCL sums them itself, each addition rounded once.
-  else if constexpr (std::is_same_v<T, WireFp16>) return ncclFloat16;
+  else if constexpr (std::is_same_v<T, WireFp16>)
+    return ncclFloat16;
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 10, 0)
-  else if constexpr (std::is_same_v<T, WireBf16>) return ncclBfloat16;
+  else if constexpr (std::is_same_v<T, WireBf16>)
+    return ncclBfloat16;
 #endif
-  else static_assert(sizeof(T) == 0, "gradsync: no NCCL datatype for this type");
+  else
+    static_assert(sizeof(T) == 0, "gradsync: no NCCL datatype for this type");
 }
 
 inline void nccl_check(ncclResult_t rc, const char* what, ncclComm_t comm = nullptr) {

@@ -98,7 +98,6 @@ struct OptSegment {
 template <class T, class MemorySpace>
 using OptSegmentView = Kokkos::View<OptSegment<T>*, MemorySpace>;
 
-
 // torch.optim.SGD, one element, in PyTorch's order of operations:
 //   d = ±g (+ wd·p);  buf = first ? d : momentum·buf + (1 − dampening)·d;
 //   d = nesterov ? d + momentum·buf : buf;  p += −lr·d
@@ -304,8 +303,8 @@ class OptimizerSlots {
         return k < s.nstate ? s.state[std::size_t(k)].data() + off : nullptr;
       };
       for_each_segment(s.size, [&](std::int64_t off, std::int64_t count) {
-        host.push_back(OptSegment<value_type>{s.param + off, s.grad + off, state(0, off), state(1, off),
-                                              state(2, off), count, scales_.data() + slot});
+        host.push_back(OptSegment<value_type>{s.param + off, s.grad + off, state(0, off), state(1, off), state(2, off),
+                                              count, scales_.data() + slot});
       });
       s.seg_end = std::int64_t(host.size());
     }

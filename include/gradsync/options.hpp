@@ -79,9 +79,9 @@ struct Options {
   /// where the ranks are (4 MiB on one node, 1 MiB across nodes: the sweeps in docs/BENCHMARKS.md).
   /// Environment: GRADSYNC_FUSION_THRESHOLD.
   std::size_t fusion_threshold_bytes = fusion_threshold_by_topology;
-  int backward_passes_per_step = 1;          ///< local gradient aggregation: N passes per sync
-  bool average_aggregated_gradients = false; ///< divide aggregated gradients by N
-  bool scale_local_gradients = true;         ///< 1/world_size for runtime-registered local vars
+  int backward_passes_per_step = 1;           ///< local gradient aggregation: N passes per sync
+  bool average_aggregated_gradients = false;  ///< divide aggregated gradients by N
+  bool scale_local_gradients = true;          ///< 1/world_size for runtime-registered local vars
   HostStaging host_staging = HostStaging::automatic;
 
   // ---- never hang, never silently wrong (docs/ERRORS.md) ----

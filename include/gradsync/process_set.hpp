@@ -163,7 +163,8 @@ class ProcessSets {
     const std::string what = cat("bind_process_set<", tag, ">(", rank_list(ranks), ") on rank ", me);
     if (ranks.empty() || ranks.front() < 0 || ranks.back() >= n)
       throw Error(cat(what, ": a set holds ranks of the sync's ", n, "-rank communicator"));
-    if (std::adjacent_find(ranks.begin(), ranks.end()) != ranks.end()) throw Error(cat(what, ": a rank is listed twice"));
+    if (std::adjacent_find(ranks.begin(), ranks.end()) != ranks.end())
+      throw Error(cat(what, ": a rank is listed twice"));
     if (!std::binary_search(ranks.begin(), ranks.end(), me))
       throw Error(cat(what, ": the set must contain this rank (each rank binds the set it reduces with)"));
     Set* s = find(tag);
@@ -174,8 +175,8 @@ class ProcessSets {
   Set& set_of(const std::string& tag, const std::string& name, const std::string& group, int me) {
     Set* s = find(tag);
     if (!s)
-      throw Error(cat("tensor '", name, "' (group ", group, ") is reduced over process set ", tag,
-                      ", which rank ", me, " has not bound: call bind_process_set<", tag, ">(ranks) first"));
+      throw Error(cat("tensor '", name, "' (group ", group, ") is reduced over process set ", tag, ", which rank ", me,
+                      " has not bound: call bind_process_set<", tag, ">(ranks) first"));
     return *s;
   }
 
@@ -236,7 +237,9 @@ class ProcessSets {
     }
     all.assign(words * k * std::size_t(n), 0);
     world.allgather(mine.data(), all.data(), words * k);
-    const auto at = [&](int r, std::size_t i, std::size_t w) { return all[std::size_t(r) * words * k + words * i + w]; };
+    const auto at = [&](int r, std::size_t i, std::size_t w) {
+      return all[std::size_t(r) * words * k + words * i + w];
+    };
     for (std::size_t i = 0; i < k; ++i) {
       const std::string what = cat("process sets ", sets_[i].tag, ": ");
       const std::string mine_is = cat(" (this rank, ", me, ", bound ", rank_list(sets_[i].ranks), ")");
@@ -255,16 +258,21 @@ class ProcessSets {
       for (int lead = 0; lead < n; ++lead)
         if (at(lead, i, 0) == lead && claimants[std::size_t(lead)] != at(lead, i, 3))
           throw MismatchError(cat(what, "rank ", lead, "'s set of ", at(lead, i, 3), " ranks is bound by ",
-                                  claimants[std::size_t(lead)], " of them; the sets of one kind must partition the "
+                                  claimants[std::size_t(lead)],
+                                  " of them; the sets of one kind must partition the "
                                   "ranks, every member binding the same list",
                                   mine_is));
       for (int r = 0; r < n; ++r) {
         const int lead = int(at(r, i, 0));
         if (at(lead, i, 2) != at(r, i, 2))
-          throw MismatchError(cat(what, "rank ", r, " registered other tensors (count or sizes) in the groups reduced "
-                                  "over its set than rank ", lead, "; the members of a set register the same tensors, "
-                                  "in the same order (this rank, ", me, ", has ", sets_[i].tensors.size(),
-                                  " dense and ", sets_[i].sparse.size(), " row-sparse)"));
+          throw MismatchError(cat(what, "rank ", r,
+                                  " registered other tensors (count or sizes) in the groups reduced "
+                                  "over its set than rank ",
+                                  lead,
+                                  "; the members of a set register the same tensors, "
+                                  "in the same order (this rank, ",
+                                  me, ", has ", sets_[i].tensors.size(), " dense and ", sets_[i].sparse.size(),
+                                  " row-sparse)"));
       }
     }
     // Every set is consistent: one communicator per set, created once.
@@ -310,10 +318,10 @@ class ProcessSets {
         }
         const T f = factor(t.scale, o, world, s.ranks.size());
         if (f != T(1) && t.size > 0)
-          Kokkos::parallel_for("gradsync::process_set_scale",
-                               Kokkos::RangePolicy<ExecutionSpace, Kokkos::IndexType<std::int64_t>>(
-                                   exec, 0, std::int64_t(t.size)),
-                               SetScaleKernel<T>{t.data, f});
+          Kokkos::parallel_for(
+              "gradsync::process_set_scale",
+              Kokkos::RangePolicy<ExecutionSpace, Kokkos::IndexType<std::int64_t>>(exec, 0, std::int64_t(t.size)),
+              SetScaleKernel<T>{t.data, f});
       }
     }
   }

@@ -249,8 +249,7 @@ struct SparseTensorBase {
 };
 
 template <class RS, class ExecutionSpace>
-struct SparseTensor final
-    : SparseTensorBase<typename RS::value_type, typename RS::memory_space, ExecutionSpace> {
+struct SparseTensor final : SparseTensorBase<typename RS::value_type, typename RS::memory_space, ExecutionSpace> {
   using T = typename RS::value_type;
   using I = typename RS::index_type;
   using Base = SparseTensorBase<T, typename RS::memory_space, ExecutionSpace>;
@@ -279,9 +278,9 @@ struct SparseTensor final
   void write_merged(const ExecutionSpace& exec, const I64& uniq, const I64& begin, const I64& src, const Vals& recv,
                     std::int64_t u, T f) const override {
     if (u > 0)
-      Kokkos::parallel_for("gradsync::row_sparse_merge", sparse_range(exec, u * this->width),
-                           SparseMerge<T, I>{uniq.data(), begin.data(), src.data(), recv.data(), values(), idx(),
-                                             this->width, f});
+      Kokkos::parallel_for(
+          "gradsync::row_sparse_merge", sparse_range(exec, u * this->width),
+          SparseMerge<T, I>{uniq.data(), begin.data(), src.data(), recv.data(), values(), idx(), this->width, f});
   }
   std::int64_t write_compacted(const ExecutionSpace& exec, const Vals& dense, T f) const override {
     std::int64_t u = 0;
@@ -439,8 +438,8 @@ class RowSparseSet {
       const std::int64_t need = std::min(total, t.table_rows);
       for (int r = 0; r < n; ++r)
         if (at(r, s, 1) < need) small += cat(small.empty() ? "" : ", ", r, " (", at(r, s, 1), ")");
-      const std::string what = cat("row-sparse gradient '", t.name, "' (group ", t.group, ", ", t.table_rows,
-                                   " rows of ", t.width, ")");
+      const std::string what =
+          cat("row-sparse gradient '", t.name, "' (group ", t.group, ", ", t.table_rows, " rows of ", t.width, ")");
       if (!bad.empty())
         throw Error(cat(what, ": row numbers outside [0, ", t.table_rows, ") on rank(s) ", bad,
                         "; every rank stops at this synchronize()"));

@@ -47,9 +47,7 @@ struct TensorTraits<V, std::enable_if_t<Kokkos::is_view<V>::value>> {
   static constexpr bool is_writable = !std::is_const<typename V::value_type>::value;
   static value_type* data(const V& v) { return const_cast<value_type*>(v.data()); }
   static std::size_t size(const V& v) { return v.size(); }
-  static bool is_contiguous(const V& v) {
-    return v.size() == 0 || (v.span_is_contiguous() && v.span() == v.size());
-  }
+  static bool is_contiguous(const V& v) { return v.size() == 0 || (v.span_is_contiguous() && v.span() == v.size()); }
 };
 
 template <class T, class A>

@@ -61,8 +61,9 @@ inline std::string torch_describe(const at::Tensor& t) {
 template <class T>
 T* torch_data(const at::Tensor& t) {
   if (!t.defined())
-    throw Error("a LibTorch gradient is undefined (no backward pass yet, or set to None): give it storage first, "
-                "e.g. p.mutable_grad() = torch::zeros_like(p)");
+    throw Error(
+        "a LibTorch gradient is undefined (no backward pass yet, or set to None): give it storage first, "
+        "e.g. p.mutable_grad() = torch::zeros_like(p)");
   if (t.scalar_type() != torch_scalar_type<T>())
     throw Error(cat("a LibTorch gradient is a ", torch_describe(t), ", this GradientSync reduces ",
                     std::is_same_v<T, float> ? "float (torch::Tensor)" : "double (gradsync::TorchTensor<double>)",
@@ -124,9 +125,9 @@ class TorchParameters {
       const at::Tensor& g = e.parameter.grad();
       if (!g.defined() || g.data_ptr() != e.grad_data)
         throw Error(impl::cat("the gradient of parameter '", e.name, "' ",
-                        g.defined() ? "was reallocated" : "was set to None",
-                        " after add_parameters registered it: zero gradients in place (optimizer.zero_grad(), "
-                        "module.zero_grad(false)), or register again"));
+                              g.defined() ? "was reallocated" : "was set to None",
+                              " after add_parameters registered it: zero gradients in place (optimizer.zero_grad(), "
+                              "module.zero_grad(false)), or register again"));
     }
   }
 
@@ -179,8 +180,8 @@ TorchParameters add_parameters(GradientSync<Backend, Tensor>& sync, const torch:
       const std::string what = e.what();
       if (what.find("'" + name + "'") != std::string::npos) throw;
       throw Error(impl::cat("parameter '", name, "' (", local ? "local" : "shared", " group ",
-                      local ? impl::type_name<LocalGroup>() : impl::type_name<SharedGroup>(), "): ",
-                      what.substr(what.find(": ") + 2)));
+                            local ? impl::type_name<LocalGroup>() : impl::type_name<SharedGroup>(),
+                            "): ", what.substr(what.find(": ") + 2)));
     }
     reg.entries_.push_back({name, p, g.data_ptr(), local});
   }

@@ -76,10 +76,17 @@ int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
   Kokkos::initialize(argc, argv);
   {
-    const int rank = [] { int r; MPI_Comm_rank(MPI_COMM_WORLD, &r); return r; }();
-    const int nranks = [] { int r; MPI_Comm_size(MPI_COMM_WORLD, &r); return r; }();
-    const std::string path =
-        argc > 1 && *argv[1] ? argv[1] : std::string(GRADSYNC_BENCH_MODELS_DIR) + "/resnet50.csv";
+    const int rank = [] {
+      int r;
+      MPI_Comm_rank(MPI_COMM_WORLD, &r);
+      return r;
+    }();
+    const int nranks = [] {
+      int r;
+      MPI_Comm_size(MPI_COMM_WORLD, &r);
+      return r;
+    }();
+    const std::string path = argc > 1 && *argv[1] ? argv[1] : std::string(GRADSYNC_BENCH_MODELS_DIR) + "/resnet50.csv";
     const int steps = argc > 2 ? std::atoi(argv[2]) : 15;
     // "tiny": 161 tensors of 16 values, where a step is all latency and any overhead shows.
     const std::vector<std::size_t> numel = path == "tiny" ? std::vector<std::size_t>(161, 16) : read_model(path);
@@ -107,7 +114,8 @@ int main(int argc, char** argv) {
 
     // One consistency check on its own (what on_change pays once per registration change).
     std::vector<gradsync::impl::RegDesc> regs;
-    for (std::size_t i = 0; i < numel.size(); ++i) regs.push_back({"Dense", "Dense[" + std::to_string(i) + "]", numel[i], i});
+    for (std::size_t i = 0; i < numel.size(); ++i)
+      regs.push_back({"Dense", "Dense[" + std::to_string(i) + "]", numel[i], i});
     gradsync::MpiBackend backend(MPI_COMM_WORLD);
     gradsync::impl::Control<gradsync::MpiBackend> ctl(backend, base);
     std::vector<double> tc;

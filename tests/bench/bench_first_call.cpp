@@ -63,10 +63,10 @@ double steady(Sync& s, int n = 5) {
 }
 
 struct Sample {
-  double first = 0, steady = 0;                          // no prepare()
-  double prepare = 0, after_prepare = 0, steady_p = 0;   // prepare(), defaults
-  double prepare_4k = 0;                                 // prepare(), huge_pages = false
-  double tuning = 0, tuning_steady = 0;                  // fusion_threshold_auto
+  double first = 0, steady = 0;                         // no prepare()
+  double prepare = 0, after_prepare = 0, steady_p = 0;  // prepare(), defaults
+  double prepare_4k = 0;                                // prepare(), huge_pages = false
+  double tuning = 0, tuning_steady = 0;                 // fusion_threshold_auto
   int tuning_steps = 0;
   std::size_t chosen = 0, huge_bytes = 0, builds_after_prepare = 0;
 };

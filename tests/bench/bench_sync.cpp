@@ -70,7 +70,8 @@ constexpr std::size_t dlrm_rows_per_step = 128;
 TableRows table_rows(const Grad& rows, std::size_t table_rows_total) {
   Ids ids("ids", dlrm_rows_per_step);
   for (std::size_t k = 0; k < dlrm_rows_per_step; ++k) ids(k) = int((k * 7919) % table_rows_total);
-  return TableRows(rows, ids, std::int64_t(table_rows_total), std::int64_t(std::min(dlrm_rows_per_step, table_rows_total)));
+  return TableRows(rows, ids, std::int64_t(table_rows_total),
+                   std::int64_t(std::min(dlrm_rows_per_step, table_rows_total)));
 }
 
 // The gradients of a model, each its own allocation (as a framework would hold them). A table
@@ -188,9 +189,10 @@ void bench_model(const bench::Model& m, double budget, gradsync::Options opt, co
     for (std::size_t i = 0; i < m.numel.size(); ++i)
       if (m.local[i]) local += m.numel[i] * sizeof(float), ++nlocal;
     if (bench::rank() == 0)
-      std::printf("  DLRM: %zu bytes allreduced per sync = MLP bytes (%zu parameters); tables stay local, "
-                  "%zu rows of each scaled (RowSparse)\n",
-                  std::size_t(moved), dlrm_mlp, dlrm_rows_per_step);
+      std::printf(
+          "  DLRM: %zu bytes allreduced per sync = MLP bytes (%zu parameters); tables stay local, "
+          "%zu rows of each scaled (RowSparse)\n",
+          std::size_t(moved), dlrm_mlp, dlrm_rows_per_step);
     row(section, m.name, "local table bytes (rank 0)", local, nlocal, 0, 0);
   }
   std::vector<float> raw(elems, 0.f);
@@ -271,7 +273,8 @@ void bench_model(const bench::Model& m, double budget, gradsync::Options opt, co
       Arena own;  // its carves share the allocation, so it may go
       variants.push_back(make_arena_sync(m, own, o));
       ms.push_back({"gradsync arena max_chunks_in_flight " + std::to_string(k),
-                    [s = variants.back().get()] { (void)s->synchronize(); }, {}});
+                    [s = variants.back().get()] { (void)s->synchronize(); },
+                    {}});
     }
   }
   // The raw baseline: the sweep picks the best chunk size, then that size is timed again, head to
@@ -284,7 +287,8 @@ void bench_model(const bench::Model& m, double budget, gradsync::Options opt, co
     for (std::size_t c : raw_sweep())
       if (c / 2 < bytes && (!avg || c >= MiB)) {
         sweep.push_back({(avg ? "raw+avg " : "raw ") + size_label(c),
-                         [&, c, avg, inv_n] { raw_chunked(raw.data(), elems, c, avg ? inv_n : 1.f); }, {}});
+                         [&, c, avg, inv_n] { raw_chunked(raw.data(), elems, c, avg ? inv_n : 1.f); },
+                         {}});
         sweep_of.emplace_back(c, avg);
       }
   bench::measure_within(sweep, budget / 3, 7, 301);
@@ -303,10 +307,12 @@ void bench_model(const bench::Model& m, double budget, gradsync::Options opt, co
   // arena's time is the pages rather than the sync.
   Arena huge("raw on huge pages", elems);
   ms.push_back({"raw on huge pages (" + size_label(best) + ")",
-                [&, best] { raw_chunked(huge.storage().data(), elems, best); }, {}});
+                [&, best] { raw_chunked(huge.storage().data(), elems, best); },
+                {}});
   if (best_avg)
     ms.push_back({"raw+avg best (" + size_label(best_avg) + ")",
-                  [&, best_avg, inv_n] { raw_chunked(raw.data(), elems, best_avg, inv_n); }, {}});
+                  [&, best_avg, inv_n] { raw_chunked(raw.data(), elems, best_avg, inv_n); },
+                  {}});
   auto per_tensor = [](std::vector<Grad>& gs) {
     for (auto& g : gs) MPI_Allreduce(MPI_IN_PLACE, g.data(), int(g.size()), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
   };
@@ -326,7 +332,8 @@ void bench_model(const bench::Model& m, double budget, gradsync::Options opt, co
 void run_compression(const std::string& dir, double budget, const std::string& only) {
   std::size_t mlp = 0;
   for (auto& m : load_models(dir, &mlp)) {
-    const bool picked = only.empty() ? (m.name == "ResNet-50" || m.name == "ViT-B/16") : m.name.find(only) != std::string::npos;
+    const bool picked =
+        only.empty() ? (m.name == "ResNet-50" || m.name == "ViT-B/16") : m.name.find(only) != std::string::npos;
     if (!picked) continue;
     Tensors t(m);
     std::vector<std::unique_ptr<Sync>> syncs;
@@ -359,11 +366,13 @@ void run_compression(const std::string& dir, double budget, const std::string& o
     method("gradsync bf16 + error feedback", o);
     bench::measure_within(ms, budget, 7, 301);
     const std::size_t bytes = m.dp_elements() * sizeof(float);
-    for (auto& mm : ms) row("compression", m.name, mm.name, bytes, m.dp_tensors(), bench::median(mm.times), mm.times.size());
+    for (auto& mm : ms)
+      row("compression", m.name, mm.name, bytes, m.dp_tensors(), bench::median(mm.times), mm.times.size());
     if (bench::rank() == 0) {
       const double base = bench::median(ms[0].times);
       for (std::size_t k = 1; k < ms.size(); ++k)
-        std::printf("  %s: %s / gradsync fp32 = %.3f\n", m.name.c_str(), ms[k].name.c_str(), bench::median(ms[k].times) / base);
+        std::printf("  %s: %s / gradsync fp32 = %.3f\n", m.name.c_str(), ms[k].name.c_str(),
+                    bench::median(ms[k].times) / base);
       std::fflush(stdout);
     }
   }
@@ -374,7 +383,8 @@ void run_models(const std::string& dir, double budget, const std::string& only) 
   auto models = load_models(dir, &mlp);
   for (auto& m : models)
     if (only.empty() || m.name.find(only) != std::string::npos)
-      bench_model(m, budget, gradsync::Options{}, std::getenv("BENCH_SECTION") ? std::getenv("BENCH_SECTION") : "models",
+      bench_model(m, budget, gradsync::Options{},
+                  std::getenv("BENCH_SECTION") ? std::getenv("BENCH_SECTION") : "models",
                   m.name.rfind("DLRM", 0) == 0 ? mlp : 0);
 }
 
@@ -579,10 +589,10 @@ void run_timeline_cost(const std::string& dir, int reps) {
   std::vector<double> ratio;
   for (std::size_t r = 0; r < ms[0].times.size(); ++r) ratio.push_back(ms[1].times[r] / ms[0].times[r]);
   if (bench::rank() == 0)
-    std::printf("timeline_cost: ResNet-50, %d ranks, %d rounds: off %.3f ms, on %.3f ms (medians); median of "
-                "on/off per round %.4f\n",
-                bench::size(), reps, 1e3 * bench::median(ms[0].times), 1e3 * bench::median(ms[1].times),
-                bench::median(ratio));
+    std::printf(
+        "timeline_cost: ResNet-50, %d ranks, %d rounds: off %.3f ms, on %.3f ms (medians); median of "
+        "on/off per round %.4f\n",
+        bench::size(), reps, 1e3 * bench::median(ms[0].times), 1e3 * bench::median(ms[1].times), bench::median(ratio));
 }
 
 // Sync cost against table size: DLRM with its tables capped at 100,000 rows and at 1,000,000 rows
@@ -608,8 +618,8 @@ void run_tablesize(const std::string& dir, double budget) {
     const bench::Model& m = ms[std::min<std::size_t>(k, 1)];
     for (std::size_t i = 0; i < m.numel.size(); ++i)
       if (m.local[i]) table_bytes += m.numel[i] * sizeof(float);
-    row("tablesize", "DLRM (MLP)", methods[k].name, k < 2 ? table_bytes : raw.size() * sizeof(float),
-        m.dp_tensors(), bench::median(methods[k].times), methods[k].times.size());
+    row("tablesize", "DLRM (MLP)", methods[k].name, k < 2 ? table_bytes : raw.size() * sizeof(float), m.dp_tensors(),
+        bench::median(methods[k].times), methods[k].times.size());
   }
 }
 
@@ -676,9 +686,10 @@ void run_wire_loops(std::size_t n) {
     const double finish = ns([&] { L::finish(v.data(), io.data(), nullptr, 1.0, 0.5, n); });
     const double write = ns([&] { L::write(v.data(), in.data(), 0.5, n); });
     const double total = first + finish + write + 2 * c16;
-    std::printf("wireloops: %s first send %.3f, owner's addition %.3f, write back %.3f; per value with the copies "
-                "%.3f against fp32's %.3f: %.2fx\n",
-                name, first, finish, write, total, fp32, total / fp32);
+    std::printf(
+        "wireloops: %s first send %.3f, owner's addition %.3f, write back %.3f; per value with the copies "
+        "%.3f against fp32's %.3f: %.2fx\n",
+        name, first, finish, write, total, fp32, total / fp32);
   };
   wire("bf16", WireRingLoops<gradsync::WireBf16, float>{});
   wire("fp16", WireRingLoops<gradsync::WireFp16, float>{});

@@ -19,8 +19,10 @@ int main(int argc, char** argv) {
   std::vector<char*> args;
   bool skip_without_gpu = false;
   for (int i = 0; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--skip-without-gpu") == 0) skip_without_gpu = true;
-    else args.push_back(argv[i]);
+    if (std::strcmp(argv[i], "--skip-without-gpu") == 0)
+      skip_without_gpu = true;
+    else
+      args.push_back(argv[i]);
   }
   int nargs = int(args.size());
   const auto& gpu = gradsync_test::gpu_setup();

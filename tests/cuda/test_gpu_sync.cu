@@ -66,9 +66,15 @@ void register_model(Sync& sync, std::vector<Tensor<T>>& m) {
     DevSpan<T> s(t.dev.data(), t.dev.size());
     switch (t.kind) {
       case Kind::dense:
-      case Kind::runtime_local: sync.template add<Dense>(s); break;
-      case Kind::table: sync.template add<Tables>(s); break;
-      case Kind::tower: sync.template add<Tower>(s); break;
+      case Kind::runtime_local:
+        sync.template add<Dense>(s);
+        break;
+      case Kind::table:
+        sync.template add<Tables>(s);
+        break;
+      case Kind::tower:
+        sync.template add<Tower>(s);
+        break;
     }
   }
   for (auto& t : m)
@@ -101,15 +107,22 @@ double max_error(const std::vector<Tensor<T>>& m, const gradsync::Options& o, in
       switch (t.kind) {
         case Kind::dense: {
           double s = 0;  // a 1-rank backend (SelfBackend) holds this rank's values alone, at any world size
-          if (n == 1) s = cycle(rank);
+          if (n == 1)
+            s = cycle(rank);
           else
             for (int r = 0; r < n; ++r) s += cycle(r);
           expect = s * o.prescale_factor * o.postscale_factor / agg / (o.op == gradsync::ReduceOp::average ? n : 1);
           break;
         }
-        case Kind::table: expect = cycle(rank) / n / agg; break;
-        case Kind::tower: expect = cycle(rank) / agg; break;
-        case Kind::runtime_local: expect = cycle(rank) / agg / (o.scale_local_gradients ? n : 1.0); break;
+        case Kind::table:
+          expect = cycle(rank) / n / agg;
+          break;
+        case Kind::tower:
+          expect = cycle(rank) / agg;
+          break;
+        case Kind::runtime_local:
+          expect = cycle(rank) / agg / (o.scale_local_gradients ? n : 1.0);
+          break;
       }
       worst = std::max(worst, rel_err(double(h[i]), expect));
     }

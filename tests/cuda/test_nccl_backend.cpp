@@ -211,5 +211,6 @@ TEST_CASE("MpiBackend reaches gradsync::CudaDeviceSpace only when CUDA-aware") {
   CHECK(!not_aware.can_access<gradsync::CudaDeviceSpace>());
   CHECK(aware.can_access<gradsync::CudaPinnedHostSpace>());
   CHECK(not_aware.can_access<gradsync::CudaPinnedHostSpace>());
-  static_assert(std::is_same_v<gradsync::impl::staging_space_t<gradsync::CudaDeviceSpace>, gradsync::CudaPinnedHostSpace>);
+  static_assert(
+      std::is_same_v<gradsync::impl::staging_space_t<gradsync::CudaDeviceSpace>, gradsync::CudaPinnedHostSpace>);
 }

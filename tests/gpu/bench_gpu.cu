@@ -140,7 +140,8 @@ int main(int argc, char** argv) {
       std::vector<T> back(total);
       ok(cudaMemcpy(back.data(), grads, total * sizeof(T), cudaMemcpyDeviceToHost), "download");
       int bad = 0;
-      for (std::size_t i = 0; i < total; i += 997) bad += std::abs(back[i] - value_at(i)) > 1e-5f * std::abs(value_at(i)) + 1e-6f;
+      for (std::size_t i = 0; i < total; i += 997)
+        bad += std::abs(back[i] - value_at(i)) > 1e-5f * std::abs(value_at(i)) + 1e-6f;
       for (std::size_t off = 0, k = 0; k < sizes.size(); off += sizes[k], ++k)
         bad += std::abs(back[off] - value_at(off)) > 1e-5f * std::abs(value_at(off)) + 1e-6f;
       if (bad) std::fprintf(stderr, "bench_gpu: rank %d: %s: %d wrong values\n", rank, what, bad);
@@ -192,18 +193,21 @@ int main(int argc, char** argv) {
           make_backend(), o, gradsync::CudaStream(s));
       for (const auto& sp : spans) sync.template add<Dense>(sp);
       (void)sync.synchronize();
-      if (averages) expect(name, averaged);
-      else expect(name, [&](std::size_t i) { return host[i]; });
+      if (averages)
+        expect(name, averaged);
+      else
+        expect(name, [&](std::size_t i) { return host[i]; });
       const double t = median_seconds(reps, [&] { (void)sync.synchronize(); });
       reset();
-      const std::string note = std::to_string(threshold >> 20) + " MiB chunks, " +
-                               std::to_string(sync.stats().allreduce_calls / std::max<std::uint64_t>(1, sync.stats().steps)) +
-                               " calls";
+      const std::string note =
+          std::to_string(threshold >> 20) + " MiB chunks, " +
+          std::to_string(sync.stats().allreduce_calls / std::max<std::uint64_t>(1, sync.stats().steps)) + " calls";
       rows.push_back({name, note, bytes, t, ref});
     };
     const std::size_t whole = std::size_t(1) << 30;
     // Pack and unpack of every byte: the reference is two device-to-device copies.
-    time_sync([] { return gradsync::SelfBackend{}; }, "sync/self", whole, 2 * t_copy, gradsync::HostStaging::automatic, false);
+    time_sync([] { return gradsync::SelfBackend{}; }, "sync/self", whole, 2 * t_copy, gradsync::HostStaging::automatic,
+              false);
     time_sync([] { return gradsync::SelfBackend{}; }, "sync/self", std::size_t(4) << 20, 2 * t_copy,
               gradsync::HostStaging::automatic, false);
 

@@ -77,8 +77,7 @@ int where(int hosts, int per_host, const std::string& iface) {
   int len = 0;
   MPI_Get_processor_name(name, &len);
   std::vector<char> names(std::size_t(size_) * MPI_MAX_PROCESSOR_NAME);
-  MPI_Allgather(name, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, names.data(), MPI_MAX_PROCESSOR_NAME, MPI_CHAR,
-                MPI_COMM_WORLD);
+  MPI_Allgather(name, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, names.data(), MPI_MAX_PROCESSOR_NAME, MPI_CHAR, MPI_COMM_WORLD);
   const auto name_of = [&](int r) { return std::string(&names[std::size_t(r) * MPI_MAX_PROCESSOR_NAME]); };
   bool ok = true;
   // Rank r belongs on host r / per_host (the runner maps by slot): same name within a host,
@@ -103,7 +102,7 @@ int where(int hosts, int per_host, const std::string& iface) {
     pingpong(0, 1, buf, bytes, 1);
     long long moved = iface_bytes(iface) - b0;
     MPI_Bcast(&moved, 1, MPI_LONG_LONG, 0, MPI_COMM_WORLD);  // counted on host 0, where both ran
-    const bool shm = moved < (1 << 20);  // a few heartbeats at most, not 32 MiB
+    const bool shm = moved < (1 << 20);                      // a few heartbeats at most, not 32 MiB
     if (rank_ == 0)
       std::printf("mh_probe: 32 MiB between ranks 0 and 1 (same host): %lld bytes on %s: %s\n", moved, iface.c_str(),
                   shm ? "shared memory" : "NOT shared memory");
@@ -113,7 +112,7 @@ int where(int hosts, int per_host, const std::string& iface) {
   pingpong(0, per_host, buf, bytes, 1);
   long long moved = iface_bytes(iface) - b1;
   MPI_Bcast(&moved, 1, MPI_LONG_LONG, 0, MPI_COMM_WORLD);  // host 0's veth (other hosts' may not carry it)
-  const bool tcp = moved >= 2 * (long long)bytes;  // both directions, plus TCP/IP headers
+  const bool tcp = moved >= 2 * (long long)bytes;          // both directions, plus TCP/IP headers
   if (rank_ == 0)
     std::printf("mh_probe: 32 MiB between ranks 0 and %d (other host): %lld bytes on %s: %s\n", per_host, moved,
                 iface.c_str(), tcp ? "TCP over the veth" : "NOT over the veth");
@@ -201,7 +200,9 @@ int main(int argc, char** argv) {
   else if (mode == "tensors" && argc >= 3)
     rc = tensors(argv[2], argc > 3 ? std::max(1, std::atoi(argv[3])) : 5);
   else if (rank_ == 0)
-    std::fprintf(stderr, "usage: mh_probe where HOSTS PER_HOST IFACE (HOSTS x PER_HOST ranks) | bw PER_HOST [REPS] | tensors CSV [REPS]\n");
+    std::fprintf(stderr,
+                 "usage: mh_probe where HOSTS PER_HOST IFACE (HOSTS x PER_HOST ranks) | bw PER_HOST [REPS] | tensors "
+                 "CSV [REPS]\n");
   MPI_Finalize();
   return rc;
 }

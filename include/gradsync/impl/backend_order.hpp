@@ -16,14 +16,17 @@ namespace gradsync::impl {
 template <class Backend, class ExecutionSpace, class = void>
 struct has_ordered_on : std::false_type {};
 template <class Backend, class ExecutionSpace>
-struct has_ordered_on<Backend, ExecutionSpace,
-                      std::void_t<decltype(bool(std::declval<const Backend&>().ordered_on(
-                          std::declval<const ExecutionSpace&>())))>> : std::true_type {};
+struct has_ordered_on<
+    Backend, ExecutionSpace,
+    std::void_t<decltype(bool(std::declval<const Backend&>().ordered_on(std::declval<const ExecutionSpace&>())))>>
+    : std::true_type {};
 
 template <class Backend, class ExecutionSpace>
 bool ordered_on(const Backend& b, const ExecutionSpace& exec) {
-  if constexpr (has_ordered_on<Backend, ExecutionSpace>::value) return b.ordered_on(exec);
-  else return false;
+  if constexpr (has_ordered_on<Backend, ExecutionSpace>::value)
+    return b.ordered_on(exec);
+  else
+    return false;
 }
 
 }  // namespace gradsync::impl

@@ -66,17 +66,30 @@ struct OptionWords {
   std::int64_t w[count] = {};
   static const char* name(int i) {
     static const char* const names[count] = {
-        "value type", "op", "prescale_factor", "postscale_factor", "fusion_threshold_bytes",
-        "backward_passes_per_step", "average_aggregated_gradients", "consistency_check", "check_finite",
-        "gradsync::impl::max_chunk_elements()", "synchronize() calls so far",
-        "scale_local_gradients", "fusion_order", "collectives", "in_place_min_fraction",
-        "in_place_min_bytes", "host_staging",
+        "value type",
+        "op",
+        "prescale_factor",
+        "postscale_factor",
+        "fusion_threshold_bytes",
+        "backward_passes_per_step",
+        "average_aggregated_gradients",
+        "consistency_check",
+        "check_finite",
+        "gradsync::impl::max_chunk_elements()",
+        "synchronize() calls so far",
+        "scale_local_gradients",
+        "fusion_order",
+        "collectives",
+        "in_place_min_fraction",
+        "in_place_min_bytes",
+        "host_staging",
         "CUDA-aware MPI (GRADSYNC_CUDA_AWARE_MPI, or MpiBackend's CudaAwareMpi argument)",
         "collectives as resolved (Collectives::automatic follows the backend)",
         "host staging as resolved (host_staging, and whether the backend reaches the gradients' memory)",
         "algorithm",
         "the plan as resolved from the topology (nodes, ranks per node, chunk sizes, algorithms)",
-        "compression", "error_feedback"};
+        "compression",
+        "error_feedback"};
     return names[i];
   }
   static std::string show(int i, std::int64_t v) {
@@ -84,8 +97,10 @@ struct OptionWords {
       return v >= 0 && v < std::int64_t(names.size()) ? std::string(names.begin()[v]) : cat(v);
     };
     switch (i) {
-      case 0: return v == 4 ? "float" : v == 8 ? "double" : cat(v, "-byte values");
-      case 1: return to_string(ReduceOp(v));
+      case 0:
+        return v == 4 ? "float" : v == 8 ? "double" : cat(v, "-byte values");
+      case 1:
+        return to_string(ReduceOp(v));
       case 2:
       case 3:
       case 14: {
@@ -100,26 +115,42 @@ struct OptionWords {
                                                                                  : cat(v);
       case 6:
       case 8:
-      case 11: return v ? "true" : "false";
-      case 7: return pick({"off", "on_change", "every_step"});
-      case 12: return pick({"reverse", "registration"});
-      case 13: return pick({"automatic", "blocking", "nonblocking"});
-      case 16: return pick({"auto", "always", "never"});
-      case 17: return v < 0 ? "not a setting of this backend" : v ? "yes" : "no";
-      case 18: return v ? "blocking" : "nonblocking";
-      case 19: return v ? "staged through host" : "not staged";
-      case 20: return pick({"automatic", "flat", "hierarchical"});
-      case 22: return pick({"none", "fp16", "bf16"});
-      case 23: return v ? "true" : "false";
-      default: return cat(v);
+      case 11:
+        return v ? "true" : "false";
+      case 7:
+        return pick({"off", "on_change", "every_step"});
+      case 12:
+        return pick({"reverse", "registration"});
+      case 13:
+        return pick({"automatic", "blocking", "nonblocking"});
+      case 16:
+        return pick({"auto", "always", "never"});
+      case 17:
+        return v < 0 ? "not a setting of this backend" : v ? "yes" : "no";
+      case 18:
+        return v ? "blocking" : "nonblocking";
+      case 19:
+        return v ? "staged through host" : "not staged";
+      case 20:
+        return pick({"automatic", "flat", "hierarchical"});
+      case 22:
+        return pick({"none", "fp16", "bf16"});
+      case 23:
+        return v ? "true" : "false";
+      default:
+        return cat(v);
     }
   }
   static const char* hint(int i) {
     switch (i) {
-      case 0: return ". Use the same GradientSync<Backend, Tensor> value type on every rank";
-      case 9: return ". Set the same override of max_chunk_elements() on every rank";
-      case 10: return ". A rank skipped or added a synchronize() call";
-      case 17: return ". Set GRADSYNC_CUDA_AWARE_MPI alike on every rank (or give every MpiBackend the same CudaAwareMpi)";
+      case 0:
+        return ". Use the same GradientSync<Backend, Tensor> value type on every rank";
+      case 9:
+        return ". Set the same override of max_chunk_elements() on every rank";
+      case 10:
+        return ". A rank skipped or added a synchronize() call";
+      case 17:
+        return ". Set GRADSYNC_CUDA_AWARE_MPI alike on every rank (or give every MpiBackend the same CudaAwareMpi)";
       default:
         return ". Set the same options on every rank (a GRADSYNC_* environment variable set on some ranks only "
                "overrides them there)";
@@ -139,7 +170,7 @@ struct OptionWords {
     w[8] = o.check_finite;
     w[9] = std::int64_t(max_chunk);
     w[calls] = passes;
-    w[11] = o.scale_local_gradients;  // not exchanged, but local gradients would follow another loss
+    w[11] = o.scale_local_gradients;       // not exchanged, but local gradients would follow another loss
     w[12] = std::int64_t(o.fusion_order);  // these four shape the chunks and the calls
     w[13] = std::int64_t(o.collectives);
     w[14] = double_bits(o.in_place_min_fraction);
@@ -179,7 +210,8 @@ template <class Backend>
       what[std::size_t(r)] = OptionWords::show(i, v);
       differ |= v != all[std::size_t(i)];
     }
-    if (differ) throw MismatchError(cat("ranks disagree on ", OptionWords::name(i), ": ", by_rank(what), OptionWords::hint(i)));
+    if (differ)
+      throw MismatchError(cat("ranks disagree on ", OptionWords::name(i), ": ", by_rank(what), OptionWords::hint(i)));
   }
   throw MismatchError("ranks disagree on the options (hash mismatch)");
 }
@@ -194,8 +226,8 @@ void copy_str(char (&dst)[N], const std::string& s) {
 /// options differ. `value_size` is sizeof(value_type). Collective over ctl's ranks.
 template <class Backend>
 void check_consistency(const Backend& backend, Control<Backend>& ctl, const Options& o,
-                       const std::vector<RegDesc>& regs, int value_size, std::int64_t passes,
-                       std::size_t max_chunk, const ProtocolFacts& facts = {}) {
+                       const std::vector<RegDesc>& regs, int value_size, std::int64_t passes, std::size_t max_chunk,
+                       const ProtocolFacts& facts = {}) {
   if (ctl.size() == 1) return;
   const WaitSite site{"consistency check (allreduce)", passes, -1, 0};
   const WaitSite gather_site{"consistency check (allgather)", passes, -1, 0};
@@ -268,12 +300,11 @@ void check_consistency(const Backend& backend, Control<Backend>& ctl, const Opti
   for (int r = 0; r < n; ++r) {
     const Wire& w = all[std::size_t(r)];
     counts[std::size_t(r)] = std::to_string(w.count);
-    what[std::size_t(r)] = w.present ? cat("'", w.name, "' (group ", w.group, ", index ", w.index_in_group, ", ",
-                                           w.size, " x ", vt,
-                                           w.compression ? cat(", ", to_string(Compression(w.compression)), " on the wire")
-                                                         : std::string(),
-                                           ")")
-                                     : std::string("no tensor");
+    what[std::size_t(r)] =
+        w.present
+            ? cat("'", w.name, "' (group ", w.group, ", index ", w.index_in_group, ", ", w.size, " x ", vt,
+                  w.compression ? cat(", ", to_string(Compression(w.compression)), " on the wire") : std::string(), ")")
+            : std::string("no tensor");
   }
   std::string msg = cat("ranks disagree on the data-parallel registrations at data-parallel tensor #", pos, ": ",
                         by_rank(what), ". Data-parallel tensor counts: ", by_rank(counts));
@@ -304,11 +335,12 @@ void check_consistency(const Backend& backend, Control<Backend>& ctl, const Opti
       if (sts[std::size_t(r)].how == 1) global.push_back(r);
     }
     if (!local.empty() && !global.empty())
-      msg = cat("policy mismatch: tensor ", cand->group, "[", cand->index_in_group, "] is local (register_local_var) on ",
-                local.size() == 1 ? "rank " : "ranks ", local.size() == 1 ? std::to_string(local[0]) : rank_list(local),
-                " but data-parallel on ", global.size() == 1 ? "rank " : "ranks ",
-                global.size() == 1 ? std::to_string(global[0]) : rank_list(global),
-                "; call register_local_var for it on every rank or on none. Details: ", msg);
+      msg =
+          cat("policy mismatch: tensor ", cand->group, "[", cand->index_in_group, "] is local (register_local_var) on ",
+              local.size() == 1 ? "rank " : "ranks ", local.size() == 1 ? std::to_string(local[0]) : rank_list(local),
+              " but data-parallel on ", global.size() == 1 ? "rank " : "ranks ",
+              global.size() == 1 ? std::to_string(global[0]) : rank_list(global),
+              "; call register_local_var for it on every rank or on none. Details: ", msg);
   }
   throw MismatchError(msg);
 }

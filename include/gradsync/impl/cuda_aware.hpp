@@ -35,8 +35,7 @@ namespace impl {
 /// Whether host code (an MPI library's own loops) can read memory in MemorySpace. Specialised for
 /// gradsync's raw CUDA spaces in cuda_space.hpp.
 template <class MemorySpace, class Enable = void>
-struct host_accessible
-    : std::bool_constant<Kokkos::SpaceAccessibility<Kokkos::HostSpace, MemorySpace>::accessible> {};
+struct host_accessible : std::bool_constant<Kokkos::SpaceAccessibility<Kokkos::HostSpace, MemorySpace>::accessible> {};
 template <class MemorySpace>
 inline constexpr bool host_accessible_v = host_accessible<MemorySpace>::value;
 
@@ -94,12 +93,14 @@ struct CudaAwareDecision {
 
 /// The program's choice, else the environment's, else the run-time query, else the compile-time
 /// macro, else no. A pure function of its inputs, so it is tested without a GPU.
-inline CudaAwareDecision decide_cuda_aware_mpi(CudaAwareMpi requested, const char* env_value,
-                                               CudaAwareProbe probe) {
+inline CudaAwareDecision decide_cuda_aware_mpi(CudaAwareMpi requested, const char* env_value, CudaAwareProbe probe) {
   switch (requested) {
-    case CudaAwareMpi::yes: return {true, "requested by the program"};
-    case CudaAwareMpi::no: return {false, "requested by the program"};
-    case CudaAwareMpi::detect: break;
+    case CudaAwareMpi::yes:
+      return {true, "requested by the program"};
+    case CudaAwareMpi::no:
+      return {false, "requested by the program"};
+    case CudaAwareMpi::detect:
+      break;
   }
   const int env = parse_switch(cuda_aware_env_name(), env_value);
   if (env >= 0) return {env == 1, "GRADSYNC_CUDA_AWARE_MPI"};

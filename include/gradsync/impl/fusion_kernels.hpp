@@ -91,11 +91,9 @@ struct PackKernel {
     const T* const in = s.ptr;
     const T pre = prescale;
     if (accumulate)
-      Kokkos::parallel_for(Kokkos::TeamThreadRange(team, s.count),
-                           [&](std::int64_t i) { out[i] += pre * in[i]; });
+      Kokkos::parallel_for(Kokkos::TeamThreadRange(team, s.count), [&](std::int64_t i) { out[i] += pre * in[i]; });
     else
-      Kokkos::parallel_for(Kokkos::TeamThreadRange(team, s.count),
-                           [&](std::int64_t i) { out[i] = pre * in[i]; });
+      Kokkos::parallel_for(Kokkos::TeamThreadRange(team, s.count), [&](std::int64_t i) { out[i] = pre * in[i]; });
   }
 
   // Host execution spaces: one iteration per segment, a plain loop the compiler vectorizes.
@@ -171,8 +169,7 @@ struct UnpackKernel {
     const T* const in = buf.data() + (s.off - base);
     T* const out = s.ptr;
     const T f = factor;
-    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, s.count),
-                         [&](std::int64_t i) { out[i] = f * in[i]; });
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, s.count), [&](std::int64_t i) { out[i] = f * in[i]; });
   }
 
   KOKKOS_INLINE_FUNCTION void operator()(const std::int64_t k) const {
@@ -269,8 +266,7 @@ struct LocalKernel {
         Kokkos::parallel_for(Kokkos::TeamThreadRange(team, s.count), [&](std::int64_t i) { a[i] += g[i]; });
         break;
       case LocalMode::finish:
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, s.count),
-                             [&](std::int64_t i) { g[i] = f * (a[i] + g[i]); });
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, s.count), [&](std::int64_t i) { g[i] = f * (a[i] + g[i]); });
         break;
     }
   }

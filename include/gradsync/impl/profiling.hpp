@@ -38,13 +38,22 @@ enum class Region : int {
 
 /// The regions' names (built at the first call: GradientSync's constructor makes it).
 inline const std::string* region_names() {
-  static const std::string names[] = {
-      "gradsync::synchronize",      "gradsync::prepare",           "gradsync::mark_ready",
-      "gradsync::progress",         "gradsync::arrival_check",     "gradsync::consistency_check",
-      "gradsync::plan_build",       "gradsync::accumulate",        "gradsync::pack",
-      "gradsync::reduce",           "gradsync::unpack",            "gradsync::local_scale",
-      "gradsync::global_norm",      "gradsync::clip",              "gradsync::optimizer_update",
-      "gradsync::broadcast_parameters"};
+  static const std::string names[] = {"gradsync::synchronize",
+                                      "gradsync::prepare",
+                                      "gradsync::mark_ready",
+                                      "gradsync::progress",
+                                      "gradsync::arrival_check",
+                                      "gradsync::consistency_check",
+                                      "gradsync::plan_build",
+                                      "gradsync::accumulate",
+                                      "gradsync::pack",
+                                      "gradsync::reduce",
+                                      "gradsync::unpack",
+                                      "gradsync::local_scale",
+                                      "gradsync::global_norm",
+                                      "gradsync::clip",
+                                      "gradsync::optimizer_update",
+                                      "gradsync::broadcast_parameters"};
   static_assert(sizeof(names) / sizeof(names[0]) == std::size_t(Region::count), "a Region without a name");
   return names;
 }

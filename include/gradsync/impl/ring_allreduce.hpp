@@ -52,8 +52,8 @@ class RingAllreduce {
   /// Starts buf[0, count) = factor * (sum over ranks of buf[0, count)). The reduce-scatter receives
   /// wait for a buffer from RingPool::lend; `order` ranks this sum among those waiting.
   template <class T>
-  void start(T* buf, int count, double factor, MPI_Datatype type, MPI_Op op, MPI_Comm comm, int rank, int size,
-             int tag, std::uint64_t order) {
+  void start(T* buf, int count, double factor, MPI_Datatype type, MPI_Op op, MPI_Comm comm, int rank, int size, int tag,
+             std::uint64_t order) {
     busy_ = true;
     buf_ = reinterpret_cast<unsigned char*>(buf);
     n_ = std::size_t(count);
@@ -97,9 +97,7 @@ class RingAllreduce {
 
   /// Without a buffer and needing one: in the reduce-scatter (its send is posted), or a compressed
   /// sum not yet begun.
-  bool wants_buffer() const {
-    return busy_ && !has_buffer_ && (wire_ != nullptr || (step_ < size_ - 1 && !reduced_));
-  }
+  bool wants_buffer() const { return busy_ && !has_buffer_ && (wire_ != nullptr || (step_ < size_ - 1 && !reduced_)); }
   bool has_buffer() const { return has_buffer_; }
   /// What its buffer must hold: the widest segment, or for a compressed sum two of them in 16 bits
   /// (one received while the other is sent).
@@ -182,9 +180,9 @@ class RingAllreduce {
     const int send_seg = mod(rank_ - s);
     reqs_[0] = MPI_REQUEST_NULL;
     if (step_ >= size_ - 1 || has_buffer_) post_receive();
-    check_ring_call(MPI_Isend(buf_ + begin(send_seg) * elem_, len(send_seg), type_, mod(rank_ + 1), tag_, comm_,
-                              &reqs_[1]),
-                    "MPI_Isend");
+    check_ring_call(
+        MPI_Isend(buf_ + begin(send_seg) * elem_, len(send_seg), type_, mod(rank_ + 1), tag_, comm_, &reqs_[1]),
+        "MPI_Isend");
   }
   void post_receive() {
     const bool scatter = step_ < size_ - 1;
@@ -290,8 +288,8 @@ class RingPool {
   /// Starts a sum on a state no request holds (a finished sum stays with its request until
   /// tested) and not busy.
   template <class T>
-  std::shared_ptr<RingAllreduce> start(T* buf, int count, double factor, MPI_Datatype type, MPI_Op op,
-                                       MPI_Comm comm, int rank, int size) {
+  std::shared_ptr<RingAllreduce> start(T* buf, int count, double factor, MPI_Datatype type, MPI_Op op, MPI_Comm comm,
+                                       int rank, int size) {
     std::shared_ptr<RingAllreduce> s = idle_state();
     s->start(buf, count, factor, type, op, comm, rank, size, next_tag(), ++started_);
     lend();

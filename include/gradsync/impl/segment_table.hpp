@@ -23,8 +23,8 @@ void for_each_segment(std::size_t n, F&& f) {
 /// Replaces `dev` with a copy of the host table `host` in MemorySpace. Setup time only: it allocates.
 template <class Seg, class MemorySpace>
 void upload_segments(const std::vector<Seg>& host, Kokkos::View<Seg*, MemorySpace>& dev, const char* label) {
-  dev = Kokkos::View<Seg*, MemorySpace>(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)),
-                                        host.size());
+  dev =
+      Kokkos::View<Seg*, MemorySpace>(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), host.size());
   auto mirror = Kokkos::create_mirror_view(dev);
   std::copy(host.begin(), host.end(), mirror.data());
   Kokkos::deep_copy(dev, mirror);

@@ -90,8 +90,8 @@ inline std::vector<std::shared_ptr<void>>& graveyard() {
 /// Where a wait happens, for the reports: "the allreduce of chunk 2 of 5 in exchange 17".
 struct WaitSite {
   const char* what = "collective";
-  std::int64_t step = 0;   // synchronize() call number (1-based), the same on every rank
-  std::int64_t chunk = -1; // chunk index, or -1
+  std::int64_t step = 0;    // synchronize() call number (1-based), the same on every rank
+  std::int64_t chunk = -1;  // chunk index, or -1
   std::int64_t chunks = 0;
 };
 
@@ -101,10 +101,14 @@ enum class ErrorKind : std::int64_t { error = 0, mismatch = 1, stall = 2, config
   // The message already carries the "gradsync: " prefix when it came from what().
   const std::string m = msg.rfind("gradsync: ", 0) == 0 ? msg.substr(10) : msg;
   switch (k) {
-    case ErrorKind::mismatch: throw MismatchError(m);
-    case ErrorKind::stall: throw StallError(m);
-    case ErrorKind::config: throw ConfigError(m);
-    case ErrorKind::error: break;
+    case ErrorKind::mismatch:
+      throw MismatchError(m);
+    case ErrorKind::stall:
+      throw StallError(m);
+    case ErrorKind::config:
+      throw ConfigError(m);
+    case ErrorKind::error:
+      break;
   }
   throw Error(m);
 }
@@ -190,9 +194,8 @@ class Control {
     if (test()) return;  // the fast path
     using clock = std::chrono::steady_clock;
     const auto t0 = clock::now();
-    const double warn = o.stall_timeout > 0 && o.stall_warning > 0 && o.stall_warning < o.stall_timeout
-                            ? o.stall_warning
-                            : 0.0;
+    const double warn =
+        o.stall_timeout > 0 && o.stall_warning > 0 && o.stall_warning < o.stall_timeout ? o.stall_warning : 0.0;
     // Without a deadline of its own a rank still announces its arrival, on the clock of its
     // (silent) warning interval, so that peers with a deadline do not report it missing.
     const double first = warn > 0 ? warn : o.stall_timeout > 0 ? o.stall_timeout : o.stall_warning;
@@ -401,8 +404,7 @@ class Control {
     for (int r = 0; r < size_; ++r) {
       if (r == rank_) continue;
       MPI_Request q;
-      if (MPI_Isend(n, int(sizeof(Notice)), MPI_BYTE, r, kTag, *state_->comm, &q) == MPI_SUCCESS)
-        MPI_Request_free(&q);
+      if (MPI_Isend(n, int(sizeof(Notice)), MPI_BYTE, r, kTag, *state_->comm, &q) == MPI_SUCCESS) MPI_Request_free(&q);
     }
   }
 
@@ -444,8 +446,8 @@ class Control {
 
   std::string report(const WaitSite& site, double waited, bool final_report) {
     const std::string where = where_of(site);
-    std::string s = cat("rank ", rank_, " has waited ", waited, " s for the ", where, " in synchronize() call ",
-                        site.step, "; ");
+    std::string s =
+        cat("rank ", rank_, " has waited ", waited, " s for the ", where, " in synchronize() call ", site.step, "; ");
     if constexpr (mpi) {
       if (comm_ready()) {
         std::vector<int> missing, present;
@@ -474,8 +476,9 @@ class Control {
       s += cat("missing ranks unknown (backend '", Backend::name(), "' has no side channel)");
     }
     if (!final_report) return s + "; still waiting";
-    return s + ". A missing rank skipped synchronize(), took another code path, died, or is slower than "
-               "Options::stall_timeout (GRADSYNC_STALL_TIMEOUT_S) allows";
+    return s +
+           ". A missing rank skipped synchronize(), took another code path, died, or is slower than "
+           "Options::stall_timeout (GRADSYNC_STALL_TIMEOUT_S) allows";
   }
 
   int rank_ = 0, size_ = 1;
@@ -486,8 +489,8 @@ class Control {
   std::int64_t arrival_step_ = 0;
   std::vector<std::shared_ptr<void>> keep_;
   std::shared_ptr<std::vector<unsigned char>> scratch_;
-  bool told_ = false;  // this rank sent its failure notice (once per sync)
-  bool heard_ = false; // a peer's failure notice was received
+  bool told_ = false;   // this rank sent its failure notice (once per sync)
+  bool heard_ = false;  // a peer's failure notice was received
   Observer observer_ = nullptr;
   void* observer_ctx_ = nullptr;
 };
@@ -496,8 +499,8 @@ class Control {
 /// communicator it polls even without a deadline, listening for the peers' failure notices;
 /// without a side channel there is nothing to listen for (backend.wait()).
 template <class Backend>
-void wait_for(const Backend& backend, typename Backend::Request& request, Control<Backend>& ctl,
-              const Options& o, const WaitSite& site) {
+void wait_for(const Backend& backend, typename Backend::Request& request, Control<Backend>& ctl, const Options& o,
+              const WaitSite& site) {
   if (o.stall_timeout <= 0 && !has_mpi_comm<Backend>::value) {
     backend.wait(request);
     return;

@@ -70,8 +70,10 @@ class SyncChecks {
       const auto now = e.requery();
       if (now.first != e.data || now.second != e.size)
         fail_here(cx, ErrorKind::error,
-                  cat("tensor '", e.name, "' (group ", e.group, ") was resized or reallocated after it was "
-                      "registered (", e.size, " -> ", now.second, " elements) on rank ", cx.backend.rank(),
+                  cat("tensor '", e.name, "' (group ", e.group,
+                      ") was resized or reallocated after it was "
+                      "registered (",
+                      e.size, " -> ", now.second, " elements) on rank ", cx.backend.rank(),
                       "; build a new GradientSync and register it again after resizing"));
     });
   }
@@ -130,7 +132,8 @@ class SyncChecks {
   // Whether the registrations are compared now: when a rank needs it, or when the options differ
   // (`force`: every rank knows it, whatever its check mode says).
   bool comparison_due(const Options& opt, bool needed, bool force) const {
-    return force || (needed && opt.consistency_check != CheckMode::off) || opt.consistency_check == CheckMode::every_step;
+    return force || (needed && opt.consistency_check != CheckMode::off) ||
+           opt.consistency_check == CheckMode::every_step;
   }
 
   // The cross-rank comparison of registrations (impl/consistency.hpp): a MismatchError on every
@@ -179,9 +182,11 @@ class SyncChecks {
           Kokkos::HostSpace(), Kokkos::subview(segs, std::make_pair(std::size_t(s), std::size_t(s + 1))));
       if (const auto* e = registry.data_parallel_holding(seg(0).ptr))
         fail_here(cx, ErrorKind::error,
-                  cat("gradient '", e->name, "' (group ", e->group, ", ", e->size, " values) holds NaN or Inf "
-                      "on rank ", cx.backend.rank(), " before the exchange of synchronize() call ",
-                      cx.stats.passes + 1, " (Options::check_finite)"));
+                  cat("gradient '", e->name, "' (group ", e->group, ", ", e->size,
+                      " values) holds NaN or Inf "
+                      "on rank ",
+                      cx.backend.rank(), " before the exchange of synchronize() call ", cx.stats.passes + 1,
+                      " (Options::check_finite)"));
       fail_here(cx, ErrorKind::error, "a data-parallel gradient holds NaN or Inf (Options::check_finite)");
     }
   }
@@ -200,12 +205,12 @@ class SyncChecks {
     std::string which = "a data-parallel gradient";
     if (const auto* e = registry.data_parallel_holding(p))
       which = cat("gradient '", e->name, "' (group ", e->group, ", ", e->size, " values)");
-    throw Error(cat(
-        "the fp16 sum of ", which, " is not finite in synchronize() call ", cx.stats.passes,
-        " (on every rank): a value or a partial sum beyond fp16's largest, 65504, or a NaN/Inf gradient. "
-        "The gradients of this step are not usable; skip it, or use Compression::bf16 (fp32's range), a smaller "
-        "prescale_factor, or keep this group in full precision (CompressWith<Compression::none>); "
-        "see docs/COMPRESSION.md"));
+    throw Error(
+        cat("the fp16 sum of ", which, " is not finite in synchronize() call ", cx.stats.passes,
+            " (on every rank): a value or a partial sum beyond fp16's largest, 65504, or a NaN/Inf gradient. "
+            "The gradients of this step are not usable; skip it, or use Compression::bf16 (fp32's range), a smaller "
+            "prescale_factor, or keep this group in full precision (CompressWith<Compression::none>); "
+            "see docs/COMPRESSION.md"));
   }
 
   // A local check failed: tell the peers (so none waits for this rank), then throw.

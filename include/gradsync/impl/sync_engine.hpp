@@ -64,23 +64,23 @@ class SyncEngine {
     if (plan.staged()) ensure(cx, staging_, std::size_t(L.capacity), "gradsync::host_staging");
     plan_wire(cx, plan, std::size_t(L.capacity), L.total, L.segments);
     upload(cx, L.segments, dp_segs_, "gradsync::segments");
-    if (cx.opt.backward_passes_per_step > 1) ensure(cx, local_acc_, std::size_t(L.local_total), "gradsync::local_accumulator");
+    if (cx.opt.backward_passes_per_step > 1)
+      ensure(cx, local_acc_, std::size_t(L.local_total), "gradsync::local_accumulator");
     upload(cx, L.local_segments, local_segs_, "gradsync::local_segments");
     upload(cx, L.deferred_segments, deferred_segs_, "gradsync::deferred_segments");
     n_deferred_segs_ = std::int64_t(L.deferred_segments.size());
     n_dp_segs_ = std::int64_t(L.segments.size());
     n_local_segs_ = std::int64_t(L.local_segments.size());
-    cx.stats.buffer_bytes = (buffer_.extent(0) + local_acc_.extent(0) + staging_.extent(0) + residual_.extent(0)) *
-                                sizeof(V) +
-                            (wire_.extent(0) + wire_staging_.extent(0)) * sizeof(std::uint16_t);
+    cx.stats.buffer_bytes =
+        (buffer_.extent(0) + local_acc_.extent(0) + staging_.extent(0) + residual_.extent(0)) * sizeof(V) +
+        (wire_.extent(0) + wire_staging_.extent(0)) * sizeof(std::uint16_t);
     // What a collective left incomplete by a stall may still write into.
     // After a stall MPI may still write into the buffers and, for chunks reduced in place, into the
     // gradients themselves: a failure keeps all of them alive (registered Views hold a keepalive copy).
-    std::vector<std::shared_ptr<void>> keep{std::make_shared<Buffer>(buffer_),
-                                            std::make_shared<decltype(staging_)>(staging_),
-                                            std::make_shared<WireBuffer>(wire_),
-                                            std::make_shared<decltype(wire_staging_)>(wire_staging_),
-                                            std::make_shared<Backend>(cx.backend)};
+    std::vector<std::shared_ptr<void>> keep{
+        std::make_shared<Buffer>(buffer_), std::make_shared<decltype(staging_)>(staging_),
+        std::make_shared<WireBuffer>(wire_), std::make_shared<decltype(wire_staging_)>(wire_staging_),
+        std::make_shared<Backend>(cx.backend)};
     keep.insert(keep.end(), keepalive.begin(), keepalive.end());
     cx.ctl.keep_on_failure(std::move(keep));
   }
@@ -92,7 +92,7 @@ class SyncEngine {
                     PackKernel<V, ExecutionSpace, MemorySpace>{dp_segs_, buffer_, 0, 0, plan.pre_factor(), !first});
     launch_segments(label_local(), cx.exec, n_local_segs_,
                     LocalKernel<V, ExecutionSpace, MemorySpace>{local_segs_, local_acc_,
-                                                               first ? LocalMode::store : LocalMode::accumulate});
+                                                                first ? LocalMode::store : LocalMode::accumulate});
   }
 
   // --- The step in progress ---
@@ -141,7 +141,7 @@ class SyncEngine {
     ProfileRegion region(Region::local_scale, n_local_segs_ > 0);
     launch_segments(label_local(), cx.exec, n_local_segs_,
                     LocalKernel<V, ExecutionSpace, MemorySpace>{local_segs_, local_acc_,
-                                                               aggregated ? LocalMode::finish : LocalMode::scale});
+                                                                aggregated ? LocalMode::finish : LocalMode::scale});
   }
 
   // Deferred local scales (defer_local_scale): whether there are any, and their pass.
@@ -201,7 +201,8 @@ class SyncEngine {
       if (!cx.opt.huge_pages || !plan.in_place() || !any) return;
       std::vector<std::pair<std::uintptr_t, std::uintptr_t>> ranges;
       for (const auto& t : dp)
-        ranges.emplace_back(reinterpret_cast<std::uintptr_t>(t.data), reinterpret_cast<std::uintptr_t>(t.data + t.size));
+        ranges.emplace_back(reinterpret_cast<std::uintptr_t>(t.data),
+                            reinterpret_cast<std::uintptr_t>(t.data + t.size));
       cx.stats.bytes_on_huge_pages = collapse_to_huge_pages(std::move(ranges));
     }
   }
@@ -216,7 +217,8 @@ class SyncEngine {
   // layout), its host staging when the backend cannot sum 16-bit values where they live
   // (MpiBackend on device memory: its op runs on the CPU), the residuals (zero at every plan build:
   // fused positions may have moved) and, for fp16, the overflow flag.
-  void plan_wire(Context& cx, const Plan& plan, std::size_t capacity, std::int64_t total, const std::vector<Seg>& segs) {
+  void plan_wire(Context& cx, const Plan& plan, std::size_t capacity, std::int64_t total,
+                 const std::vector<Seg>& segs) {
     bool any = false, fp16 = false;
     for (const Chunk& ch : plan.chunks()) {
       any = any || ch.kind != 0;
@@ -232,9 +234,12 @@ class SyncEngine {
       return;
     }
     if (!sums_wire<Backend>::value)  // every rank has the same backend type: all throw here
-      throw ConfigError(cat("compression (Options::compression or a group's CompressWith) needs a backend that "
-                            "sums 16-bit values; backend '", Backend::name(), "' does not declare "
-                            "sums_wire_values (backend_traits.hpp): use Compression::none with it"));
+      throw ConfigError(
+          cat("compression (Options::compression or a group's CompressWith) needs a backend that "
+              "sums 16-bit values; backend '",
+              Backend::name(),
+              "' does not declare "
+              "sums_wire_values (backend_traits.hpp): use Compression::none with it"));
     wire_staged_ = plan.staged() || !reduces_wire_in<MemorySpace>(cx.backend);
     ensure_on_huge_pages(cx, wire_, capacity, "gradsync::wire_buffer");  // MPI copies from it (huge_pages.hpp)
     if (wire_staged_) ensure(cx, wire_staging_, capacity, "gradsync::wire_staging");
@@ -266,8 +271,8 @@ class SyncEngine {
     const Chunk& ch = plan.chunk(c);
     launch_segments(label_pack(), cx.exec, ch.seg_end - ch.seg_begin,
                     PackKernel<V, ExecutionSpace, MemorySpace>{dp_segs_, buffer_, ch.seg_begin,
-                                                              ch.begin - plan.buffer_pos(c), plan.pre_factor(),
-                                                              aggregated, wire_, residual_, Compression(ch.kind)});
+                                                               ch.begin - plan.buffer_pos(c), plan.pre_factor(),
+                                                               aggregated, wire_, residual_, Compression(ch.kind)});
   }
 
   // Kept out of line, as it was before the split: inlined into complete_chunk, GCC 12 gives its
@@ -326,8 +331,7 @@ class SyncEngine {
     if (plan.chunk(c).wire_ring) return launch_wire_ring(cx, plan, c);
     const std::int64_t pos = plan.buffer_pos(c), len = plan.chunk(c).size();
     pack_chunk(cx, plan, c, aggregated);
-    if (wire_staged_)
-      copy_buffer(cx.exec, wire_staging_, std::size_t(pos), wire_, std::size_t(pos), std::size_t(len));
+    if (wire_staged_) copy_buffer(cx.exec, wire_staging_, std::size_t(pos), wire_, std::size_t(pos), std::size_t(len));
     std::uint16_t* data = (wire_staged_ ? wire_staging_.data() : wire_.data()) + pos;
     if (wire_staged_ || !ordered_on(cx.backend, cx.exec)) fence(cx.exec, label_fence_pack());
     if (cx.timeline) cx.timeline->reduce_begin(c);
@@ -375,7 +379,8 @@ class SyncEngine {
   template <class T>
   typename Backend::Request start_hierarchical([[maybe_unused]] Context& cx, [[maybe_unused]] T* data,
                                                [[maybe_unused]] std::size_t n) {
-    if constexpr (has_nonblocking_hierarchical_sum<Backend>::value) return cx.backend.ihierarchical_allreduce_sum(data, n);
+    if constexpr (has_nonblocking_hierarchical_sum<Backend>::value)
+      return cx.backend.ihierarchical_allreduce_sum(data, n);
     return typename Backend::Request{};  // never: blocking (the plan)
   }
 

@@ -36,26 +36,24 @@
 
 namespace gradsync::impl {
 
-
 // A backend that knows which of its ranks share a node (MpiBackend), and one that can sum in three
 // stages over them (Algorithm::hierarchical).
 template <class B, class = void>
 struct has_topology : std::false_type {};
 template <class B>
-struct has_topology<B, std::enable_if_t<std::is_same_v<std::decay_t<decltype(std::declval<const B&>().topology())>, Topology>>>
+struct has_topology<
+    B, std::enable_if_t<std::is_same_v<std::decay_t<decltype(std::declval<const B&>().topology())>, Topology>>>
     : std::true_type {};
 template <class B, class = void>
 struct has_hierarchical_sum : std::false_type {};
 template <class B>
-struct has_hierarchical_sum<
-    B, std::void_t<decltype(std::declval<const B&>().hierarchical_allreduce_sum(static_cast<float*>(nullptr), std::size_t()))>>
-    : std::true_type {};
+struct has_hierarchical_sum<B, std::void_t<decltype(std::declval<const B&>().hierarchical_allreduce_sum(
+                                   static_cast<float*>(nullptr), std::size_t()))>> : std::true_type {};
 template <class B, class = void>
 struct has_nonblocking_hierarchical_sum : std::false_type {};
 template <class B>
-struct has_nonblocking_hierarchical_sum<
-    B, std::void_t<decltype(std::declval<const B&>().ihierarchical_allreduce_sum(static_cast<float*>(nullptr), std::size_t()))>>
-    : std::true_type {};
+struct has_nonblocking_hierarchical_sum<B, std::void_t<decltype(std::declval<const B&>().ihierarchical_allreduce_sum(
+                                               static_cast<float*>(nullptr), std::size_t()))>> : std::true_type {};
 
 template <class Backend, class V, class MemorySpace>
 class SyncPlan {
@@ -65,13 +63,13 @@ class SyncPlan {
 
   // What build() hands the engine to provision: the segments to upload and the sizes to allocate.
   struct Layout {
-    std::vector<FusedTensor> data_parallel;  // in fused order
-    std::vector<Seg> segments;               // data-parallel, split at chunk boundaries
-    std::vector<Seg> local_segments;         // local tensors scaled (or accumulated) in place
-    std::vector<Seg> deferred_segments;      // local tensors whose scale the caller applies
-    std::int64_t capacity = 0;               // fusion buffer elements
-    std::int64_t total = 0;                  // data-parallel elements
-    std::int64_t local_total = 0;            // local accumulator elements (N > 1)
+    std::vector<FusedTensor> data_parallel;                            // in fused order
+    std::vector<Seg> segments;                                         // data-parallel, split at chunk boundaries
+    std::vector<Seg> local_segments;                                   // local tensors scaled (or accumulated) in place
+    std::vector<Seg> deferred_segments;                                // local tensors whose scale the caller applies
+    std::int64_t capacity = 0;                                         // fusion buffer elements
+    std::int64_t total = 0;                                            // data-parallel elements
+    std::int64_t local_total = 0;                                      // local accumulator elements (N > 1)
     std::vector<std::pair<std::int64_t, std::int64_t>> tensor_chunks;  // per fused tensor
   };
 
@@ -172,7 +170,8 @@ class SyncPlan {
                                      own_min, merge_neighbours_, std::int64_t(chunk_limit(sizeof(std::uint16_t))));
     chunks_ = std::move(plan.chunks);
     for (Chunk& ch : chunks_)  // compressed chunks in place where the backend's ring converts as it goes
-      ch.wire_ring = in_place_ && !blocking_ && !hierarchical_ && ch.contiguous && wire_ring_fits(backend, ch.kind, ch.size());
+      ch.wire_ring =
+          in_place_ && !blocking_ && !hierarchical_ && ch.contiguous && wire_ring_fits(backend, ch.kind, ch.size());
     // Without aggregation the buffer is chunk-sized slots that chunks cycle through (one when each
     // chunk is reduced before the next is packed); with it the buffer holds every data-parallel
     // sum between passes.
@@ -196,7 +195,8 @@ class SyncPlan {
     L.total = plan.total;
     first_ptr_.assign(chunks_.size(), nullptr);
     for (std::size_t c = 0; c < chunks_.size(); ++c)
-      if (chunks_[c].seg_end > chunks_[c].seg_begin) first_ptr_[c] = plan.segments[std::size_t(chunks_[c].seg_begin)].ptr;
+      if (chunks_[c].seg_end > chunks_[c].seg_begin)
+        first_ptr_[c] = plan.segments[std::size_t(chunks_[c].seg_begin)].ptr;
     L.segments = std::move(plan.segments);
     L.tensor_chunks = std::move(plan.tensor_chunks);
 

@@ -10,8 +10,8 @@
 #include <algorithm>
 #include <cstddef>
 #include <functional>
-#include <memory>
 #include <map>
+#include <memory>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -37,9 +37,9 @@ struct Registration {
   bool policy_local = false;
   LocalScale policy_scale = LocalScale::none;
   bool runtime_local = false;
-  bool defer_scale = false;  // defer_local_scale: the caller applies the local factor
-  bool named = false;  // the name was given to add()
-  int compression = -1;  // its group's wire format (int(Compression)); -1: Options::compression
+  bool defer_scale = false;         // defer_local_scale: the caller applies the local factor
+  bool named = false;               // the name was given to add()
+  int compression = -1;             // its group's wire format (int(Compression)); -1: Options::compression
   std::shared_ptr<void> keepalive;  // a copy of a registered View keeps its memory alive
   std::function<std::pair<V*, std::size_t>()> requery;  // vectors: current data and size
   bool local() const { return policy_local || runtime_local; }
@@ -115,7 +115,9 @@ class SyncRegistry {
     const std::size_t id = ranges_.find(p, n);
     return id == Ranges::npos ? nullptr : &entries_[id];
   }
-  Entry* find(const V* p, std::size_t n) { return const_cast<Entry*>(static_cast<const SyncRegistry*>(this)->find(p, n)); }
+  Entry* find(const V* p, std::size_t n) {
+    return const_cast<Entry*>(static_cast<const SyncRegistry*>(this)->find(p, n));
+  }
 
   // As find, or an Error naming `who` and the rank.
   const Entry& at(const V* p, std::size_t n, const char* who, int rank) const {
@@ -195,7 +197,7 @@ class SyncRegistry {
 
   std::vector<Entry> entries_;
   std::vector<std::size_t> requeried_;  // entries with a requery (vectors), in registration order
-  Ranges ranges_;                                        // the non-empty tensors, by address
+  Ranges ranges_;                       // the non-empty tensors, by address
   std::map<const V*, std::size_t, std::less<const V*>> empty_;  // the first empty tensor at each address
   std::unordered_map<std::string, std::size_t> per_group_;      // tensors in each group
 };

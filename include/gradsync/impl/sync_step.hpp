@@ -41,11 +41,16 @@ enum class StepState { idle, accumulating, open, failed, moved_from };
 
 inline const char* to_string(StepState s) {
   switch (s) {
-    case StepState::idle: return "idle";
-    case StepState::accumulating: return "accumulating";
-    case StepState::open: return "open";
-    case StepState::failed: return "failed";
-    case StepState::moved_from: return "moved from";
+    case StepState::idle:
+      return "idle";
+    case StepState::accumulating:
+      return "accumulating";
+    case StepState::open:
+      return "open";
+    case StepState::failed:
+      return "failed";
+    case StepState::moved_from:
+      return "moved from";
   }
   return "?";
 }
@@ -72,8 +77,9 @@ class SyncStep {
   void require_usable(std::string_view call) const {
     if (state_ == StepState::failed) throw_kind(failure_kind_, cat(call, ": ", failure_));
     if (state_ == StepState::moved_from)
-      throw Error(cat(call, ": this GradientSync was moved from (into a DistributedOptimizer or another "
-                            "GradientSync); use the object it was moved into"));
+      throw Error(cat(call,
+                      ": this GradientSync was moved from (into a DistributedOptimizer or another "
+                      "GradientSync); use the object it was moved into"));
   }
 
   // Calls that change what the ranks exchange or how it is scaled (add, register_local_var,
@@ -86,8 +92,9 @@ class SyncStep {
                       " of an aggregation cycle; call it only between steps (after synchronize() returned true): "
                       "the sums held for the cycle would no longer match"));
     if (state_ == StepState::open)
-      throw Error(cat(call, " called while a step is open (mark_ready() started its exchange); call it only "
-                            "between steps (after synchronize() returned true)"));
+      throw Error(cat(call,
+                      " called while a step is open (mark_ready() started its exchange); call it only "
+                      "between steps (after synchronize() returned true)"));
   }
 
   // --- Transitions (GradientSync drives them) ---
@@ -105,8 +112,8 @@ class SyncStep {
     if (state_ == StepState::failed) return;  // the first failure is the one reported
     failure_kind_ = kind;
     std::string r = reason.rfind("gradsync: ", 0) == 0 ? reason.substr(10) : reason;
-    failure_ = cat("this GradientSync failed in ", call, " (synchronize() call ", number, ") on rank ", rank,
-                   ": ", r, ". It cannot be used again (its collectives may still be pending inside MPI): "
+    failure_ = cat("this GradientSync failed in ", call, " (synchronize() call ", number, ") on rank ", rank, ": ", r,
+                   ". It cannot be used again (its collectives may still be pending inside MPI): "
                    "build a new one on every rank");
     state_ = StepState::failed;
   }

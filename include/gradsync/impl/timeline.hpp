@@ -66,7 +66,7 @@ class Timeline {
     std::int32_t str;      // an interned string, or -1
     std::int32_t tid;
     Kind kind;
-    bool flag;             // reduce: in place; tune: settled
+    bool flag;  // reduce: in place; tune: settled
   };
 
   Timeline(const std::string& path, int rank, int ranks) : rank_(rank) {
@@ -144,9 +144,10 @@ class Timeline {
   // A stall warning (final = false), or the report of the error about to be thrown (or aborted on).
   void report(ErrorKind k, bool final_report, const std::string& msg) {
     const bool warning = !final_report && k == ErrorKind::stall;
-    const char* name = warning ? "stall warning" : k == ErrorKind::stall ? "StallError" : k == ErrorKind::mismatch
-                                                                                               ? "MismatchError"
-                                                                                               : "Error";
+    const char* name = warning                    ? "stall warning"
+                       : k == ErrorKind::stall    ? "StallError"
+                       : k == ErrorKind::mismatch ? "MismatchError"
+                                                  : "Error";
     // "... missing ranks: [2] (arrived ...": the ranks, for the viewer's argument list.
     std::string missing;
     const std::size_t m = msg.find("missing ranks: ");
@@ -288,18 +289,25 @@ class Timeline {
     if (e.dur < 0) out += e.kind == Kind::failure ? ",\"s\":\"p\"" : ",\"s\":\"t\"";
     out += ",\"args\":{";
     switch (e.kind) {
-      case Kind::call: out += cat("\"call\":", e.a); break;
-      case Kind::plan: out += cat("\"chunks\":", e.a, ",\"bytes\":", e.b); break;
-      case Kind::local: out += cat("\"segments\":", e.a); break;
+      case Kind::call:
+        out += cat("\"call\":", e.a);
+        break;
+      case Kind::plan:
+        out += cat("\"chunks\":", e.a, ",\"bytes\":", e.b);
+        break;
+      case Kind::local:
+        out += cat("\"segments\":", e.a);
+        break;
       case Kind::pack:
       case Kind::unpack:
       case Kind::reduce:
         out += cat("\"chunk\":", e.a, ",\"bytes\":", e.b, ",\"tensors\":");
         escape(str(e.str), out);
-        if (e.kind == Kind::reduce)
-          out += cat(",\"algorithm\":\"", e.s, "\",\"in_place\":", e.flag ? "true" : "false");
+        if (e.kind == Kind::reduce) out += cat(",\"algorithm\":\"", e.s, "\",\"in_place\":", e.flag ? "true" : "false");
         break;
-      case Kind::wait: out += cat("\"chunk\":", e.a); break;
+      case Kind::wait:
+        out += cat("\"chunk\":", e.a);
+        break;
       case Kind::mark:
         out += "\"tensor\":";
         escape(str(e.str), out);
@@ -323,8 +331,8 @@ class Timeline {
   int sync_ = 1;  // among this process's live syncs writing to base_
   int rank_ = 0;
   std::FILE* file_ = nullptr;
-  long end_ = -1;       // where "]}" starts in the file
-  bool first_ = true;   // no event written yet
+  long end_ = -1;      // where "]}" starts in the file
+  bool first_ = true;  // no event written yet
   std::vector<Event> events_;
   std::vector<std::string> strings_, pending_meta_;
   std::vector<std::int32_t> tensor_names_, chunk_names_;

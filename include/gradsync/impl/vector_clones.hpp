@@ -10,8 +10,8 @@
 
 #include <cstddef>  // defines __GLIBC__ where glibc is the C library: ifuncs need it (not musl)
 
-#if defined(__x86_64__) && defined(__GNUC__) && defined(__GLIBC__) && !defined(__clang__) && \
-    !defined(__CUDACC__) && !defined(__INTEL_LLVM_COMPILER) && !defined(GRADSYNC_NO_VECTOR_CLONES)
+#if defined(__x86_64__) && defined(__GNUC__) && defined(__GLIBC__) && !defined(__clang__) && !defined(__CUDACC__) && \
+    !defined(__INTEL_LLVM_COMPILER) && !defined(GRADSYNC_NO_VECTOR_CLONES)
 #define GRADSYNC_IMPL_VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
 #define GRADSYNC_IMPL_VECTOR_CLONES

@@ -28,14 +28,14 @@ struct has_ibroadcast<B, std::void_t<decltype(std::declval<const B&>().ibroadcas
 template <class B, class = void>
 struct has_iallreduce_min : std::false_type {};
 template <class B>
-struct has_iallreduce_min<B, std::void_t<decltype(std::declval<const B&>().iallreduce_min((std::int64_t*)nullptr, std::size_t()))>>
+struct has_iallreduce_min<
+    B, std::void_t<decltype(std::declval<const B&>().iallreduce_min((std::int64_t*)nullptr, std::size_t()))>>
     : std::true_type {};
 template <class B, class = void>
 struct has_iallgather : std::false_type {};
 template <class B>
-struct has_iallgather<
-    B, std::void_t<decltype(std::declval<const B&>().iallgather((const double*)nullptr, (double*)nullptr, std::size_t()))>>
-    : std::true_type {};
+struct has_iallgather<B, std::void_t<decltype(std::declval<const B&>().iallgather(
+                             (const double*)nullptr, (double*)nullptr, std::size_t()))>> : std::true_type {};
 
 template <class Backend>
 class Watched {

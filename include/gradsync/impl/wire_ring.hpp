@@ -149,9 +149,8 @@ bool wire_ring_fits(const B& b, int kind, std::int64_t n) {
 
 /// Starts data[0, n) = post * (sum over ranks of pre * data + residual), 16 bits on the wire.
 template <class B, class T>
-typename B::Request start_wire_ring([[maybe_unused]] const B& b, [[maybe_unused]] int kind,
-                                    [[maybe_unused]] T* data, [[maybe_unused]] std::int64_t n,
-                                    [[maybe_unused]] T pre, [[maybe_unused]] T post,
+typename B::Request start_wire_ring([[maybe_unused]] const B& b, [[maybe_unused]] int kind, [[maybe_unused]] T* data,
+                                    [[maybe_unused]] std::int64_t n, [[maybe_unused]] T pre, [[maybe_unused]] T post,
                                     [[maybe_unused]] T* residual) {
   if constexpr (has_wire_ring<B>::value) {
     if (kind == int(Compression::fp16))
