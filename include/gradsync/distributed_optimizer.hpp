@@ -151,7 +151,8 @@ class DistributedOptimizer {
   /// Registers a parameter and its gradient in `Group`: the gradient with the sync, the pair with
   /// the optimizer. Local groups may differ from rank to rank; data-parallel ones must agree. All or
   /// nothing: when any part refuses (this object's checks, the sync's, the optimizer's, an
-  /// allocation), the sync, the optimizer and this object are left as they were.
+  /// allocation), the sync, the optimizer and this object are left as they were. Local; between
+  /// steps only (GradientSync::add).
   template <class Group, class P, class G>
   void add(const P& param, const G& grad, std::string name = {}) {
     using PT = TensorTraits<P>;
@@ -229,7 +230,7 @@ class DistributedOptimizer {
 
   /// Horovod parity: the parameter's gradient becomes local (never communicated; scaled by
   /// 1/world_size when Options::scale_local_gradients is set). The parameter keeps its own values
-  /// in broadcast_parameters().
+  /// in broadcast_parameters(). Local; between steps only.
   template <class P>
   void register_local_var(const P& param) {
     using PT = TensorTraits<P>;
@@ -238,7 +239,7 @@ class DistributedOptimizer {
     sync().register_local_var(Span<value_type, memory_space>(e.grad, e.size));
   }
 
-  /// Whether a registered parameter's gradient is local.
+  /// Whether a registered parameter's gradient is local. Local; any state.
   template <class P>
   bool is_local(const P& param) const {
     const Entry& e = find(TensorTraits<P>::data(param), "is_local");
@@ -246,10 +247,11 @@ class DistributedOptimizer {
   }
 
   /// Synchronizes the gradients; true on the passes where they hold synchronized values (only
-  /// then may apply() run: [[nodiscard]]).
+  /// then may apply() run: [[nodiscard]]). Collective: GradientSync::synchronize().
   [[nodiscard]] bool synchronize() { return sync().synchronize(); }
 
-  /// Runs the wrapped optimizer on the current gradients (and their pending local factors).
+  /// Runs the wrapped optimizer on the current gradients (and their pending local factors). Local;
+  /// after synchronize() returned true.
   void apply() {
     impl::ProfileRegion region(impl::Region::optimizer_update);
     if constexpr (folds) hand_factors();
@@ -272,7 +274,8 @@ class DistributedOptimizer {
   /// values. Collective over the sync's ranks. Throws MismatchError on every rank when the ranks'
   /// data-parallel parameters differ from root's, or a set's members' parameters from its first
   /// rank's, in count or size, naming the first differing parameter and the ranks involved; then
-  /// nothing was sent.
+  /// nothing was sent (and the sync is failed, like any error inside a collective). Every collective
+  /// waits under the sync's stall watchdog; legal between steps (not while a step is open).
   void broadcast_parameters(int root) {
     const int size = sync().backend().size();
     if (root < 0 || root >= size)
@@ -309,11 +312,13 @@ class DistributedOptimizer {
 
   /// The norm of the whole model's gradient as if it ran on one process (see global_norm.hpp):
   /// local gradients summed over ranks, data-parallel ones counted once; one allreduce of one value.
-  /// Collective; call it after synchronize() returned true.
+  /// Collective over the sync's ranks, under its stall watchdog; call it after synchronize()
+  /// returned true (not while a step is open).
   double global_norm() { return norm_.norm(sync()); }
 
   /// Scales every gradient by min(1, max_norm / (global_norm + 1e-6)) as
-  /// torch.nn.utils.clip_grad_norm_ does; returns the norm before clipping. Collective.
+  /// torch.nn.utils.clip_grad_norm_ does; returns the norm before clipping. Collective, like
+  /// global_norm().
   double clip_grad_norm(double max_norm, bool error_if_nonfinite = false) {
     return norm_.clip(sync(), max_norm, error_if_nonfinite);
   }
