@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -116,6 +117,19 @@ std::vector<T> host_values_at(const T* p, std::size_t n) {
   using Unmanaged = Kokkos::MemoryTraits<Kokkos::Unmanaged>;
   Kokkos::deep_copy(Kokkos::View<T*, Kokkos::HostSpace, Unmanaged>(out.data(), n),
                     Kokkos::View<const T*, MemorySpace, Unmanaged>(p, n));
+  return out;
+}
+
+/// Copies of every state buffer and counter of an optimizer's slot, as doubles (the buffers in the
+/// parameters' memory space, the step counters on the host).
+template <class Opt>
+std::vector<double> state_of(Opt& opt, std::size_t slot) {
+  std::vector<double> out;
+  opt.for_each_state(slot, [&](auto* data, std::size_t n) {
+    using T = std::remove_pointer_t<decltype(data)>;
+    using Space = std::conditional_t<std::is_same_v<T, std::int64_t>, Kokkos::HostSpace, typename Opt::memory_space>;
+    for (T x : host_values_at<Space>(data, n)) out.push_back(double(x));
+  });
   return out;
 }
 

@@ -20,6 +20,7 @@ using gradsync_test::host_copy;
 using gradsync_test::host_values;
 using gradsync_test::max_over_ranks;
 using gradsync_test::rel_err;
+using gradsync_test::state_of;
 using gradsync_test::world_rank;
 using gradsync_test::world_size;
 
@@ -182,19 +183,6 @@ TEST_CASE("Horovod's partial-optimizer check: 0, 1 or 2 local layers") {
 namespace {
 
 double init_value(int rank, int tag, std::size_t i) { return 100.0 * rank + 10.0 * tag + 0.5 * double(i); }
-
-// Copies of every state buffer and counter of a slot, as doubles.
-template <class Opt>
-std::vector<double> state_of(Opt& opt, std::size_t slot) {
-  std::vector<double> out;
-  opt.for_each_state(slot, [&](auto* data, std::size_t n) {
-    // State buffers are in the parameters' memory space, the step counters on the host.
-    using T = std::remove_pointer_t<decltype(data)>;
-    using Space = std::conditional_t<std::is_same_v<T, std::int64_t>, Kokkos::HostSpace, typename Opt::memory_space>;
-    for (T x : gradsync_test::host_values_at<Space>(data, n)) out.push_back(double(x));
-  });
-  return out;
-}
 
 std::vector<double> bcast_copy(std::vector<double> v, int root) {
   MPI_Bcast(v.data(), int(v.size()), MPI_DOUBLE, root, MPI_COMM_WORLD);

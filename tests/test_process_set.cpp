@@ -16,6 +16,7 @@ using gradsync_test::fill_host;
 using gradsync_test::has;
 using gradsync_test::host_values;
 using gradsync_test::rel_err;
+using gradsync_test::state_of;
 using gradsync_test::world_rank;
 using gradsync_test::world_size;
 
@@ -323,18 +324,6 @@ TEST_CASE("global_norm and clip_grad_norm count each set-reduced shard once (wei
 namespace {
 
 double init_value(int rank, int tag, std::size_t i) { return 100.0 * rank + 10.0 * tag + 0.5 * double(i); }
-
-// Copies of every state buffer and counter of a slot, as doubles.
-template <class Opt>
-std::vector<double> state_of(Opt& opt, std::size_t slot) {
-  std::vector<double> out;
-  opt.for_each_state(slot, [&](auto* data, std::size_t n) {
-    using T = std::remove_pointer_t<decltype(data)>;
-    using Space = std::conditional_t<std::is_same_v<T, std::int64_t>, Kokkos::HostSpace, typename Opt::memory_space>;
-    for (T x : gradsync_test::host_values_at<Space>(data, n)) out.push_back(double(x));
-  });
-  return out;
-}
 
 }  // namespace
 

@@ -777,18 +777,12 @@ class GradientSync {
     try {
       return f();
     } catch (const std::exception& e) {
-      fail_step(kind_of(e), e.what(), call);
+      fail_step(impl::kind_of(e), e.what(), call);
       throw;
     } catch (...) {
       fail_step(impl::ErrorKind::error, "an exception not derived from std::exception", call);
       throw;
     }
-  }
-  static impl::ErrorKind kind_of(const std::exception& e) {
-    if (dynamic_cast<const MismatchError*>(&e)) return impl::ErrorKind::mismatch;
-    if (dynamic_cast<const StallError*>(&e)) return impl::ErrorKind::stall;
-    if (dynamic_cast<const ConfigError*>(&e)) return impl::ErrorKind::config;
-    return impl::ErrorKind::error;
   }
 
   // The one failure path (impl/sync_step.hpp): the peers are told unless they told this rank, the

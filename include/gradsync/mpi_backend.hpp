@@ -44,6 +44,13 @@ MPI_Datatype mpi_type() {
     static_assert(sizeof(T) == 0, "gradsync: no built-in MPI datatype for this type");
 }
 
+// Calls f(offset, count) over the consecutive pieces of [0, n) of at most `piece` elements: what
+// one call takes (MPI's int count, a backend's max_count()).
+template <class F>
+void for_pieces(std::size_t n, std::size_t piece, F&& f) {
+  for (std::size_t off = 0; off < n; off += piece) f(off, std::min(piece, n - off));
+}
+
 inline void mpi_check(int rc, const char* what) {
   if (rc == MPI_SUCCESS) return;
   char msg[MPI_MAX_ERROR_STRING];
@@ -156,7 +163,7 @@ class MpiBackend {
 
   template <class T>
   void allreduce_sum(T* buf, std::size_t n) const {
-    for_pieces(n, [&](std::size_t off, int cnt) {
+    impl::for_pieces(n, impl::mpi_max_count(), [&](std::size_t off, int cnt) {
       impl::mpi_check(MPI_Allreduce(MPI_IN_PLACE, buf + off, cnt, impl::mpi_type<T>(), impl::mpi_sum_op<T>(), comm()),
                       "MPI_Allreduce");
     });
@@ -170,7 +177,7 @@ class MpiBackend {
   void hierarchical_allreduce_sum(T* buf, std::size_t n) const {
     const Comm& c = *comm_;
     const MPI_Datatype type = impl::mpi_type<T>();
-    for_pieces(n, [&](std::size_t off, int cnt) {
+    impl::for_pieces(n, impl::mpi_max_count(), [&](std::size_t off, int cnt) {
       T* p = buf + off;
       if (c.topology.local_size > 1)
         impl::mpi_check(
@@ -284,7 +291,7 @@ class MpiBackend {
   void broadcast(T* buf, std::size_t n, int root) const {
     if (root < 0 || root >= size_)
       throw Error(impl::cat("broadcast root ", root, " is not a rank of this ", size_, "-rank communicator"));
-    for_pieces(n, [&](std::size_t off, int cnt) {
+    impl::for_pieces(n, impl::mpi_max_count(), [&](std::size_t off, int cnt) {
       impl::mpi_check(MPI_Bcast(buf + off, cnt, impl::mpi_type<T>(), root, comm()), "MPI_Bcast");
     });
   }
@@ -414,13 +421,6 @@ class MpiBackend {
     return int(n);
   }
 
-  // Calls f(offset, count) over pieces of at most mpi_max_count() elements.
-  template <class F>
-  static void for_pieces(std::size_t n, F&& f) {
-    const std::size_t step = impl::mpi_max_count();
-    for (std::size_t off = 0; off < n; off += step) f(off, int(n - off < step ? n - off : step));
-  }
-
   // Starts the first stage of a hierarchical sum from `s` on that this rank takes part in;
   // false (and stage 0) when none is left.
   bool start_stage(Request& r, int s) const {
@@ -466,7 +466,7 @@ class MpiBackend {
 
   template <class T>
   void reduce_op(T* buf, std::size_t n, MPI_Op op) const {
-    for_pieces(n, [&](std::size_t off, int cnt) {
+    impl::for_pieces(n, impl::mpi_max_count(), [&](std::size_t off, int cnt) {
       impl::mpi_check(MPI_Allreduce(MPI_IN_PLACE, buf + off, cnt, impl::mpi_type<T>(), op, comm()), "MPI_Allreduce");
     });
   }

@@ -49,6 +49,7 @@
 #include "impl/fusion_kernels.hpp"
 #include "impl/stall.hpp"
 #include "local_var_policy.hpp"
+#include "mpi_backend.hpp"
 #include "options.hpp"
 #include "stats.hpp"
 
@@ -302,8 +303,7 @@ class ProcessSets {
       for (std::size_t j = 0; j < s.tensors.size(); ++j) {
         const Tensor& t = s.tensors[j];
         const View here(t.data, t.size);
-        for (std::size_t off = 0; off < t.size; off += piece) {
-          const std::size_t count = std::min(piece, t.size - off);
+        for_pieces(t.size, piece, [&](std::size_t off, std::size_t count) {
           const auto part = Kokkos::subview(here, std::make_pair(off, off + count));
           const auto host = Kokkos::subview(staging_, std::make_pair(std::size_t(0), staged_ ? count : 0));
           if (staged_) {  // the copy back of the previous piece is ordered before this one on exec
@@ -315,7 +315,7 @@ class ProcessSets {
           if (staged_) Kokkos::deep_copy(exec, part, host);
           stats.process_set_bytes += count * sizeof(T);
           ++stats.process_set_calls;
-        }
+        });
         const T f = factor(t.scale, o, world, s.ranks.size());
         if (f != T(1) && t.size > 0)
           Kokkos::parallel_for(

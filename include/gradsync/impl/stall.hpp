@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <memory>
 #include <string>
 #include <thread>
@@ -96,6 +97,15 @@ struct WaitSite {
 };
 
 enum class ErrorKind : std::int64_t { error = 0, mismatch = 1, stall = 2, config = 3 };
+
+// The kind of an exception, as throw_kind() rethrows it on another rank (ErrorKind::error for
+// anything not a gradsync::Error subclass).
+inline ErrorKind kind_of(const std::exception& e) {
+  if (dynamic_cast<const MismatchError*>(&e)) return ErrorKind::mismatch;
+  if (dynamic_cast<const StallError*>(&e)) return ErrorKind::stall;
+  if (dynamic_cast<const ConfigError*>(&e)) return ErrorKind::config;
+  return ErrorKind::error;
+}
 
 [[noreturn]] inline void throw_kind(ErrorKind k, const std::string& msg) {
   // The message already carries the "gradsync: " prefix when it came from what().

@@ -97,13 +97,11 @@ class SyncEngine {
 
   // --- The step in progress ---
 
-  bool step_open() const { return step_open_; }
   // The first reducing call of a step (mark_ready or synchronize): nothing is ready or in flight.
   void open_step() {
     ready_.reset();
     wire_non_finite_ = nullptr;
     launched_ = completed_ = 0;
-    step_open_ = true;
   }
   // The index of the data-parallel tensor at p in fused order (-1: none).
   std::int64_t find_ready_slot(const void* p) const { return ready_.find(p); }
@@ -122,7 +120,6 @@ class SyncEngine {
   void reduce(Context& cx, const Plan& plan, bool aggregated, Scan&& scan = {}) {
     launch_through(cx, plan, plan.num_chunks(), aggregated, true, scan);
     while (completed_ < launched_) complete_chunk(cx, plan, completed_++);
-    step_open_ = false;
   }
 
   // The failure path (GradientSync::fail_step): the requests of chunks in flight, handed over to be
@@ -130,7 +127,6 @@ class SyncEngine {
   std::shared_ptr<void> park() {
     auto parked = std::make_shared<std::vector<typename Backend::Request>>(std::move(requests_));
     requests_.clear();
-    step_open_ = false;
     launched_ = completed_ = 0;
     return parked;
   }
@@ -443,8 +439,8 @@ class SyncEngine {
     }
   }
 
-  // The step in progress: chunks launched and completed so far, and which are ready.
-  bool step_open_ = false;
+  // The step in progress (whether one is open: impl::SyncStep): chunks launched and completed so
+  // far, and which are ready.
   std::size_t launched_ = 0, completed_ = 0;
   ReadyTracker ready_;
   std::vector<typename Backend::Request> requests_;  // per chunk

@@ -67,7 +67,7 @@ class Watched {
 
   template <class T>
   void allreduce_sum(T* buf, std::size_t n) const {
-    for_pieces(n, [&](std::size_t off, std::size_t cnt) {
+    for_pieces(n, mpi_max_count(), [&](std::size_t off, std::size_t cnt) {
       auto r = b_.iallreduce_sum(buf + off, cnt);
       wait(r);
     });
@@ -75,7 +75,7 @@ class Watched {
   template <class T>
   void broadcast(T* buf, std::size_t n, int root) const {
     if constexpr (has_ibroadcast<Backend>::value) {
-      for_pieces(n, [&](std::size_t off, std::size_t cnt) {
+      for_pieces(n, mpi_max_count(), [&](std::size_t off, std::size_t cnt) {
         auto r = b_.ibroadcast(buf + off, cnt, root);
         wait(r);
       });
@@ -86,7 +86,7 @@ class Watched {
   template <class T>
   void allreduce_min(T* buf, std::size_t n) const {
     if constexpr (has_iallreduce_min<Backend>::value) {
-      for_pieces(n, [&](std::size_t off, std::size_t cnt) {
+      for_pieces(n, mpi_max_count(), [&](std::size_t off, std::size_t cnt) {
         auto r = b_.iallreduce_min(buf + off, cnt);
         wait(r);
       });
@@ -106,11 +106,6 @@ class Watched {
   }
 
  private:
-  template <class F>
-  static void for_pieces(std::size_t n, F&& f) {
-    const std::size_t step = mpi_max_count();
-    for (std::size_t off = 0; off < n; off += step) f(off, n - off < step ? n - off : step);
-  }
   void wait(typename Backend::Request& r) const { wait_for(b_, r, ctl_, o_, WaitSite{what_, call_, -1, 0}); }
 
   const Backend& b_;
