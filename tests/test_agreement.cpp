@@ -204,6 +204,30 @@ TEST_CASE("names given to add() are compared: same-size tensors in swapped order
       {split(odd, "'Dense[0]' (group Dense, index 0, 10 x double)", "'a' (group Dense, index 0, 10 x double)")});
 }
 
+TEST_CASE("a mismatch every rank finds is every rank's own: none blames the rank that found it first") {
+  if (world_size() < 2) return;
+  // The last rank's watched waits listen 0.1 s longer after their collective completed, so the
+  // others find the mismatch and fail first. They find it in the consistency check's result, as it
+  // does: none tells it (a notice would arrive first and make its message "rank 0 failed before ...").
+  const int rank = world_rank(), odd = world_size() - 1;
+  struct Hold {
+    ~Hold() { gradsync::impl::completed_wait_delay_s() = 0; }
+  } hold;
+  if (rank == odd) gradsync::impl::completed_wait_delay_s() = 0.1;
+  Kokkos::View<float*> a("a", 1000), b("b", 1000);
+  gradsync::GradientSync<gradsync::MpiBackend, Kokkos::View<float*>> sync(gradsync::MpiBackend(MPI_COMM_WORLD), opts());
+  sync.add<Dense>(rank == odd ? b : a, rank == odd ? "b" : "a");
+  sync.add<Dense>(rank == odd ? a : b, rank == odd ? "a" : "b");
+  expect_mismatch("names swapped on the last rank, which completes its waits late", [&] { (void)sync.synchronize(); },
+                  {"data-parallel tensor #0",
+                   split(odd, "'b' (group Dense, index 0, 1000 x float)", "'a' (group Dense, index 0, 1000 x float)")});
+  // Its later calls say the same on every rank too: the sync failed in the consistency check.
+  const Outcome later = timed_outcome([&] { (void)sync.synchronize(); });
+  CAPTURE(later.what);
+  GRADSYNC_CHECK_ALL(later.kind == "mismatch" && !has(later.what, "failed before") &&
+                     has(later.what, "data-parallel tensor #0"));
+}
+
 TEST_CASE("the same names in the same order pass, and the values are the averages") {
   const int rank = world_rank(), n = world_size();
   for (auto path : paths) {

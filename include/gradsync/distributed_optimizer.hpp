@@ -290,7 +290,7 @@ class DistributedOptimizer {
       const std::vector<int> world = identity_ranks(size);
       const std::string dp_error = disagreement(dp, b, root, world, impl::cat("broadcast_parameters(root ", root, ")"),
                                                 "data-parallel", "root's");
-      if (!dp_error.empty()) throw MismatchError(dp_error);
+      if (!dp_error.empty()) throw impl::AgreedMismatch(dp_error);
       if constexpr (impl::has_split<backend_type>::value) {
         sync().impl_connect_process_sets(b);  // every rank: the sets' communicators, before the first synchronize()
         const auto& sets = sync().impl_process_sets().sets();
@@ -445,8 +445,8 @@ class DistributedOptimizer {
     for (int r = 0; r < b.size(); ++r)
       if (bad[std::size_t(r)] != none) ranks += impl::cat(ranks.empty() ? "" : ", ", r);
     if (ranks.empty()) return;
-    if (!mine.empty()) throw MismatchError(mine);
-    throw MismatchError(
+    if (!mine.empty()) throw impl::AgreedMismatch(mine);
+    throw impl::AgreedMismatch(
         impl::cat("broadcast_parameters: the set-reduced parameters differ between the members of the "
                   "process set(s) of rank(s) ",
                   ranks, " (their error names the parameter); rank ", b.rank(), "'s sets agree"));

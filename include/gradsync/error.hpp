@@ -42,5 +42,14 @@ std::string cat(Args&&... args) {
   return os.str();
 }
 
+// A MismatchError every rank of the sync's communicator throws, each having found it in the result
+// of a collective that all of them completed (the consistency check, the arrival round, the process
+// sets' validation, broadcast_parameters' comparison). No peer needs telling: a notice would race
+// the peers' own finding and replace their message with "rank r failed before ...".
+class AgreedMismatch : public MismatchError {
+ public:
+  using MismatchError::MismatchError;
+};
+
 }  // namespace impl
 }  // namespace gradsync

@@ -777,7 +777,7 @@ class GradientSync {
     try {
       return f();
     } catch (const std::exception& e) {
-      fail_step(impl::kind_of(e), e.what(), call);
+      fail_step(impl::kind_of(e), e.what(), call, dynamic_cast<const impl::AgreedMismatch*>(&e) == nullptr);
       throw;
     } catch (...) {
       fail_step(impl::ErrorKind::error, "an exception not derived from std::exception", call);
@@ -787,7 +787,8 @@ class GradientSync {
 
   // The one failure path (impl/sync_step.hpp): the peers are told unless they told this rank, the
   // step's requests are parked with every buffer and communicator they may touch, the sync is failed.
-  void fail_step(impl::ErrorKind kind, const std::string& what, const char* call) noexcept {
+  // `tell`: false where every rank found the failure itself (impl::AgreedMismatch).
+  void fail_step(impl::ErrorKind kind, const std::string& what, const char* call, bool tell = true) noexcept {
     try {
       std::string reason = what.rfind("gradsync: ", 0) == 0 ? what.substr(10) : what;
       if (reason.find("rank") == std::string::npos)
@@ -798,7 +799,8 @@ class GradientSync {
       // ctl_ keeps), the row-sparse exchange's buffers, the process sets' communicators and staging.
       ctl_.abandon(kind, reason,
                    {engine_.park(), std::make_shared<decltype(sparse_)>(std::move(sparse_)),
-                    std::make_shared<decltype(sets_)>(std::move(sets_))});
+                    std::make_shared<decltype(sets_)>(std::move(sets_))},
+                   tell);
     } catch (...) {  // failing while failing (out of memory): the sync is unusable either way
     }
   }

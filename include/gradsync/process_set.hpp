@@ -217,9 +217,9 @@ class ProcessSets {
     for (int r = 0; r < n; ++r)
       if (all[2 * std::size_t(r)] != all[0] || all[2 * std::size_t(r) + 1] != all[1]) differ.push_back(r);
     if (!differ.empty())
-      throw MismatchError(cat("process sets: rank(s) ", rank_list(differ), " bound other kinds of process sets than ",
-                              "rank 0 (this rank, ", me, ", bound ", sets_.size(), ": ", tags(),
-                              "); every rank binds the same kinds, in the same order"));
+      throw AgreedMismatch(cat("process sets: rank(s) ", rank_list(differ), " bound other kinds of process sets than ",
+                               "rank 0 (this rank, ", me, ", bound ", sets_.size(), ": ", tags(),
+                               "); every rank binds the same kinds, in the same order"));
     if (sets_.empty()) return;
     // Round 2: per kind, each rank's set (lowest rank, size, hash of the list) and its registrations.
     const std::size_t k = sets_.size(), words = 4;
@@ -250,30 +250,30 @@ class ProcessSets {
       for (int r = 0; r < n; ++r) {
         const int lead = int(at(r, i, 0));
         if (at(lead, i, 0) != lead || at(lead, i, 1) != at(r, i, 1))
-          throw MismatchError(cat(what, "rank ", r, "'s set (led by rank ", lead, ") differs from the set rank ", lead,
-                                  " bound; the sets of one kind must partition the ranks, every member binding "
-                                  "the same list",
-                                  mine_is));
+          throw AgreedMismatch(cat(what, "rank ", r, "'s set (led by rank ", lead, ") differs from the set rank ", lead,
+                                   " bound; the sets of one kind must partition the ranks, every member binding "
+                                   "the same list",
+                                   mine_is));
         ++claimants[std::size_t(lead)];
       }
       for (int lead = 0; lead < n; ++lead)
         if (at(lead, i, 0) == lead && claimants[std::size_t(lead)] != at(lead, i, 3))
-          throw MismatchError(cat(what, "rank ", lead, "'s set of ", at(lead, i, 3), " ranks is bound by ",
-                                  claimants[std::size_t(lead)],
-                                  " of them; the sets of one kind must partition the "
-                                  "ranks, every member binding the same list",
-                                  mine_is));
+          throw AgreedMismatch(cat(what, "rank ", lead, "'s set of ", at(lead, i, 3), " ranks is bound by ",
+                                   claimants[std::size_t(lead)],
+                                   " of them; the sets of one kind must partition the "
+                                   "ranks, every member binding the same list",
+                                   mine_is));
       for (int r = 0; r < n; ++r) {
         const int lead = int(at(r, i, 0));
         if (at(lead, i, 2) != at(r, i, 2))
-          throw MismatchError(cat(what, "rank ", r,
-                                  " registered other tensors (count or sizes) in the groups reduced "
-                                  "over its set than rank ",
-                                  lead,
-                                  "; the members of a set register the same tensors, "
-                                  "in the same order (this rank, ",
-                                  me, ", has ", sets_[i].tensors.size(), " dense and ", sets_[i].sparse.size(),
-                                  " row-sparse)"));
+          throw AgreedMismatch(cat(what, "rank ", r,
+                                   " registered other tensors (count or sizes) in the groups reduced "
+                                   "over its set than rank ",
+                                   lead,
+                                   "; the members of a set register the same tensors, "
+                                   "in the same order (this rank, ",
+                                   me, ", has ", sets_[i].tensors.size(), " dense and ", sets_[i].sparse.size(),
+                                   " row-sparse)"));
       }
     }
     // Every set is consistent: one communicator per set, created once.

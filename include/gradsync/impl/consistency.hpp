@@ -211,9 +211,9 @@ template <class Backend>
       differ |= v != all[std::size_t(i)];
     }
     if (differ)
-      throw MismatchError(cat("ranks disagree on ", OptionWords::name(i), ": ", by_rank(what), OptionWords::hint(i)));
+      throw AgreedMismatch(cat("ranks disagree on ", OptionWords::name(i), ": ", by_rank(what), OptionWords::hint(i)));
   }
-  throw MismatchError("ranks disagree on the options (hash mismatch)");
+  throw AgreedMismatch("ranks disagree on the options (hash mismatch)");
 }
 
 template <std::size_t N>
@@ -342,7 +342,7 @@ void check_consistency(const Backend& backend, Control<Backend>& ctl, const Opti
               global.size() == 1 ? std::to_string(global[0]) : rank_list(global),
               "; call register_local_var for it on every rank or on none. Details: ", msg);
   }
-  throw MismatchError(msg);
+  throw AgreedMismatch(msg);
 }
 
 }  // namespace gradsync::impl

@@ -34,6 +34,7 @@
 
 #include "../error.hpp"
 #include "../options.hpp"
+#include "test_hooks.hpp"
 
 namespace gradsync::impl {
 
@@ -200,9 +201,16 @@ class Control {
   /// and throws StallError or calls MPI_Abort (Options::stall_action). Throws the peer's error if a
   /// peer reports that it failed before this exchange.
   template <class Test>
-  void wait_until_done(Test&& test, const Options& o, const WaitSite& site) {
-    if (test()) return;  // the fast path
+  void wait_until_done(Test&& request_done, const Options& o, const WaitSite& site) {
     using clock = std::chrono::steady_clock;
+    const double hold = completed_wait_delay_s();  // a test hook, 0 in programs
+    const auto held_since = hold > 0 ? clock::now() : clock::time_point();
+    bool done = false;
+    const auto test = [&] {
+      done = done || request_done();
+      return done && (hold <= 0 || std::chrono::duration<double>(clock::now() - held_since).count() >= hold);
+    };
+    if (test()) return;  // the fast path
     const auto t0 = clock::now();
     const double warn =
         o.stall_timeout > 0 && o.stall_warning > 0 && o.stall_warning < o.stall_timeout ? o.stall_warning : 0.0;
@@ -277,12 +285,12 @@ class Control {
   /// Views (or anything) that an incomplete collective may still write into; see graveyard().
   void keep_on_failure(std::vector<std::shared_ptr<void>> keep) { keep_ = std::move(keep); }
 
-  /// The failure path's end (GradientSync::fail_step): tells the peers, unless one of them told this
-  /// rank or this rank told them already, then parks everything an incomplete collective may still
-  /// touch (`more`: the step's requests). Never throws.
-  void abandon(ErrorKind k, const std::string& msg, std::vector<std::shared_ptr<void>> more = {}) noexcept {
+  /// The failure path's end (GradientSync::fail_step): tells the peers (`tell`: false for an
+  /// AgreedMismatch), unless one of them told this rank or this rank told them already, then parks everything an
+  /// incomplete collective may still touch (`more`: the step's requests). Never throws.
+  void abandon(ErrorKind k, const std::string& msg, std::vector<std::shared_ptr<void>> more, bool tell) noexcept {
     try {
-      if (!heard_) tell_peers(k, msg);
+      if (tell && !heard_) tell_peers(k, msg);
       for (auto& m : more) keep_.push_back(std::move(m));
       bury();
     } catch (...) {  // out of memory while failing: nothing better to do than to leak
@@ -309,6 +317,7 @@ class Control {
       if constexpr (mpi) MPI_Abort(comm_ready() ? *state_->comm : MPI_COMM_WORLD, 1);
       std::abort();
     }
+    if (k == ErrorKind::mismatch) throw AgreedMismatch(msg.rfind("gradsync: ", 0) == 0 ? msg.substr(10) : msg);
     throw_kind(k, msg);
   }
 

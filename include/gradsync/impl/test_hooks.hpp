@@ -27,12 +27,19 @@ inline int& mpi_ranks_per_node_override() {
   static int k = 0;
   return k;
 }
+// Seconds a watched wait (impl::Control) goes on listening to the side channel after its
+// collective completed on this rank: makes a peer's notice arrive first, a race otherwise rare.
+inline double& completed_wait_delay_s() {
+  static double s = 0;
+  return s;
+}
 #else
 // One MPI call takes an int count; one fused chunk is one backend call.
 constexpr std::size_t mpi_max_count() { return std::size_t(INT_MAX); }
 constexpr std::size_t max_chunk_elements() { return std::size_t(INT_MAX); }
 // MPI tells which ranks share memory.
 constexpr int mpi_ranks_per_node_override() { return 0; }
+constexpr double completed_wait_delay_s() { return 0; }
 #endif
 
 }  // namespace gradsync::impl
