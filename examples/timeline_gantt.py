@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Draws gradsync timelines (Options::timeline / GRADSYNC_TIMELINE) as a per-rank Gantt chart.
+"""Draws gradsync timelines (Options::tuning.timeline / GRADSYNC_TIMELINE) as a per-rank Gantt chart.
 
     /usr/bin/python3 examples/timeline_gantt.py TRACE [TRACE ...] -o timeline.png [--last-steps K]
     /usr/bin/python3 examples/timeline_gantt.py TRACE --merge merged.json   # one file for Perfetto

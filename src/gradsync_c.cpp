@@ -122,7 +122,7 @@ int gradsync_options_init(gradsync_options* o) {
   o->op = d.op == gradsync::ReduceOp::sum ? GRADSYNC_SUM : GRADSYNC_AVERAGE;
   o->backward_passes_per_step = d.backward_passes_per_step;
   o->average_aggregated_gradients = d.average_aggregated_gradients ? 1 : 0;
-  o->read_environment = d.read_environment ? 1 : 0;
+  o->read_environment = d.tuning.read_environment ? 1 : 0;
   o->prescale_factor = d.prescale_factor;
   o->postscale_factor = d.postscale_factor;
   return GRADSYNC_OK;
@@ -146,7 +146,7 @@ int gradsync_create(MPI_Fint comm, const gradsync_options* options, gradsync_han
       o.op = c.op == GRADSYNC_SUM ? gradsync::ReduceOp::sum : gradsync::ReduceOp::average;
       o.backward_passes_per_step = c.backward_passes_per_step;
       o.average_aggregated_gradients = c.average_aggregated_gradients != 0;
-      o.read_environment = c.read_environment != 0;
+      o.tuning.read_environment = c.read_environment != 0;
       o.prescale_factor = c.prescale_factor;
       o.postscale_factor = c.postscale_factor;
     }

@@ -39,8 +39,8 @@ using gradsync_test::has;
 gradsync::Options opts() {
   gradsync::Options o;
   o.stall_timeout = 30;
-  o.stall_warning = 10;
-  o.read_environment = false;
+  o.tuning.stall_warning = 10;
+  o.tuning.read_environment = false;
   return o;
 }
 
@@ -175,7 +175,7 @@ TEST_CASE("names given to add() are compared: same-size tensors in swapped order
   for (auto path : paths) {
     CAPTURE(path_name(path));
     gradsync::Options o = opts();
-    o.collectives = path;
+    o.tuning.collectives = path;
     Kokkos::View<float*> a("a", 1000), b("b", 1000);
     gradsync::GradientSync<gradsync::MpiBackend, Kokkos::View<float*>> sync(gradsync::MpiBackend(MPI_COMM_WORLD), o);
     if (rank == odd) {
@@ -233,7 +233,7 @@ TEST_CASE("the same names in the same order pass, and the values are the average
   for (auto path : paths) {
     CAPTURE(path_name(path));
     gradsync::Options o = opts();
-    o.collectives = path;
+    o.tuning.collectives = path;
     Kokkos::View<float*> a("a", 1000), b("b", 1000);
     gradsync::GradientSync<gradsync::MpiBackend, Kokkos::View<float*>> sync(gradsync::MpiBackend(MPI_COMM_WORLD), o);
     sync.add<Dense>(a, "a");
@@ -257,22 +257,22 @@ TEST_CASE("settings that shape the plan or the protocol, set on one rank only: a
   };
   const std::vector<Case> cases = {
       {"host_staging = always",
-       [](gradsync::Options& o) { o.host_staging = gradsync::HostStaging::always; },
+       [](gradsync::Options& o) { o.tuning.host_staging = gradsync::HostStaging::always; },
        {"ranks disagree on host_staging: " + split(odd, "always", "auto")}},
       {"consistency_check = off",
-       [](gradsync::Options& o) { o.consistency_check = gradsync::CheckMode::off; },
+       [](gradsync::Options& o) { o.tuning.consistency_check = gradsync::CheckMode::off; },
        {"ranks disagree on consistency_check: " + split(odd, "off", "on_change")}},
       {"consistency_check = every_step",
-       [](gradsync::Options& o) { o.consistency_check = gradsync::CheckMode::every_step; },
+       [](gradsync::Options& o) { o.tuning.consistency_check = gradsync::CheckMode::every_step; },
        {"ranks disagree on consistency_check: " + split(odd, "every_step", "on_change")}},
       {"check_finite",
        [](gradsync::Options& o) { o.check_finite = true; },
        {"ranks disagree on check_finite: " + split(odd, "true", "false")}},
       {"fusion_order",
-       [](gradsync::Options& o) { o.fusion_order = gradsync::FusionOrder::registration; },
+       [](gradsync::Options& o) { o.tuning.fusion_order = gradsync::FusionOrder::registration; },
        {"ranks disagree on fusion_order: " + split(odd, "registration", "reverse")}},
       {"in_place_min_bytes",
-       [](gradsync::Options& o) { o.in_place_min_bytes = 1 << 20; },
+       [](gradsync::Options& o) { o.tuning.in_place_min_bytes = 1 << 20; },
        {"ranks disagree on in_place_min_bytes: " + split(odd, "1048576", "65536")}},
   };
   for (auto path : paths)
@@ -280,7 +280,7 @@ TEST_CASE("settings that shape the plan or the protocol, set on one rank only: a
       CAPTURE(path_name(path));
       CAPTURE(c.what);
       gradsync::Options o = opts();
-      o.collectives = path;
+      o.tuning.collectives = path;
       if (rank == odd) c.set(o);
       Model m;
       Sync sync(gradsync::MpiBackend(MPI_COMM_WORLD), o);
@@ -292,7 +292,7 @@ TEST_CASE("settings that shape the plan or the protocol, set on one rank only: a
     }
   // The collectives option itself, on one rank only.
   gradsync::Options o = opts();
-  o.collectives = rank == odd ? gradsync::Collectives::blocking : gradsync::Collectives::nonblocking;
+  o.tuning.collectives = rank == odd ? gradsync::Collectives::blocking : gradsync::Collectives::nonblocking;
   Model m;
   Sync sync(gradsync::MpiBackend(MPI_COMM_WORLD), o);
   m.add_to(sync);
@@ -306,8 +306,8 @@ TEST_CASE("the same options everywhere: host_staging always and CUDA-aware MPI g
   for (auto path : paths) {
     CAPTURE(path_name(path));
     gradsync::Options o = opts();
-    o.collectives = path;
-    o.host_staging = gradsync::HostStaging::always;
+    o.tuning.collectives = path;
+    o.tuning.host_staging = gradsync::HostStaging::always;
     Model m;
     Sync sync(gradsync::MpiBackend(MPI_COMM_WORLD), o);
     m.add_to(sync);
@@ -342,17 +342,17 @@ TEST_CASE("harmless when they differ: deadlines, warnings, stall action, huge pa
   for (auto path : paths) {
     CAPTURE(path_name(path));
     gradsync::Options o = opts();
-    o.collectives = path;
-    o.fusion_threshold_bytes = 4096;  // many chunks, so the number in flight matters
+    o.tuning.collectives = path;
+    o.tuning.fusion_threshold_bytes = 4096;  // many chunks, so the number in flight matters
     if (rank == odd) {
       o.stall_timeout = 0;
-      o.stall_warning = 0;
-      o.stall_action = gradsync::StallAction::abort;
-      o.huge_pages = false;
-      o.max_chunks_in_flight = 1;
+      o.tuning.stall_warning = 0;
+      o.tuning.stall_action = gradsync::StallAction::abort;
+      o.tuning.huge_pages = false;
+      o.tuning.max_chunks_in_flight = 1;
     } else {
       o.stall_timeout = 30 + rank;
-      o.stall_warning = 5 + rank;
+      o.tuning.stall_warning = 5 + rank;
     }
     Model m;
     Sync sync(gradsync::MpiBackend(MPI_COMM_WORLD), o);
@@ -376,9 +376,9 @@ TEST_CASE("a rank without a deadline that arrives late stops with its peers' sta
   for (auto path : paths) {
     CAPTURE(path_name(path));
     gradsync::Options o = opts();
-    o.collectives = path;
+    o.tuning.collectives = path;
     o.stall_timeout = rank == late ? 0 : 1.0;
-    o.stall_warning = rank == late ? 0 : 0.5;
+    o.tuning.stall_warning = rank == late ? 0 : 0.5;
     Model m;
     Sync sync(gradsync::MpiBackend(MPI_COMM_WORLD), o);
     m.add_to(sync);
@@ -414,7 +414,7 @@ TEST_CASE("check_finite without a deadline: the NaN rank's peers stop at once in
       CAPTURE(path_name(path));
       CAPTURE(overlap);
       gradsync::Options o = opts();
-      o.collectives = path;
+      o.tuning.collectives = path;
       o.stall_timeout = 0;
       o.check_finite = true;
       Model m;
@@ -443,7 +443,7 @@ TEST_CASE("a std::vector resized on one rank, without a deadline: every rank sto
   for (auto path : paths) {
     CAPTURE(path_name(path));
     gradsync::Options o = opts();
-    o.collectives = path;
+    o.tuning.collectives = path;
     o.stall_timeout = 0;
     std::vector<double> v(50, 1.0), u(10, 2.0);
     gradsync::GradientSync<gradsync::MpiBackend, std::vector<double>> sync(gradsync::MpiBackend(MPI_COMM_WORLD), o);
@@ -490,7 +490,7 @@ TEST_CASE("a backend without a side channel agrees on the options at its first c
   }
   if (world_size() < 2) return;
   gradsync::Options o = opts();
-  if (rank == odd) o.consistency_check = gradsync::CheckMode::off;
+  if (rank == odd) o.tuning.consistency_check = gradsync::CheckMode::off;
   Model m;
   PlainSync sync(PlainBackend(MPI_COMM_WORLD), o);
   m.add_to(sync);
@@ -518,7 +518,7 @@ TEST_CASE("a GRADSYNC_ variable set on one rank by the launcher" * doctest::skip
   GRADSYNC_CHECK_ALL((rank == odd) == (mine != nullptr && val == mine));
 
   gradsync::Options o = opts();
-  o.read_environment = true;
+  o.tuning.read_environment = true;
   Model m;
   Sync sync(gradsync::MpiBackend(MPI_COMM_WORLD), o);
   m.add_to(sync);
@@ -539,7 +539,7 @@ TEST_CASE("a GRADSYNC_ variable set on one rank by the launcher" * doctest::skip
   } else {
     // Harmless ones: the variable took effect on that rank, and every value is right.
     if (var == "GRADSYNC_STALL_TIMEOUT_S") GRADSYNC_CHECK_ALL((sync.options().stall_timeout == 0) == (rank == odd));
-    if (var == "GRADSYNC_HUGE_PAGES") GRADSYNC_CHECK_ALL(sync.options().huge_pages == (rank != odd));
+    if (var == "GRADSYNC_HUGE_PAGES") GRADSYNC_CHECK_ALL(sync.options().tuning.huge_pages == (rank != odd));
     expect_right_values(s.c_str(), sync, m, 4);
   }
 }

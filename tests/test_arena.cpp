@@ -88,8 +88,8 @@ TEST_CASE("a model carved from one arena is reduced in place as one region, with
     std::vector<HostView> g;
     for (std::size_t s : sizes) g.push_back(from_arena ? arena.carve(s) : HostView("g", s));
     gradsync::Options opt;
-    opt.fusion_threshold_bytes = 1000 * sizeof(double);
-    opt.in_place_min_bytes = 0;
+    opt.tuning.fusion_threshold_bytes = 1000 * sizeof(double);
+    opt.tuning.in_place_min_bytes = 0;
     HostSync sync(gradsync::MpiBackend(MPI_COMM_WORLD), opt);
     for (auto& v : g) sync.add<Dense>(v);
     for (int p = 0; p < 3; ++p) {

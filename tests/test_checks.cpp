@@ -38,8 +38,8 @@ using gradsync_test::has;
 gradsync::Options opts() {
   gradsync::Options o;
   o.stall_timeout = 20;
-  o.stall_warning = 5;
-  o.read_environment = false;
+  o.tuning.stall_warning = 5;
+  o.tuning.read_environment = false;
   return o;
 }
 
@@ -127,7 +127,7 @@ TEST_CASE("check modes: on_change checks after each change, every_step on every 
   const int rank = world_rank();
   for (auto mode : {gradsync::CheckMode::off, gradsync::CheckMode::on_change, gradsync::CheckMode::every_step}) {
     gradsync::Options o = opts();
-    o.consistency_check = mode;
+    o.tuning.consistency_check = mode;
     o.backward_passes_per_step = 2;
     View a("a", 10), b("b", 20);
     Sync sync(gradsync::MpiBackend(MPI_COMM_WORLD), o);
@@ -208,7 +208,7 @@ TEST_CASE("shape, count, order, value type, option and policy mismatches: every 
   }
   SUBCASE("an option (fusion threshold)") {
     gradsync::Options o = opts();
-    if (rank == last) o.fusion_threshold_bytes = 1024;
+    if (rank == last) o.tuning.fusion_threshold_bytes = 1024;
     View a("a", 10);
     Sync sync(gradsync::MpiBackend(MPI_COMM_WORLD), o);
     sync.add<Dense>(a, "a");
@@ -280,8 +280,8 @@ TEST_CASE("registrations changed on one rank only are a MismatchError, not a sta
     const gradsync::CheckMode mode = mode_coll.first;
     const gradsync::Collectives coll = mode_coll.second;
     gradsync::Options o = opts();
-    o.consistency_check = mode;
-    o.collectives = coll;
+    o.tuning.consistency_check = mode;
+    o.tuning.collectives = coll;
     View a("a", 10), extra("extra", 4);
     Sync sync(gradsync::MpiBackend(MPI_COMM_WORLD), o);
     sync.add<Dense>(a, "a");
@@ -329,7 +329,7 @@ TEST_CASE("a NaN or Inf in a gradient: every rank throws, naming the tensor and 
                        -std::numeric_limits<double>::infinity()}) {
       gradsync::Options o = opts();
       o.check_finite = true;
-      o.collectives = coll;
+      o.tuning.collectives = coll;
       View a("a", 100), w("w", 3000);
       Sync sync(gradsync::MpiBackend(MPI_COMM_WORLD), o);
       sync.add<Dense>(a, "a");
@@ -394,7 +394,7 @@ TEST_CASE("a memory space the backend cannot reach: staged through host, or a Co
     GRADSYNC_CHECK_ALL(value_at(a, 999) == summed(999, 3) / world_size());
   }
   gradsync::Options o = opts();
-  o.host_staging = gradsync::HostStaging::never;
+  o.tuning.host_staging = gradsync::HostStaging::never;
   gradsync::GradientSync<BlindBackend, View> sync(BlindBackend(MPI_COMM_WORLD), o);
   sync.add<Dense>(a, "a");
   const Outcome out = outcome_of([&] { (void)sync.synchronize(); });
@@ -419,15 +419,15 @@ TEST_CASE("invalid options are ConfigErrors naming the option") {
   bad([&](gradsync::Options& o) { o.postscale_factor = nan; }, "postscale_factor must be finite and >= 0");
   bad([](gradsync::Options& o) { o.postscale_factor = -0.5; }, "postscale_factor must be finite and >= 0");
   bad([](gradsync::Options& o) { o.stall_timeout = -1; }, "stall_timeout must be finite and >= 0");
-  bad([&](gradsync::Options& o) { o.stall_warning = nan; }, "stall_warning must be finite and >= 0");
-  bad([](gradsync::Options& o) { o.max_chunks_in_flight = -1; },
+  bad([&](gradsync::Options& o) { o.tuning.stall_warning = nan; }, "stall_warning must be finite and >= 0");
+  bad([](gradsync::Options& o) { o.tuning.max_chunks_in_flight = -1; },
       "max_chunks_in_flight must be >= 0 (0: by topology), got -1");
 }
 
 TEST_CASE("zero fusion threshold means one call per tensor") {
   const int rank = world_rank();
   gradsync::Options o = opts();
-  o.fusion_threshold_bytes = 0;
+  o.tuning.fusion_threshold_bytes = 0;
   View a("a", 10), b("b", 0), c("c", 5000);
   Sync sync(gradsync::MpiBackend(MPI_COMM_WORLD), o);
   sync.add<Dense>(a);
@@ -449,7 +449,7 @@ TEST_CASE("counts above the per-call maximum are split (small override of INT_MA
     for (std::size_t threshold : {std::size_t(0), std::size_t(4) << 20}) {
       gradsync::Options o = opts();
       o.op = gradsync::ReduceOp::sum;
-      o.fusion_threshold_bytes = threshold;
+      o.tuning.fusion_threshold_bytes = threshold;
       View a("a", 30), b("b", 3);
       Sync sync(gradsync::MpiBackend(MPI_COMM_WORLD), o);
       sync.add<Dense>(a);
@@ -505,18 +505,18 @@ TEST_CASE("GRADSYNC_* environment variables override the code; malformed values 
         h("GRADSYNC_HOST_STAGING", "always");
     Sync sync(gradsync::MpiBackend(MPI_COMM_WORLD), base);
     const gradsync::Options& o = sync.options();
-    CHECK(o.fusion_threshold_bytes == 65536);
+    CHECK(o.tuning.fusion_threshold_bytes == 65536);
     CHECK(o.backward_passes_per_step == 3);
     CHECK(o.stall_timeout == 12.5);
-    CHECK(o.stall_warning == 2.0);
-    CHECK(o.stall_action == gradsync::StallAction::abort);
-    CHECK(o.consistency_check == gradsync::CheckMode::every_step);
+    CHECK(o.tuning.stall_warning == 2.0);
+    CHECK(o.tuning.stall_action == gradsync::StallAction::abort);
+    CHECK(o.tuning.consistency_check == gradsync::CheckMode::every_step);
     CHECK(o.check_finite);
-    CHECK(o.host_staging == gradsync::HostStaging::always);
+    CHECK(o.tuning.host_staging == gradsync::HostStaging::always);
     gradsync::Options off = base;
-    off.read_environment = false;
+    off.tuning.read_environment = false;
     Sync plain(gradsync::MpiBackend(MPI_COMM_WORLD), off);
-    CHECK(plain.options().fusion_threshold_bytes == base.fusion_threshold_bytes);
+    CHECK(plain.options().tuning.fusion_threshold_bytes == base.tuning.fusion_threshold_bytes);
   }
   SUBCASE("malformed") {
     const std::vector<std::pair<const char*, const char*>> cases = {
@@ -545,7 +545,7 @@ TEST_CASE("GRADSYNC_* environment variables override the code; malformed values 
     std::unique_ptr<EnvVar> e;
     if (world_rank() == last) e = std::make_unique<EnvVar>("GRADSYNC_FUSION_THRESHOLD", "1K");
     gradsync::Options o = opts();
-    o.read_environment = true;
+    o.tuning.read_environment = true;
     View a("a", 10);
     Sync sync(gradsync::MpiBackend(MPI_COMM_WORLD), o);
     sync.add<Dense>(a);

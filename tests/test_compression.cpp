@@ -51,7 +51,7 @@ double unit_roundoff(Compression c) { return c == Compression::bf16 ? std::ldexp
 
 gradsync::Options base_options() {
   gradsync::Options o;
-  o.read_environment = false;
+  o.tuning.read_environment = false;
   o.stall_timeout = 60;
   return o;
 }
@@ -223,10 +223,10 @@ void check_average(Compression c) {
     CAPTURE(path.name);
     RanksPerNode nodes(path.ranks_per_node);
     gradsync::Options o = base_options();
-    o.algorithm = path.algorithm;
+    o.tuning.algorithm = path.algorithm;
     o.compression = c;
-    o.collectives = path.collectives;
-    o.host_staging = path.staging;
+    o.tuning.collectives = path.collectives;
+    o.tuning.host_staging = path.staging;
     o.backward_passes_per_step = path.passes;
     o.postscale_factor = 0.5;  // folded into the unpack with the 1/n
     Sync<T> sync(gradsync::MpiBackend(MPI_COMM_WORLD), o);
@@ -277,7 +277,7 @@ void check_in_place(Compression c) {
   const std::vector<std::size_t> sizes = {33000, 70001, 200003, 3000};  // 33000: 66,000 bytes on the wire
   gradsync::Options o = base_options();
   o.compression = c;
-  o.collectives = gradsync::Collectives::nonblocking;
+  o.tuning.collectives = gradsync::Collectives::nonblocking;
   o.prescale_factor = 0.5;   // applied before the first rounding: the wire carries prescaled values
   o.postscale_factor = 1.5;  // with the 1/n, in each rank's write back
   Sync<T> sync(gradsync::MpiBackend(MPI_COMM_WORLD), o);
@@ -416,7 +416,7 @@ TEST_CASE("bytes on the wire are exactly half of fp32's, over a whole model of s
   for (Compression c : {Compression::none, Compression::bf16, Compression::fp16}) {
     gradsync::Options o = base_options();
     o.compression = c;
-    o.fusion_threshold_bytes = 64 << 10;
+    o.tuning.fusion_threshold_bytes = 64 << 10;
     Sync<float> sync(gradsync::MpiBackend(MPI_COMM_WORLD), o);
     std::vector<View<float>> vs;
     for (std::size_t k = 0; k < 12; ++k) {
@@ -437,7 +437,7 @@ TEST_CASE("fp16 overflow: a sum past 65504 is an Error naming the tensor on ever
   for (auto coll : {gradsync::Collectives::nonblocking, gradsync::Collectives::blocking}) {
     gradsync::Options o = base_options();
     o.compression = Compression::fp16;
-    o.collectives = coll;
+    o.tuning.collectives = coll;
     o.op = gradsync::ReduceOp::sum;
     Sync<float> sync(gradsync::MpiBackend(MPI_COMM_WORLD), o);
     View<float> small("small", 100), big("big", 40000);
@@ -524,7 +524,7 @@ TEST_CASE("ranks that disagree on compression or error feedback: a MismatchError
   for (int which = 0; which < 2; ++which)
     for (auto coll : {gradsync::Collectives::nonblocking, gradsync::Collectives::blocking}) {
       gradsync::Options o = base_options();
-      o.collectives = coll;
+      o.tuning.collectives = coll;
       o.stall_timeout = 20;
       if (which == 1) o.compression = Compression::bf16;  // every rank compresses; one adds feedback
       if (r == n - 1) {

@@ -178,7 +178,7 @@ TEST_CASE("a correct environment warns nothing; read_environment = false warns n
     gradsync::impl::unknown_env_warned() = false;
     const std::string off = capture_stderr([] {
       gradsync::Options o;
-      o.read_environment = false;  // the program ignores GRADSYNC_*: a typo there changes nothing
+      o.tuning.read_environment = false;  // the program ignores GRADSYNC_*: a typo there changes nothing
       Sync sync{gradsync::MpiBackend(MPI_COMM_WORLD), o};
       Grad g("g", 16);
       sync.add<Dense>(g);
@@ -264,9 +264,6 @@ TEST_CASE("describe(sync): groups, tensors, bytes, plan and options on real valu
   GRADSYNC_CHECK_ALL(s.fusion_threshold_bytes == (std::size_t(4) << 20));
 
   const std::string d = describe(sync);
-  std::ostringstream streamed;
-  streamed << sync;
-  GRADSYNC_CHECK_ALL(streamed.str() == d);
   const auto has = [&](const std::string& line) {
     const bool ok = d.find(line) != std::string::npos;
     if (!ok) MESSAGE("missing: ", line, "\nin:\n", d);
@@ -304,11 +301,11 @@ TEST_CASE("describe(sync): blocking collectives, staging, aggregation and fusion
   const int n = world_size();
   Model m;
   gradsync::Options o;
-  o.collectives = gradsync::Collectives::blocking;
-  o.host_staging = gradsync::HostStaging::always;  // staged: nothing is reduced in place
+  o.tuning.collectives = gradsync::Collectives::blocking;
+  o.tuning.host_staging = gradsync::HostStaging::always;  // staged: nothing is reduced in place
   o.backward_passes_per_step = 2;
-  o.fusion_threshold_bytes = gradsync::fusion_threshold_auto;
-  o.read_environment = false;
+  o.tuning.fusion_threshold_bytes = gradsync::fusion_threshold_auto;
+  o.tuning.read_environment = false;
   Sync sync{gradsync::MpiBackend(MPI_COMM_WORLD), o};
   m.add_to(sync);
   sync.prepare();
@@ -333,7 +330,7 @@ TEST_CASE("prepare(): the plan, the check and the buffers before the first synch
     CAPTURE(watched);
     Model m;
     gradsync::Options o;
-    o.read_environment = false;
+    o.tuning.read_environment = false;
     if (!watched) o.stall_timeout = 0;  // no deadline: the same agreement, waited without one
     Sync sync{gradsync::MpiBackend(MPI_COMM_WORLD), o};
     m.add_to(sync);

@@ -168,8 +168,8 @@ TEST_CASE("a backend that cannot reach the gradients stages through host memory,
   auto value = [&](std::size_t t, std::size_t i, int r, int p) { return T((r + 1) * 0.5 + i % 7 + t + p); };
   for (auto staging : {gradsync::HostStaging::automatic, gradsync::HostStaging::always}) {
     gradsync::Options opt;
-    opt.host_staging = staging;
-    opt.fusion_threshold_bytes = 1024;  // several chunks through the pipelined staging slots
+    opt.tuning.host_staging = staging;
+    opt.tuning.fusion_threshold_bytes = 1024;  // several chunks through the pipelined staging slots
     gradsync::GradientSync<UnreachableMpiBackend, Kokkos::View<T*>> sync(UnreachableMpiBackend(MPI_COMM_WORLD), opt);
     for (auto& v : g) sync.add<Dense>(v);
     for (int p = 0; p < 3; ++p) {
@@ -190,7 +190,7 @@ TEST_CASE("a backend that cannot reach the gradients stages through host memory,
     }
     // The staging mirror exists: the same sync over a reachable backend holds fewer bytes. Host
     // memory, which MpiBackend always reaches (the gradients themselves unless they are on a device).
-    opt.host_staging = gradsync::HostStaging::automatic;
+    opt.tuning.host_staging = gradsync::HostStaging::automatic;
     using HostView = Kokkos::View<T*, Kokkos::HostSpace>;
     gradsync::GradientSync<gradsync::MpiBackend, HostView> reachable(gradsync::MpiBackend(MPI_COMM_WORLD), opt);
     for (auto& v : g) reachable.add<Dense>(gradsync_test::host_copy(v));
@@ -200,7 +200,7 @@ TEST_CASE("a backend that cannot reach the gradients stages through host memory,
     GRADSYNC_CHECK_ALL(sync.stats().buffer_bytes == 2 * reachable.stats().buffer_bytes);
   }
   gradsync::Options never;
-  never.host_staging = gradsync::HostStaging::never;
+  never.tuning.host_staging = gradsync::HostStaging::never;
   gradsync::GradientSync<UnreachableMpiBackend, Kokkos::View<T*>> sync(UnreachableMpiBackend(MPI_COMM_WORLD), never);
   sync.add<Dense>(g[0]);
   bool threw = false;
@@ -221,8 +221,8 @@ TEST_CASE("a backend ordered on the execution space is handed chunks without a f
   HostView g("g", 1000);
   for (auto staging : {gradsync::HostStaging::automatic, gradsync::HostStaging::always}) {
     gradsync::Options opt;
-    opt.fusion_threshold_bytes = 1024;  // 128 values a chunk: 8 chunks
-    opt.host_staging = staging;
+    opt.tuning.fusion_threshold_bytes = 1024;  // 128 values a chunk: 8 chunks
+    opt.tuning.host_staging = staging;
     OrderedMpiBackend backend(MPI_COMM_WORLD);
     auto asked = backend.asked;
     gradsync::GradientSync<OrderedMpiBackend, HostView> sync(backend, opt);

@@ -197,7 +197,7 @@ TEST_CASE_TEMPLATE("every row of the semantics table, against analytic values", 
       for (int N : {1, 3, 4})
         for (bool avg_agg : {false, true}) {
           Config c{{}, world_members(), rank};
-          c.opt.collectives = coll;
+          c.opt.tuning.collectives = coll;
           c.opt.op = op;
           c.opt.backward_passes_per_step = N;
           c.opt.average_aggregated_gradients = avg_agg;
@@ -206,8 +206,8 @@ TEST_CASE_TEMPLATE("every row of the semantics table, against analytic values", 
             c.opt.prescale_factor = 0.5;
             c.opt.postscale_factor = 3.0;
           }
-          c.opt.fusion_threshold_bytes = config % 4 == 0 ? 256 : std::size_t(4) << 20;
-          c.opt.in_place_min_fraction = 0.05;  // 4 MiB chunks: tensors from 205 KiB in place
+          c.opt.tuning.fusion_threshold_bytes = config % 4 == 0 ? 256 : std::size_t(4) << 20;
+          c.opt.tuning.in_place_min_fraction = 0.05;  // 4 MiB chunks: tensors from 205 KiB in place
           CAPTURE(config);
           CAPTURE(N);
           CAPTURE(avg_agg);
@@ -237,9 +237,9 @@ TEST_CASE("fusion thresholds from 64 bytes to beyond the whole model give the sa
       for (std::size_t threshold : {std::size_t(64), std::size_t(100), std::size_t(4096), std::size_t(1) << 20,
                                     std::size_t(1) << 30, std::size_t(0)}) {
         Config c{{}, world_members(), rank};
-        c.opt.fusion_threshold_bytes = threshold;
+        c.opt.tuning.fusion_threshold_bytes = threshold;
         c.opt.backward_passes_per_step = N;
-        c.opt.host_staging = staging;  // always: every chunk goes through the host mirror
+        c.opt.tuning.host_staging = staging;  // always: every chunk goes through the host mirror
         CAPTURE(int(staging));
         CAPTURE(threshold);
         CAPTURE(N);
@@ -329,8 +329,8 @@ TEST_CASE("no allocation after the first synchronize") {
   for (int N : {1, 3}) {
     gradsync::Options opt;
     opt.backward_passes_per_step = N;
-    opt.fusion_threshold_bytes = 1024;  // many chunks through one window
-    opt.check_finite = N == 3;          // its scan allocates nothing either
+    opt.tuning.fusion_threshold_bytes = 1024;  // many chunks through one window
+    opt.check_finite = N == 3;                 // its scan allocates nothing either
     auto m = make_model<T>(rank);
     gradsync::GradientSync<gradsync::MpiBackend, Kokkos::View<T*>> sync(gradsync::MpiBackend(MPI_COMM_WORLD), opt);
     register_model(sync, m);

@@ -1,4 +1,4 @@
-// Options::huge_pages: gradients reduced in place move onto 2 MiB pages where every 4 KiB page
+// Options::tuning.huge_pages: gradients reduced in place move onto 2 MiB pages where every 4 KiB page
 // holds gradient bytes, nowhere else, with their values kept and the averages exact. Checked
 // against the kernel's own accounts (/proc/self/smaps, mincore), not the library's.
 #include <sys/mman.h>
@@ -95,8 +95,8 @@ TEST_CASE("huge_pages: gradients move onto 2 MiB pages only where every 4 KiB pa
     for (const auto& b : bounds) g.emplace_back(reinterpret_cast<double*>(b[0]), (b[1] - b[0]) / sizeof(double));
     const std::uintptr_t untouched = A + 2 * MiB2 + KiB4;
     gradsync::Options opt;
-    opt.huge_pages = on;
-    opt.read_environment = false;
+    opt.tuning.huge_pages = on;
+    opt.tuning.read_environment = false;
     Sync sync(gradsync::MpiBackend(MPI_COMM_WORLD), opt);
     for (auto& v : g) sync.add<Dense>(v);
     for (std::size_t k = 0; k < g.size(); ++k)
@@ -125,13 +125,13 @@ TEST_CASE("huge_pages: gradients move onto 2 MiB pages only where every 4 KiB pa
   }
 }
 
-TEST_CASE("GRADSYNC_HUGE_PAGES overrides Options::huge_pages") {
+TEST_CASE("GRADSYNC_HUGE_PAGES overrides Options::tuning.huge_pages") {
   gradsync::Options o;
   setenv("GRADSYNC_HUGE_PAGES", "off", 1);
-  CHECK_FALSE(gradsync::apply_env(o).huge_pages);
+  CHECK_FALSE(gradsync::apply_env(o).tuning.huge_pages);
   setenv("GRADSYNC_HUGE_PAGES", "1", 1);
-  o.huge_pages = false;
-  CHECK(gradsync::apply_env(o).huge_pages);
+  o.tuning.huge_pages = false;
+  CHECK(gradsync::apply_env(o).tuning.huge_pages);
   setenv("GRADSYNC_HUGE_PAGES", "sometimes", 1);
   const std::string what = gradsync_test::error_of<gradsync::ConfigError>([&] { gradsync::apply_env(o); });
   CHECK(what.find("GRADSYNC_HUGE_PAGES") != std::string::npos);

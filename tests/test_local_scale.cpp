@@ -113,12 +113,13 @@ void compare_paths(const Opt& opt, const char* what) {
           if (!clip) norm_diff = std::max(norm_diff, std::abs(folded.dopt.global_norm() - pass.dopt.global_norm()));
         }
         // The folded path leaves the table's unscaled sum with its factor pending (unless it is 1).
-        const T f = folded.dopt.sync().local_scale_of(folded.g[1]);
+        const T f = gradsync::impl::SyncAccess::local_scale_of(folded.dopt.sync(), folded.g[1]);
         const T expect_f = T(1) / T(n) * (average ? T(1) / T(N) : T(1));
         CHECK(gradsync_test::all_ranks(f == expect_f));
-        CHECK(
-            gradsync_test::all_ranks(folded.dopt.sync().local_scale_of(folded.g[2]) == (average ? T(1) / T(N) : T(1))));
-        CHECK(gradsync_test::all_ranks(folded.dopt.sync().local_scale_of(folded.g[0]) == T(1)));
+        CHECK(gradsync_test::all_ranks(gradsync::impl::SyncAccess::local_scale_of(folded.dopt.sync(), folded.g[2]) ==
+                                       (average ? T(1) / T(N) : T(1))));
+        CHECK(gradsync_test::all_ranks(gradsync::impl::SyncAccess::local_scale_of(folded.dopt.sync(), folded.g[0]) ==
+                                       T(1)));
         CHECK(gradsync_test::all_ranks(same));
         CHECK(gradsync_test::all_ranks(norm_diff == 0));
       }
@@ -181,8 +182,9 @@ TEST_CASE("folded local scale: plain SGD equals the analytic update, and the syn
   }
   CAPTURE(err);
   CHECK(gradsync_test::all_ranks(err < 1e-15));
-  CHECK(gradsync_test::all_ranks(dopt.sync().pending_scale(gt) == (n > 1 ? 1.0 / n : 1.0)));
-  CHECK(gradsync_test::all_ranks(dopt.sync().pending_scale(gw) == 1.0));
+  CHECK(
+      gradsync_test::all_ranks(gradsync::impl::SyncAccess::pending_scale(dopt.sync(), gt) == (n > 1 ? 1.0 / n : 1.0)));
+  CHECK(gradsync_test::all_ranks(gradsync::impl::SyncAccess::pending_scale(dopt.sync(), gw) == 1.0));
 }
 
 TEST_CASE("a plain GradientSync hands the factor out instead of the pass, and applies it on request") {
@@ -200,8 +202,9 @@ TEST_CASE("a plain GradientSync hands the factor out instead of the pass, and ap
     deferred.add<Table>(c);
     today.add<Trunk>(b);
     today.add<Table>(d);
-    deferred.defer_local_scale(c);
-    deferred.defer_local_scale(a);  // data-parallel: no local scale to defer, nothing changes
+    gradsync::impl::SyncAccess::defer_local_scale(deferred, c);
+    gradsync::impl::SyncAccess::defer_local_scale(deferred,
+                                                  a);  // data-parallel: no local scale to defer, nothing changes
     std::vector<float> raw_sum(c.size(), 0.f);
     for (int pass = 0; pass < N; ++pass) {
       const auto f = [&](std::size_t i) { return float(grad_value(r, 0, pass, 1, i)); };
@@ -212,22 +215,23 @@ TEST_CASE("a plain GradientSync hands the factor out instead of the pass, and ap
       for (std::size_t i = 0; i < raw_sum.size(); ++i) raw_sum[i] += f(i);
       const bool ready = deferred.synchronize();  // one after the other: each sync has its own communicator
       CHECK(ready == today.synchronize());
-      CHECK_FALSE(deferred.local_scale_pending() != (pass + 1 == N && (n > 1 || N > 1)));
+      CHECK_FALSE(gradsync::impl::SyncAccess::local_scale_pending(deferred) != (pass + 1 == N && (n > 1 || N > 1)));
     }
-    const float factor = deferred.local_scale_of(c);
+    const float factor = gradsync::impl::SyncAccess::local_scale_of(deferred, c);
     CHECK(factor == float(1) / float(n) * (N > 1 ? float(1) / float(N) : float(1)));
-    CHECK(deferred.pending_scale(c) == (n > 1 || N > 1 ? factor : 1.f));
+    CHECK(gradsync::impl::SyncAccess::pending_scale(deferred, c) == (n > 1 || N > 1 ? factor : 1.f));
     const auto cv = host_values(c), dv = host_values(d);
     bool same_after_factor = true, raw = true;
     for (std::size_t i = 0; i < cv.size(); ++i) {
-      same_after_factor = same_after_factor && float(cv[i] * deferred.pending_scale(c)) == dv[i];
+      same_after_factor =
+          same_after_factor && float(cv[i] * gradsync::impl::SyncAccess::pending_scale(deferred, c)) == dv[i];
       raw = raw && (N > 1 || cv[i] == raw_sum[i]);  // no pass touched it (N = 1)
     }
     CHECK(gradsync_test::all_ranks(same_after_factor && raw));
     CHECK(gradsync_test::all_ranks(bit_equal(host_values(a), host_values(b))));
-    deferred.apply_local_scale();
-    CHECK_FALSE(deferred.local_scale_pending());
-    CHECK(deferred.pending_scale(c) == 1.f);
+    gradsync::impl::SyncAccess::apply_local_scale(deferred);
+    CHECK_FALSE(gradsync::impl::SyncAccess::local_scale_pending(deferred));
+    CHECK(gradsync::impl::SyncAccess::pending_scale(deferred, c) == 1.f);
     CHECK(gradsync_test::all_ranks(bit_equal(host_values(c), host_values(d))));
   }
 }
@@ -241,14 +245,14 @@ TEST_CASE("local scale deferral: errors") {
   View g("g", 3), other("other", 3);
   sync.add<Table>(g, "emb");
   try {
-    sync.defer_local_scale(other);
+    gradsync::impl::SyncAccess::defer_local_scale(sync, other);
     FAIL("no error for an unregistered tensor");
   } catch (const gradsync::Error& e) {
     CHECK(has(e.what(), "defer_local_scale: the tensor (3 elements) is not registered"));
   }
   CHECK_FALSE(sync.synchronize());
   try {
-    sync.defer_local_scale(g);
+    gradsync::impl::SyncAccess::defer_local_scale(sync, g);
     FAIL("no error inside an aggregation cycle");
   } catch (const gradsync::Error& e) {
     CHECK(has(e.what(), "defer_local_scale('emb', group"));

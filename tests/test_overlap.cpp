@@ -111,13 +111,13 @@ TEST_CASE("mark_ready in any order, on any subset, gives the values of a plain s
           for (double in_place : {0.0, 0.25, HUGE_VAL}) {
             gradsync::Options opt;
             opt.backward_passes_per_step = N;
-            opt.collectives = coll;
-            opt.fusion_order = order;
-            opt.fusion_threshold_bytes = threshold;
-            opt.in_place_min_fraction = in_place;
-            opt.in_place_min_bytes = 0;
-            if (config % 3 == 2) opt.host_staging = gradsync::HostStaging::always;
-            if (config % 4 == 1) opt.max_chunks_in_flight = 1;  // each chunk completes before the next starts
+            opt.tuning.collectives = coll;
+            opt.tuning.fusion_order = order;
+            opt.tuning.fusion_threshold_bytes = threshold;
+            opt.tuning.in_place_min_fraction = in_place;
+            opt.tuning.in_place_min_bytes = 0;
+            if (config % 3 == 2) opt.tuning.host_staging = gradsync::HostStaging::always;
+            if (config % 4 == 1) opt.tuning.max_chunks_in_flight = 1;  // each chunk completes before the next starts
             CAPTURE(config);
             ++config;
             Model plain(rank), marked(rank);
@@ -170,9 +170,9 @@ TEST_CASE("large tensors are reduced in place: no bytes through the fusion buffe
   const int rank = world_rank();
   ModelOf<HostView> m(rank);
   gradsync::Options opt;
-  opt.in_place_min_fraction = 0;  // every tensor reduced where it is
-  opt.in_place_min_bytes = 0;
-  opt.fusion_threshold_bytes = 1024;  // the 2000-value tensor in pieces of 128 values
+  opt.tuning.in_place_min_fraction = 0;  // every tensor reduced where it is
+  opt.tuning.in_place_min_bytes = 0;
+  opt.tuning.fusion_threshold_bytes = 1024;  // the 2000-value tensor in pieces of 128 values
   HostSync s(gradsync::MpiBackend(MPI_COMM_WORLD), opt);
   m.add_to(s);
   for (int p = 0; p < 3; ++p) {
@@ -193,8 +193,8 @@ TEST_CASE("tensors side by side in memory are reduced in place when the fused or
   const std::pair<std::size_t, std::size_t> cuts[] = {{0, 100}, {100, 300}, {300, 1000}};
   for (auto order : {gradsync::FusionOrder::registration, gradsync::FusionOrder::reverse}) {
     gradsync::Options opt;
-    opt.fusion_order = order;
-    opt.in_place_min_fraction = HUGE_VAL;  // no tensor is large: only adjacency can avoid the copy
+    opt.tuning.fusion_order = order;
+    opt.tuning.in_place_min_fraction = HUGE_VAL;  // no tensor is large: only adjacency can avoid the copy
     HostSync s(gradsync::MpiBackend(MPI_COMM_WORLD), opt);
     for (auto c : cuts) s.add<Dense>(Kokkos::subview(arena, c));
     for (int p = 0; p < 2; ++p) {
@@ -214,7 +214,7 @@ TEST_CASE("fusion_threshold_auto settles on one candidate on every rank and keep
   const int rank = world_rank(), n = world_size();
   Model m(rank);
   gradsync::Options opt;
-  opt.fusion_threshold_bytes = gradsync::fusion_threshold_auto;
+  opt.tuning.fusion_threshold_bytes = gradsync::fusion_threshold_auto;
   Sync s(gradsync::MpiBackend(MPI_COMM_WORLD), opt);
   m.add_to(s);
   const int steps = int(gradsync::impl::chunk_candidates().size()) * gradsync::impl::PlanTuner::steps_per_candidate + 3;
@@ -238,9 +238,9 @@ TEST_CASE("an arena of gradients is reduced in place as one region, in either fu
   const std::pair<std::size_t, std::size_t> cuts[] = {{0, 5}, {5, 2005}, {2005, 2010}, {2010, 4000}, {4000, 5000}};
   for (auto order : {gradsync::FusionOrder::reverse, gradsync::FusionOrder::registration}) {
     gradsync::Options opt;
-    opt.fusion_order = order;
-    opt.fusion_threshold_bytes = 1000 * sizeof(double);
-    opt.in_place_min_bytes = 0;
+    opt.tuning.fusion_order = order;
+    opt.tuning.fusion_threshold_bytes = 1000 * sizeof(double);
+    opt.tuning.in_place_min_bytes = 0;
     HostView plain_arena("plain", 5000), marked_arena("marked", 5000);
     HostSync plain(gradsync::MpiBackend(MPI_COMM_WORLD), opt), marked(gradsync::MpiBackend(MPI_COMM_WORLD), opt);
     std::vector<HostView> parts;
@@ -282,8 +282,8 @@ TEST_CASE("neighbours in memory on some ranks only: no rank merges, the values h
     at += s;
   }
   gradsync::Options opt;
-  opt.fusion_threshold_bytes = 1000 * sizeof(double);
-  opt.in_place_min_bytes = 0;
+  opt.tuning.fusion_threshold_bytes = 1000 * sizeof(double);
+  opt.tuning.in_place_min_bytes = 0;
   HostSync s(gradsync::MpiBackend(MPI_COMM_WORLD), opt);
   for (auto& v : g) s.add<Dense>(v);
   for (int p = 0; p < 2; ++p) {

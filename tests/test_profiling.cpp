@@ -106,11 +106,11 @@ bool any(const std::vector<Pushed>& log, const std::string& name, const std::str
 gradsync::Options opts() {
   gradsync::Options o;
   o.op = gradsync::ReduceOp::average;
-  o.fusion_threshold_bytes = 256 * sizeof(double);  // two tensors of 128 per chunk: packed, not in place
-  o.collectives = gradsync::Collectives::nonblocking;
+  o.tuning.fusion_threshold_bytes = 256 * sizeof(double);  // two tensors of 128 per chunk: packed, not in place
+  o.tuning.collectives = gradsync::Collectives::nonblocking;
   o.stall_timeout = 20;
-  o.stall_warning = 0;
-  o.read_environment = false;
+  o.tuning.stall_warning = 0;
+  o.tuning.read_environment = false;
   return o;
 }
 

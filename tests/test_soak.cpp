@@ -89,9 +89,9 @@ TEST_CASE("soak: 2000 steps, registrations changing every 100 steps, exact value
         o.op = gradsync::ReduceOp::sum;
         o.scale_local_gradients = false;
         o.stall_timeout = 30;
-        o.read_environment = false;
+        o.tuning.read_environment = false;
         const std::size_t thresholds[] = {256, 4096, 0, std::size_t(1) << 20, 1000};
-        o.fusion_threshold_bytes = thresholds[b / 2 % 5];
+        o.tuning.fusion_threshold_bytes = thresholds[b / 2 % 5];
         N = b % 4 == 2 ? 2 : 1;
         o.backward_passes_per_step = N;
         model.clear();

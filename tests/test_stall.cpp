@@ -26,8 +26,8 @@ gradsync::Options stall_opts() {
   gradsync::Options o;
   o.op = gradsync::ReduceOp::sum;
   o.stall_timeout = 1.0;
-  o.stall_warning = 0.5;
-  o.read_environment = false;
+  o.tuning.stall_warning = 0.5;
+  o.tuning.read_environment = false;
   return o;
 }
 
@@ -81,7 +81,7 @@ constexpr gradsync::Collectives paths[] = {gradsync::Collectives::blocking, grad
 
 gradsync::Options stall_opts(gradsync::Collectives c) {
   gradsync::Options o = stall_opts();
-  o.collectives = c;
+  o.tuning.collectives = c;
   return o;
 }
 
@@ -193,7 +193,7 @@ TEST_CASE("a rank that never builds its GradientSync: the others' constructors e
 TEST_CASE("stall_action abort" * doctest::skip()) {
   const int rank = world_rank(), victim = world_size() - 1;
   gradsync::Options o = stall_opts();
-  o.stall_action = gradsync::StallAction::abort;
+  o.tuning.stall_action = gradsync::StallAction::abort;
   View g("g", 16);
   Sync sync(gradsync::MpiBackend(MPI_COMM_WORLD), o);
   sync.add<Dense>(g);

@@ -30,11 +30,11 @@ constexpr std::size_t kLen = 128;  // one chunk per tensor (1 KiB chunks)
 gradsync::Options opts(double stall_timeout = 20.0) {
   gradsync::Options o;
   o.op = gradsync::ReduceOp::average;
-  o.fusion_threshold_bytes = kLen * sizeof(double);
-  o.collectives = gradsync::Collectives::nonblocking;
+  o.tuning.fusion_threshold_bytes = kLen * sizeof(double);
+  o.tuning.collectives = gradsync::Collectives::nonblocking;
   o.stall_timeout = stall_timeout;
-  o.stall_warning = 0;
-  o.read_environment = false;
+  o.tuning.stall_warning = 0;
+  o.tuning.read_environment = false;
   return o;
 }
 
@@ -120,7 +120,7 @@ TEST_CASE("an exception during backward with chunks in flight: no crash, the pee
         bool user_error = false;
         try {
           gradsync::Options o = opts(deadline);
-          o.fusion_threshold_bytes = len * sizeof(double);
+          o.tuning.fusion_threshold_bytes = len * sizeof(double);
           Sync sync(gradsync::MpiBackend(MPI_COMM_WORLD), o);
           m.add_to(sync);
           m.fill(rank);
@@ -196,7 +196,7 @@ TEST_CASE("registrations and scales changed while a step is open are refused; th
   GRADSYNC_CHECK_ALL(has(error_of([&] { sync.add<Dense>(b, "b"); }), "add() called while a step is open"));
   GRADSYNC_CHECK_ALL(
       has(error_of([&] { sync.register_local_var(a); }), "register_local_var() called while a step is open"));
-  GRADSYNC_CHECK_ALL(has(error_of([&] { sync.defer_local_scale(a); }),
+  GRADSYNC_CHECK_ALL(has(error_of([&] { gradsync::impl::SyncAccess::defer_local_scale(sync, a); }),
                          "defer_local_scale('a', group Dense) called while a step is open"));
   GRADSYNC_CHECK_ALL(has(error_of([&] { sync.prepare(); }), "prepare() called while a step is open"));
   GRADSYNC_CHECK_ALL(sync.num_tensors() == 1);

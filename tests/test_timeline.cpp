@@ -1,4 +1,4 @@
-// Options::timeline (GRADSYNC_TIMELINE): each rank's Chrome trace parses as JSON (a strict reader
+// Options::tuning.timeline (GRADSYNC_TIMELINE): each rank's Chrome trace parses as JSON (a strict reader
 // below: malformed output fails), spans have dur >= 0 and nest within their lane, the bytes of the
 // reduction spans sum to stats().bytes_allreduced, their tensor names are the registered ones,
 // mark_ready leaves one instant per tensor, a stall leaves its warning with the missing rank, and a
@@ -288,7 +288,7 @@ std::vector<std::string> split_names(const std::string& s) {
 
 gradsync::Options base_opts() {
   gradsync::Options o;
-  o.read_environment = false;
+  o.tuning.read_environment = false;
   o.stall_timeout = 30;
   return o;
 }
@@ -321,7 +321,7 @@ struct Model {
 void check_run(gradsync::Options o, bool marks, int steps) {
   const std::string dir = temp_dir();
   const std::string base = dir + "/trace.json";
-  o.timeline = base.c_str();
+  o.tuning.timeline = base.c_str();
   Model m(world_rank());
   std::uint64_t bytes = 0;
   std::size_t calls = 0;
@@ -410,22 +410,22 @@ TEST_CASE("the reader rejects malformed JSON") {
 
 TEST_CASE("a timeline of nonblocking steps") {
   gradsync::Options o = base_opts();
-  o.fusion_threshold_bytes = 4096;  // several chunks, some in flight together
-  o.max_chunks_in_flight = 2;
+  o.tuning.fusion_threshold_bytes = 4096;  // several chunks, some in flight together
+  o.tuning.max_chunks_in_flight = 2;
   check_run(o, false, 3);
 }
 
 TEST_CASE("a timeline of blocking steps") {
   gradsync::Options o = base_opts();
-  o.collectives = gradsync::Collectives::blocking;
-  o.fusion_threshold_bytes = 4096;
+  o.tuning.collectives = gradsync::Collectives::blocking;
+  o.tuning.fusion_threshold_bytes = 4096;
   check_run(o, false, 2);
 }
 
 TEST_CASE("a timeline with mark_ready") {
   gradsync::Options o = base_opts();
-  o.collectives = gradsync::Collectives::nonblocking;
-  o.fusion_threshold_bytes = 4096;
+  o.tuning.collectives = gradsync::Collectives::nonblocking;
+  o.tuning.fusion_threshold_bytes = 4096;
   check_run(o, true, 3);
 }
 
@@ -435,7 +435,7 @@ TEST_CASE("GRADSYNC_TIMELINE turns it on; without it nothing is written") {
   Model m(world_rank());
   {
     gradsync::Options o;
-    o.read_environment = true;  // GRADSYNC_TIMELINE unset (ctest sets nothing)
+    o.tuning.read_environment = true;  // GRADSYNC_TIMELINE unset (ctest sets nothing)
     REQUIRE(std::getenv("GRADSYNC_TIMELINE") == nullptr);
     Sync sync(gradsync::MpiBackend(MPI_COMM_WORLD), o);
     m.add_to(sync);
@@ -460,8 +460,8 @@ TEST_CASE("GRADSYNC_TIMELINE turns it on; without it nothing is written") {
     Sync sync(gradsync::MpiBackend(MPI_COMM_WORLD), o);
     m.add_to(sync);
     CHECK(sync.synchronize());
-    CHECK(std::string(sync.options().timeline) == base2);
-    CHECK(sync.options().timeline != std::getenv("GRADSYNC_TIMELINE"));  // a copy of its own
+    CHECK(std::string(sync.options().tuning.timeline) == base2);
+    CHECK(sync.options().tuning.timeline != std::getenv("GRADSYNC_TIMELINE"));  // a copy of its own
   }
   ::unsetenv("GRADSYNC_TIMELINE");
   Json doc;
@@ -478,7 +478,7 @@ TEST_CASE("two live syncs with one path write two files; .sync2 is the second's"
   const std::string dir = temp_dir();
   const std::string base = dir + "/two.json", second = dir + "/two.sync2.json";
   gradsync::Options o = base_opts();
-  o.timeline = base.c_str();
+  o.tuning.timeline = base.c_str();
   View a("a", 10), b("b", 20);
   {
     Sync s1(gradsync::MpiBackend(MPI_COMM_WORLD), o);
@@ -512,7 +512,7 @@ TEST_CASE("two live syncs with one path write two files; .sync2 is the second's"
 
 TEST_CASE("a path that cannot be written is a ConfigError naming it") {
   gradsync::Options o = base_opts();
-  o.timeline = "/nonexistent-gradsync-dir/t.json";
+  o.tuning.timeline = "/nonexistent-gradsync-dir/t.json";
   bool thrown = false;
   std::string what;
   try {
@@ -531,10 +531,10 @@ TEST_CASE("a stall's trace holds the warning, the missing rank and the error") {
   const std::string dir = temp_dir();
   const std::string base = dir + "/stall.json";
   gradsync::Options o = base_opts();
-  o.timeline = base.c_str();
+  o.tuning.timeline = base.c_str();
   o.op = gradsync::ReduceOp::sum;
   o.stall_timeout = 1.0;
-  o.stall_warning = 0.4;
+  o.tuning.stall_warning = 0.4;
   View g("g", 64);
   bool stalled = false;
   {
@@ -579,10 +579,10 @@ TEST_CASE("timeline before an abort" * doctest::skip()) {
   ::mkdir(GRADSYNC_TIMELINE_ABORT_DIR, 0755);
   MPI_Barrier(MPI_COMM_WORLD);
   gradsync::Options o = base_opts();
-  o.timeline = GRADSYNC_TIMELINE_ABORT_DIR "/trace.json";
+  o.tuning.timeline = GRADSYNC_TIMELINE_ABORT_DIR "/trace.json";
   o.stall_timeout = 1.0;
-  o.stall_warning = 0.4;
-  o.stall_action = gradsync::StallAction::abort;
+  o.tuning.stall_warning = 0.4;
+  o.tuning.stall_action = gradsync::StallAction::abort;
   View g("g", 16);
   Sync sync(gradsync::MpiBackend(MPI_COMM_WORLD), o);
   sync.add<Dense>(g, "g");
@@ -612,9 +612,9 @@ TEST_CASE("compressed chunks: their spans start at their launch and count wire b
   const std::string dir = temp_dir();
   const std::string base = dir + "/bf16.json";
   gradsync::Options o = base_opts();
-  o.timeline = base.c_str();
+  o.tuning.timeline = base.c_str();
   o.compression = gradsync::Compression::bf16;
-  o.fusion_threshold_bytes = 4096;
+  o.tuning.fusion_threshold_bytes = 4096;
   Model m(world_rank());
   std::uint64_t bytes = 0;
   {

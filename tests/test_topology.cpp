@@ -116,7 +116,7 @@ using Sync = gradsync::GradientSync<gradsync::MpiBackend, Kokkos::View<T*>>;
 
 gradsync::Options base() {
   gradsync::Options o;
-  o.read_environment = false;
+  o.tuning.read_environment = false;
   return o;
 }
 
@@ -160,9 +160,9 @@ TEST_CASE("across nodes the rule picks 1 MiB chunks and 2 in flight; on one node
   {
     RanksPerNode k(1);
     gradsync::Options o = base();
-    o.fusion_threshold_bytes = std::size_t(3) << 20;
-    o.max_chunks_in_flight = 5;
-    o.algorithm = gradsync::Algorithm::flat;
+    o.tuning.fusion_threshold_bytes = std::size_t(3) << 20;
+    o.tuning.max_chunks_in_flight = 5;
+    o.tuning.algorithm = gradsync::Algorithm::flat;
     Sync<float> s(gradsync::MpiBackend(MPI_COMM_WORLD), o);
     GRADSYNC_CHECK_ALL(s.fusion_threshold_bytes() == std::size_t(3) << 20 && s.chunks_in_flight() == 5 && !s.tuning());
   }
@@ -178,9 +178,9 @@ TEST_CASE_TEMPLATE("hierarchical: the analytic average, over made-up and real no
       for (int passes : {1, 2}) {
         RanksPerNode k(per);
         gradsync::Options o = base();
-        o.algorithm = gradsync::Algorithm::hierarchical;
-        o.collectives = collectives;
-        o.fusion_threshold_bytes = 64 << 10;  // several chunks
+        o.tuning.algorithm = gradsync::Algorithm::hierarchical;
+        o.tuning.collectives = collectives;
+        o.tuning.fusion_threshold_bytes = 64 << 10;  // several chunks
         o.backward_passes_per_step = passes;
         Model<T> m;
         Sync<T> s(gradsync::MpiBackend(MPI_COMM_WORLD), o);
@@ -249,7 +249,7 @@ TEST_CASE(
 
 TEST_CASE("hierarchical on a backend without it is a ConfigError at construction") {
   gradsync::Options o = base();
-  o.algorithm = gradsync::Algorithm::hierarchical;
+  o.tuning.algorithm = gradsync::Algorithm::hierarchical;
   using SelfSync = gradsync::GradientSync<gradsync::SelfBackend, Kokkos::View<float*>>;
   const std::string e = error_of<gradsync::ConfigError>([&] { SelfSync s(gradsync::SelfBackend{}, o); });
   GRADSYNC_CHECK_ALL(has(e, "algorithm = hierarchical, but backend 'self' has no hierarchical sum"));

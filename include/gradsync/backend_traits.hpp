@@ -8,7 +8,7 @@
 namespace gradsync {
 
 /// True when a backend's blocking allreduce of a chunk beats its nonblocking one in the sync's
-/// pipeline; Options::collectives = automatic follows it. False by default: nonblocking chunks
+/// pipeline; Options::tuning.collectives = automatic follows it. False by default: nonblocking chunks
 /// overlap packing, unpacking and (with mark_ready) backward. A backend may instead answer at run
 /// time with a member `bool prefers_blocking_allreduce() const`, which wins over this trait:
 /// MpiBackend does (blocking only where its nonblocking sums would go to Open MPI's libnbc, whose

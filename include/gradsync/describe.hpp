@@ -97,12 +97,8 @@ inline const char* to_text(HostStaging h) {
 }
 inline const char* to_text(bool b) { return b ? "true" : "false"; }
 
-}  // namespace impl
-
-/// The summary as text, one fact per line (no trailing newline).
-inline std::string describe(const SyncSummary& s) {
-  using impl::bytes_text;
-  using impl::plural;
+/// The summary as text, one fact per line (no trailing newline): describe(sync) prints it.
+inline std::string describe_summary(const SyncSummary& s) {
   const Options& o = s.options;
   std::ostringstream os;
   os << "gradsync: GradientSync on rank " << s.rank << " of " << s.ranks << ", backend " << s.backend << ", "
@@ -128,14 +124,14 @@ inline std::string describe(const SyncSummary& s) {
      << bytes_text(s.local_bytes) << " never sent\n";
   const std::string threshold =
       "fusion_threshold_bytes " +
-      (o.fusion_threshold_bytes == fusion_threshold_auto
+      (o.tuning.fusion_threshold_bytes == fusion_threshold_auto
            ? std::string(s.tuning ? "auto, timing " : "auto, chose ") + bytes_text(s.fusion_threshold_bytes)
-       : o.fusion_threshold_bytes == fusion_threshold_by_topology
+       : o.tuning.fusion_threshold_bytes == fusion_threshold_by_topology
            ? "by topology, " + bytes_text(s.fusion_threshold_bytes)
        : s.fusion_threshold_bytes == 0 ? std::string("0 (one call per tensor)")
                                        : bytes_text(s.fusion_threshold_bytes));
   os << "  topology: " << describe_topology(s.topology) << "; algorithm " << to_string(s.algorithm);
-  if (o.algorithm == Algorithm::automatic)
+  if (o.tuning.algorithm == Algorithm::automatic)
     os << " (automatic";
   else
     os << " (set";
@@ -169,26 +165,23 @@ inline std::string describe(const SyncSummary& s) {
   os << "\n  options: op " << to_string(o.op) << ", prescale " << o.prescale_factor << ", postscale "
      << o.postscale_factor << ", backward_passes_per_step " << o.backward_passes_per_step
      << ", average_aggregated_gradients " << impl::to_text(o.average_aggregated_gradients) << ", scale_local_gradients "
-     << impl::to_text(o.scale_local_gradients) << ", in_place_min_bytes " << impl::grouped(o.in_place_min_bytes)
-     << ", host_staging " << impl::to_text(o.host_staging) << ", huge_pages " << impl::to_text(o.huge_pages)
-     << ", consistency_check " << impl::to_text(o.consistency_check) << ", check_finite "
-     << impl::to_text(o.check_finite) << ", stall_timeout " << o.stall_timeout << " s, stall_warning "
-     << o.stall_warning << " s, stall_action " << (o.stall_action == StallAction::abort ? "abort" : "throw")
-     << ", compression " << to_string(o.compression) << ", error_feedback " << impl::to_text(o.error_feedback);
+     << impl::to_text(o.scale_local_gradients) << ", in_place_min_bytes " << impl::grouped(o.tuning.in_place_min_bytes)
+     << ", host_staging " << impl::to_text(o.tuning.host_staging) << ", huge_pages "
+     << impl::to_text(o.tuning.huge_pages) << ", consistency_check " << impl::to_text(o.tuning.consistency_check)
+     << ", check_finite " << impl::to_text(o.check_finite) << ", stall_timeout " << o.stall_timeout
+     << " s, stall_warning " << o.tuning.stall_warning << " s, stall_action "
+     << (o.tuning.stall_action == StallAction::abort ? "abort" : "throw") << ", compression "
+     << to_string(o.compression) << ", error_feedback " << impl::to_text(o.error_feedback);
   return os.str();
 }
 
-/// describe(sync.summary()).
+}  // namespace impl
+
+/// This rank's registrations, plan and options as text, one fact per line (no trailing newline):
+/// the one way to print a sync's summary (sync.summary() holds the same facts as data). Local.
 template <class Backend, class Tensor>
 std::string describe(const GradientSync<Backend, Tensor>& sync) {
-  return describe(sync.summary());
-}
-
-inline std::ostream& operator<<(std::ostream& os, const SyncSummary& s) { return os << describe(s); }
-
-template <class Backend, class Tensor>
-std::ostream& operator<<(std::ostream& os, const GradientSync<Backend, Tensor>& sync) {
-  return os << describe(sync.summary());
+  return impl::describe_summary(sync.summary());
 }
 
 }  // namespace gradsync

@@ -42,6 +42,7 @@
 #include "impl/profiling.hpp"
 #include "impl/range_index.hpp"
 #include "impl/stall.hpp"
+#include "impl/sync_access.hpp"
 #include "process_set.hpp"
 #include "tensor_traits.hpp"
 
@@ -192,10 +193,10 @@ class DistributedOptimizer {
     }
     try {
       const Entry& x = entries_.back();
-      if (fold_) sync().defer_local_scale(Span<value_type, memory_space>(x.grad, x.size));
+      if (fold_) impl::SyncAccess::defer_local_scale(sync(), Span<value_type, memory_space>(x.grad, x.size));
       entries_.back().slot = opt_.add(param, grad);
     } catch (...) {
-      sync().template withdraw_last<Group>(entries_.back().grad);
+      impl::SyncAccess::withdraw_last<Group>(sync(), entries_.back().grad);
       forget_last();
       throw;
     }
@@ -222,7 +223,8 @@ class DistributedOptimizer {
         throw ConfigError(impl::cat("DistributedOptimizer::fold_local_scale: the optimizer ",
                                     impl::type_name<Optimizer>(), " has no set_grad_scale(slot, factor)"));
     }
-    for (const Entry& e : entries_) sync().defer_local_scale(Span<value_type, memory_space>(e.grad, e.size), on);
+    for (const Entry& e : entries_)
+      impl::SyncAccess::defer_local_scale(sync(), Span<value_type, memory_space>(e.grad, e.size), on);
     fold_ = on;
     factors_valid_ = false;
   }
@@ -285,15 +287,16 @@ class DistributedOptimizer {
     Kokkos::fence();  // pending kernels may still write parameters or state
     // Every collective below waits under the sync's stall watchdog: a rank that skips the call is
     // named by the others, and a failure on one rank stops all of them (the sync is then failed).
-    sync().impl_collective("broadcast_parameters()", "broadcast of parameters", [&](const auto& b) {
+    impl::SyncAccess::collective(sync(), "broadcast_parameters()", "broadcast of parameters", [&](const auto& b) {
       const std::vector<const Entry*> dp = data_parallel_entries();
       const std::vector<int> world = identity_ranks(size);
       const std::string dp_error = disagreement(dp, b, root, world, impl::cat("broadcast_parameters(root ", root, ")"),
                                                 "data-parallel", "root's");
       if (!dp_error.empty()) throw impl::AgreedMismatch(dp_error);
       if constexpr (impl::has_split<backend_type>::value) {
-        sync().impl_connect_process_sets(b);  // every rank: the sets' communicators, before the first synchronize()
-        const auto& sets = sync().impl_process_sets().sets();
+        impl::SyncAccess::connect_process_sets(
+            sync(), b);  // every rank: the sets' communicators, before the first synchronize()
+        const auto& sets = impl::SyncAccess::process_sets(sync()).sets();
         for (const auto& s : sets)  // alike on every rank: a sync type that reduces no sets
           if (!s.backend)
             throw Error(impl::cat("broadcast_parameters: process set ", s.tag, " has no communicator: this sync (",
@@ -349,13 +352,13 @@ class DistributedOptimizer {
     const std::size_t builds = sync().stats().plan_builds;
     if (!factors_valid_ || builds != factors_plan_) {
       std::unordered_map<const value_type*, value_type> by_grad;
-      sync().for_each_gradient(
-          [&](const value_type* d, std::size_t, bool, value_type deferred) { by_grad[d] = deferred; });
+      impl::SyncAccess::for_each_gradient(
+          sync(), [&](const value_type* d, std::size_t, bool, value_type deferred) { by_grad[d] = deferred; });
       for (Entry& e : entries_) e.deferred = fold_ ? by_grad.at(e.grad) : value_type(1);
       factors_plan_ = builds;
       factors_valid_ = true;
     }
-    const bool pending = sync().local_scale_pending();
+    const bool pending = impl::SyncAccess::local_scale_pending(sync());
     for (const Entry& e : entries_) opt_.set_grad_scale(e.slot, pending ? e.deferred : value_type(1));
     factors_set_ = fold_;
   }
@@ -395,7 +398,8 @@ class DistributedOptimizer {
 
   std::vector<const Entry*> data_parallel_entries() const {
     std::unordered_map<const value_type*, bool> local;
-    sync().for_each_tensor([&](const value_type* d, std::size_t, bool l) { local[d] = l; });
+    impl::SyncAccess::for_each_gradient(sync(),
+                                        [&](const value_type* d, std::size_t, bool l, value_type) { local[d] = l; });
     std::vector<const Entry*> dp;
     for (const Entry& e : entries_)
       if (!local.at(e.grad)) dp.push_back(&e);
@@ -414,7 +418,7 @@ class DistributedOptimizer {
     std::unordered_map<const value_type*, const Entry*> by_grad;
     for (const Entry& e : entries_) by_grad[e.grad] = &e;
     std::vector<std::vector<const Entry*>> out;
-    for (const auto& s : sync().impl_process_sets().sets()) {
+    for (const auto& s : impl::SyncAccess::process_sets(sync()).sets()) {
       out.emplace_back();
       for (const auto& t : s.tensors) {
         const auto it = by_grad.find(t.data);
@@ -428,7 +432,7 @@ class DistributedOptimizer {
   // over the sync's ranks tells every rank which ranks' sets disagree, so all throw together.
   template <class W>
   void check_sets_agree(const W& b, const std::vector<std::vector<const Entry*>>& by_set) {
-    const auto& sets = sync().impl_process_sets().sets();
+    const auto& sets = impl::SyncAccess::process_sets(sync()).sets();
     std::string mine;
     for (std::size_t i = 0; i < sets.size(); ++i) {  // every kind, even after a failure: the sets' peers wait
       std::string e = disagreement(
@@ -553,7 +557,7 @@ void broadcast_set_parameter(Sync& sync, const P& param) {
   const std::string tag = impl::type_name<typename LocalVarPolicy<Group>::set_tag>();
   const std::string what =
       impl::cat("broadcast_set_parameter<", impl::type_name<Group>(), "> on rank ", sync.backend().rank());
-  const auto& sets = sync.impl_process_sets().sets();
+  const auto& sets = impl::SyncAccess::process_sets(sync).sets();
   const auto s = std::find_if(sets.begin(), sets.end(), [&](const auto& x) { return x.tag == tag; });
   if (s == sets.end())
     throw Error(impl::cat(what, ": process set ", tag, " is not bound (bind_process_set<", tag, ">)"));
@@ -565,18 +569,19 @@ void broadcast_set_parameter(Sync& sync, const P& param) {
   const int me = sync.backend().rank();
   Kokkos::fence();  // pending kernels may still write the parameter
   // Waited under the sync's stall watchdog, over the set's communicator (see broadcast_parameters).
-  sync.impl_collective("broadcast_set_parameter()", "broadcast of a set's parameter", [&](const auto& world) {
-    const auto b = world.over(*s->backend);
-    std::int64_t n = std::int64_t(PT::size(param)), first = n;
-    impl::broadcast_over<Kokkos::HostSpace, Space>(b, &first, 1, 0);
-    std::int64_t bad[1] = {n == first ? std::numeric_limits<std::int64_t>::max() : std::int64_t(me)};
-    impl::allreduce_min_over<Kokkos::HostSpace, Space>(b, bad, 1);
-    if (bad[0] != std::numeric_limits<std::int64_t>::max())
-      throw MismatchError(impl::cat(what, ": process set ", tag, " ", impl::rank_list(s->ranks), ": rank ", bad[0],
-                                    "'s parameter differs in size from the set's first rank's (rank ", s->ranks.front(),
-                                    ", ", first, " values; rank ", me, " has ", n, ")"));
-    impl::broadcast_over<Space, Kokkos::HostSpace>(b, PT::data(param), std::size_t(n), 0);
-  });
+  impl::SyncAccess::collective(
+      sync, "broadcast_set_parameter()", "broadcast of a set's parameter", [&](const auto& world) {
+        const auto b = world.over(*s->backend);
+        std::int64_t n = std::int64_t(PT::size(param)), first = n;
+        impl::broadcast_over<Kokkos::HostSpace, Space>(b, &first, 1, 0);
+        std::int64_t bad[1] = {n == first ? std::numeric_limits<std::int64_t>::max() : std::int64_t(me)};
+        impl::allreduce_min_over<Kokkos::HostSpace, Space>(b, bad, 1);
+        if (bad[0] != std::numeric_limits<std::int64_t>::max())
+          throw MismatchError(impl::cat(what, ": process set ", tag, " ", impl::rank_list(s->ranks), ": rank ", bad[0],
+                                        "'s parameter differs in size from the set's first rank's (rank ",
+                                        s->ranks.front(), ", ", first, " values; rank ", me, " has ", n, ")"));
+        impl::broadcast_over<Space, Kokkos::HostSpace>(b, PT::data(param), std::size_t(n), 0);
+      });
   Kokkos::fence();
 }
 

@@ -3,7 +3,7 @@
 // Precedence: a variable that is set overrides the value given in code (Options), so a job script
 // can tune a binary without rebuilding it. A malformed value is a ConfigError naming the variable,
 // never silently ignored. GradientSync applies them in its constructor unless
-// Options::read_environment is false. known_env_vars() is the one list of the variables; the table
+// Options::tuning.read_environment is false. known_env_vars() is the one list of the variables; the table
 // in docs/ERRORS.md follows it (tests/test_config.cpp checks both ways). A GRADSYNC_* variable
 // not on it is most likely a typo: the first plan build of the process warns about it once.
 #pragma once
@@ -37,18 +37,18 @@ struct EnvVar {
 /// aware MPI) first, then those of tests/gpu/run.sh, so that they are not reported as unknown.
 inline const std::vector<EnvVar>& known_env_vars() {
   static const std::vector<EnvVar> v = {
-      {"GRADSYNC_FUSION_THRESHOLD", "fusion_threshold_bytes",
+      {"GRADSYNC_FUSION_THRESHOLD", "tuning.fusion_threshold_bytes",
        "bytes, optional suffix K, M, G (1024-based); 0 = one call per tensor"},
       {"GRADSYNC_BACKWARD_PASSES_PER_STEP", "backward_passes_per_step", "integer >= 1"},
       {"GRADSYNC_STALL_TIMEOUT_S", "stall_timeout", "seconds >= 0; 0 waits forever"},
-      {"GRADSYNC_STALL_WARNING_S", "stall_warning", "seconds >= 0; 0 no warning"},
-      {"GRADSYNC_STALL_ACTION", "stall_action", "throw, abort"},
-      {"GRADSYNC_CONSISTENCY_CHECK", "consistency_check", "off, on_change, every_step"},
+      {"GRADSYNC_STALL_WARNING_S", "tuning.stall_warning", "seconds >= 0; 0 no warning"},
+      {"GRADSYNC_STALL_ACTION", "tuning.stall_action", "throw, abort"},
+      {"GRADSYNC_CONSISTENCY_CHECK", "tuning.consistency_check", "off, on_change, every_step"},
       {"GRADSYNC_CHECK_FINITE", "check_finite", "1/0, true/false, on/off, yes/no"},
-      {"GRADSYNC_ALGORITHM", "algorithm", "auto, flat, hierarchical"},
-      {"GRADSYNC_HOST_STAGING", "host_staging", "auto, always, never"},
-      {"GRADSYNC_HUGE_PAGES", "huge_pages", "1/0, true/false, on/off, yes/no"},
-      {"GRADSYNC_TIMELINE", "timeline", "a file path (one file per rank: .rank<r> before the extension)"},
+      {"GRADSYNC_ALGORITHM", "tuning.algorithm", "auto, flat, hierarchical"},
+      {"GRADSYNC_HOST_STAGING", "tuning.host_staging", "auto, always, never"},
+      {"GRADSYNC_HUGE_PAGES", "tuning.huge_pages", "1/0, true/false, on/off, yes/no"},
+      {"GRADSYNC_TIMELINE", "tuning.timeline", "a file path (one file per rank: .rank<r> before the extension)"},
       {"GRADSYNC_COMPRESSION", "compression", "none, fp16, bf16"},
       {"GRADSYNC_ERROR_FEEDBACK", "error_feedback", "1/0, true/false, on/off, yes/no"},
       {"GRADSYNC_LOG", "logging: describe(sync) on stderr at the first plan build",
@@ -235,26 +235,26 @@ inline LogLevel env_log_level() {
 ///   GRADSYNC_ERROR_FEEDBACK            error_feedback: 1/0, true/false, on/off, yes/no
 /// Throws ConfigError naming the variable when a value is malformed.
 inline Options apply_env(Options o) {
-  impl::env_parse_size("GRADSYNC_FUSION_THRESHOLD", o.fusion_threshold_bytes);
+  impl::env_parse_size("GRADSYNC_FUSION_THRESHOLD", o.tuning.fusion_threshold_bytes);
   impl::env_parse_int("GRADSYNC_BACKWARD_PASSES_PER_STEP", o.backward_passes_per_step, 1);
   impl::env_parse_seconds("GRADSYNC_STALL_TIMEOUT_S", o.stall_timeout);
-  impl::env_parse_seconds("GRADSYNC_STALL_WARNING_S", o.stall_warning);
+  impl::env_parse_seconds("GRADSYNC_STALL_WARNING_S", o.tuning.stall_warning);
   int i = 0;
   static const char* const actions[] = {"throw", "abort", nullptr};
   if (impl::env_parse_choice("GRADSYNC_STALL_ACTION", i, actions, "one of: throw, abort"))
-    o.stall_action = StallAction(i);
+    o.tuning.stall_action = StallAction(i);
   static const char* const modes[] = {"off", "on_change", "every_step", nullptr};
   if (impl::env_parse_choice("GRADSYNC_CONSISTENCY_CHECK", i, modes, "one of: off, on_change, every_step"))
-    o.consistency_check = CheckMode(i);
+    o.tuning.consistency_check = CheckMode(i);
   static const char* const algorithms[] = {"auto", "flat", "hierarchical", nullptr};
   if (impl::env_parse_choice("GRADSYNC_ALGORITHM", i, algorithms, "one of: auto, flat, hierarchical"))
-    o.algorithm = Algorithm(i);
+    o.tuning.algorithm = Algorithm(i);
   impl::env_parse_bool("GRADSYNC_CHECK_FINITE", o.check_finite);
-  impl::env_parse_bool("GRADSYNC_HUGE_PAGES", o.huge_pages);
+  impl::env_parse_bool("GRADSYNC_HUGE_PAGES", o.tuning.huge_pages);
   static const char* const staging[] = {"auto", "always", "never", nullptr};
   if (impl::env_parse_choice("GRADSYNC_HOST_STAGING", i, staging, "one of: auto, always, never"))
-    o.host_staging = HostStaging(i);
-  if (const char* v = impl::env_value("GRADSYNC_TIMELINE")) o.timeline = v;
+    o.tuning.host_staging = HostStaging(i);
+  if (const char* v = impl::env_value("GRADSYNC_TIMELINE")) o.tuning.timeline = v;
   static const char* const formats[] = {"none", "fp16", "bf16", nullptr};
   if (impl::env_parse_choice("GRADSYNC_COMPRESSION", i, formats, "one of: none, fp16, bf16"))
     o.compression = Compression(i);

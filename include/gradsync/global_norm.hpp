@@ -25,6 +25,7 @@
 #include "impl/profiling.hpp"
 #include "impl/segment_table.hpp"
 #include "impl/stall.hpp"
+#include "impl/sync_access.hpp"
 
 namespace gradsync {
 namespace impl {
@@ -103,7 +104,7 @@ class GlobalNorm {
     if (nsegs > 0) {
       impl::launch_per_segment(impl::label_norm(), exec_, nsegs,
                                impl::SquaredNormKernel<value_type, execution_space, memory_space>{
-                                   segs_, partial_, sync.local_scale_pending()});
+                                   segs_, partial_, impl::SyncAccess::local_scale_pending(sync)});
       Kokkos::deep_copy(exec_, partial_host_, partial_);  // the same View when memory_space is the host's
       impl::fence(exec_, impl::label_fence_reduce());
       for (std::int64_t k = 0; k < nsegs; ++k) local_part += partial_host_(k);
@@ -113,7 +114,7 @@ class GlobalNorm {
     if (!cell_) cell_ = std::make_shared<double>();
     *cell_ = local_part;
     try {
-      sync.impl_collective("global_norm()", "global norm's allreduce", [&](const auto& b) {
+      impl::SyncAccess::collective(sync, "global_norm()", "global norm's allreduce", [&](const auto& b) {
         if (b.template can_access<Kokkos::HostSpace>()) {
           b.allreduce_sum(cell_.get(), 1);
           local_part = *cell_;
@@ -145,8 +146,8 @@ class GlobalNorm {
       throw Error(impl::cat("clip_grad_norm: the global gradient norm is ", total, " on rank ", sync.backend().rank(),
                             " (and every other rank)"));
     const double coef = max_norm / (total + 1e-6);
-    if (!(coef >= 1)) {          // also NaN, as torch.clamp(NaN, max=1) is NaN
-      sync.apply_local_scale();  // deferred scales first: the same two roundings as without deferral
+    if (!(coef >= 1)) {                           // also NaN, as torch.clamp(NaN, max=1) is NaN
+      impl::SyncAccess::apply_local_scale(sync);  // deferred scales first: the same two roundings as without deferral
       impl::launch_per_segment(impl::label_clip(), exec_, std::int64_t(segs_.extent(0)),
                                impl::ScaleKernel<value_type, execution_space, memory_space>{segs_, value_type(coef)});
       impl::fence(exec_, impl::label_fence_clip());
@@ -177,10 +178,10 @@ class GlobalNorm {
   void refresh(const Sync& sync) {
     scratch_.clear();
     used_.clear();
-    sync.for_each_gradient([&](const value_type* d, std::size_t n, bool local, value_type factor) {
+    impl::SyncAccess::for_each_gradient(sync, [&](const value_type* d, std::size_t n, bool local, value_type factor) {
       scratch_.push_back(Key{d, n, local, factor, false});
     });
-    sync.impl_row_sparse().for_each_norm_tensor(
+    impl::SyncAccess::row_sparse(sync).for_each_norm_tensor(
         [&](const value_type* d, std::size_t capacity, std::size_t used, const std::string&, bool local) {
           scratch_.push_back(Key{d, capacity, local, value_type(1), true});
           used_.push_back(std::int64_t(used));
@@ -200,19 +201,19 @@ class GlobalNorm {
   void rebuild(const Sync& sync, int n) {
     std::vector<impl::NormSegment<value_type>> host;
     sparse_segs_.clear();
-    const auto& sets = sync.impl_process_sets();
+    const auto& sets = impl::SyncAccess::process_sets(sync);
     for (const Key& k : scratch_) {
       if (k.sparse) continue;
       const auto* set = sets.set_holding(k.data);
       const double weight = set ? 1.0 / double(set->ranks.size()) : k.local ? 1.0 : 1.0 / double(n);
-      // for_each_tensor hands out const pointers; clip() scales these same gradients in place.
+      // for_each_gradient hands out const pointers; clip() scales these same gradients in place.
       value_type* const data = const_cast<value_type*>(k.data);
       impl::for_each_segment(k.size, [&](std::int64_t off, std::int64_t count) {
         host.push_back(impl::NormSegment<value_type>{data + off, count, weight, k.factor});
       });
     }
     std::size_t tensor = 0;
-    sync.impl_row_sparse().for_each_norm_tensor(
+    impl::SyncAccess::row_sparse(sync).for_each_norm_tensor(
         [&](const value_type* d, std::size_t capacity, std::size_t, const std::string& tag, bool local) {
           const double weight = !tag.empty() ? 1.0 / double(sets.set_size(tag)) : local ? 1.0 : 1.0 / double(n);
           value_type* const data = const_cast<value_type*>(d);

@@ -39,6 +39,7 @@
 #include "impl/fusion_kernels.hpp"
 #include "impl/profiling.hpp"
 #include "impl/stall.hpp"
+#include "impl/sync_access.hpp"
 #include "impl/sync_checks.hpp"
 #include "impl/sync_context.hpp"
 #include "impl/sync_engine.hpp"
@@ -90,13 +91,13 @@ class GradientSync {
   explicit GradientSync(Backend backend, Options options = {}, execution_space exec = {})
       : backend_(std::move(backend)),
         opt_(prepare_options(options)),
-        log_(opt_.read_environment ? impl::env_log_level() : impl::LogLevel::off),
+        log_(opt_.tuning.read_environment ? impl::env_log_level() : impl::LogLevel::off),
         exec_(exec),
         plan_(backend_, opt_),
         checks_(backend_, plan_.collectives_block(), Plan::staging_wanted(backend_, opt_), plan_.candidates_hash()),
         ctl_(backend_, opt_) {
     plan_.apply_choice(stats_);
-    timeline_ = impl::open_timeline(opt_.timeline, backend_.rank(), backend_.size(), ctl_);
+    timeline_ = impl::open_timeline(opt_.tuning.timeline, backend_.rank(), backend_.size(), ctl_);
     impl::region_names();  // built now: no step allocates them, tool or not
   }
 
@@ -346,7 +347,7 @@ class GradientSync {
   const Topology& topology() const { return plan_.topology(); }
   /// The algorithm chunks are summed with now (while tuning: the candidate being timed).
   Algorithm algorithm() const { return plan_.algorithm(); }
-  /// Nonblocking chunks reduced at once now (Options::max_chunks_in_flight, or the plan's choice).
+  /// Nonblocking chunks reduced at once now (Options::tuning.max_chunks_in_flight, or the plan's choice).
   int chunks_in_flight() const { return plan_.chunks_in_flight(); }
   /// Whether the first steps are still timing the plan's candidates.
   bool tuning() const { return plan_.tuner().active(); }
@@ -355,6 +356,9 @@ class GradientSync {
   const Options& options() const { return opt_; }
   const Backend& backend() const { return backend_; }
   std::size_t num_tensors() const { return registry_.size(); }
+
+  /// Bytes of data-parallel gradient one synchronize() hands to the backend.
+  std::size_t data_parallel_bytes() const { return registry_.data_parallel_elements() * sizeof(value_type); }
 
   /// This rank's registrations, plan and options, for describe(sync) (describe.hpp).
   SyncSummary summary() const {
@@ -416,12 +420,13 @@ class GradientSync {
     throw Error("is_local: the tensor is not registered");
   }
 
-  /// Calls f(data, size, is_local) for every registered gradient, in registration order (used by
-  /// global_norm and DistributedOptimizer to tell local from data-parallel tensors).
-  template <class F>
-  void for_each_tensor(F&& f) const {
-    for (const Entry& e : registry_) f(e.data, e.size, e.local());
-  }
+ private:
+  // gradsync's own helpers (DistributedOptimizer, GlobalNorm, broadcast_set_parameter) reach what
+  // follows through impl::SyncAccess: the deferred local scale and the watched collectives are an
+  // agreement between them and the sync, not a user's API.
+  friend struct impl::SyncAccess;
+
+  // ---- The deferred local scale: a local tensor's scale (1/world_size, 1/N) left to the caller ----
 
   /// Leaves the local scale of this tensor (1/world_size and 1/N, see local_scale_of) to the caller
   /// instead of a pass of its own: after synchronize() returns true the tensor holds the unscaled
@@ -482,13 +487,12 @@ class GradientSync {
     for (const Entry& e : registry_) f(e.data, e.size, e.local(), Registry::deferred_factor(e, opt_, backend_.size()));
   }
 
-  /// For gradsync's own collective helpers (GlobalNorm, DistributedOptimizer), not for users (the
-  /// impl_ prefix, as in Kokkos): runs `run(watched)`, where `watched` (impl::Watched) has the
-  /// backend's collectives, each waited under the stall watchdog and listening for the peers'
+  /// For gradsync's own collective helpers (GlobalNorm, DistributedOptimizer): runs `run(watched)`, where `watched`
+  /// (impl::Watched) has the backend's collectives, each waited under the stall watchdog and listening for the peers'
   /// failures; `what` names them in reports. An exception fails the sync like any collective phase.
   /// Collective; legal in every state but open and failed.
   template <class F>
-  decltype(auto) impl_collective(const char* call, const char* what, F&& run) {
+  decltype(auto) helper_collective(const char* call, const char* what, F&& run) {
     step_.require_usable(call);
     if (step_.open())
       throw Error(impl::cat(call,
@@ -499,22 +503,15 @@ class GradientSync {
     });
   }
 
-  /// Bytes of data-parallel gradient one synchronize() hands to the backend.
-  std::size_t data_parallel_bytes() const { return registry_.data_parallel_elements() * sizeof(value_type); }
-
-  // Internal, for global_norm and DistributedOptimizer (public as Kokkos' impl_ members are): the
+  // For global_norm and DistributedOptimizer: the
   // process sets with their dense tensors, the row-sparse gradients, and the sets' communicators
   // made now (collective over the sync's ranks, as at the next synchronize(); validates the sets).
-  const auto& impl_process_sets() const { return sets_; }
-  const auto& impl_row_sparse() const { return sparse_; }
+  const auto& process_sets() const { return sets_; }
+  const auto& row_sparse() const { return sparse_; }
   template <class Watched>
-  void impl_connect_process_sets(const Watched& world) {
+  void connect_process_sets(const Watched& world) {
     if constexpr (sets_supported) sets_.connect(world);
   }
-
- private:
-  template <class, class>
-  friend class DistributedOptimizer;  // withdraw_last
 
   // DistributedOptimizer::add's rollback when its optimizer refuses the parameter: forgets the
   // tensor at `data` that add<Group>() registered last. The plan and the checks stay marked changed
@@ -563,8 +560,8 @@ class GradientSync {
 
   // Environment overrides applied, then validated, before anything collective starts.
   static Options prepare_options(const Options& given) {
-    Options o = given.read_environment ? apply_env(given) : given;
-    o.timeline = impl::keep_timeline_path(o.timeline);
+    Options o = given.tuning.read_environment ? apply_env(given) : given;
+    o.tuning.timeline = impl::keep_timeline_path(o.tuning.timeline);
     validate_options(o);
     return o;
   }
@@ -575,18 +572,19 @@ class GradientSync {
     auto bad = [](double x) { return !std::isfinite(x) || x < 0; };
     if (bad(o.prescale_factor))
       throw ConfigError(impl::cat("prescale_factor must be finite and >= 0, got ", o.prescale_factor));
-    if (o.max_chunks_in_flight < 0)
-      throw ConfigError(impl::cat("max_chunks_in_flight must be >= 0 (0: by topology), got ", o.max_chunks_in_flight));
-    if (std::isnan(o.in_place_min_fraction) || o.in_place_min_fraction < 0)
-      throw ConfigError(impl::cat("in_place_min_fraction must be >= 0, got ", o.in_place_min_fraction));
+    if (o.tuning.max_chunks_in_flight < 0)
+      throw ConfigError(
+          impl::cat("max_chunks_in_flight must be >= 0 (0: by topology), got ", o.tuning.max_chunks_in_flight));
+    if (std::isnan(o.tuning.in_place_min_fraction) || o.tuning.in_place_min_fraction < 0)
+      throw ConfigError(impl::cat("in_place_min_fraction must be >= 0, got ", o.tuning.in_place_min_fraction));
     if (bad(o.postscale_factor))
       throw ConfigError(impl::cat("postscale_factor must be finite and >= 0, got ", o.postscale_factor));
     if (bad(o.stall_timeout))
       throw ConfigError(
           impl::cat("stall_timeout must be finite and >= 0 seconds (0 waits forever), got ", o.stall_timeout));
-    if (bad(o.stall_warning))
+    if (bad(o.tuning.stall_warning))
       throw ConfigError(
-          impl::cat("stall_warning must be finite and >= 0 seconds (0: no warning), got ", o.stall_warning));
+          impl::cat("stall_warning must be finite and >= 0 seconds (0: no warning), got ", o.tuning.stall_warning));
   }
 
   // Local checks, then the agreement before the exchange (agree_before_exchange; on the blocking
@@ -663,14 +661,14 @@ class GradientSync {
   // GRADSYNC_LOG, the summary.
   void announce() {
     announced_ = true;
-    if (opt_.read_environment) impl::warn_unknown_env_once();
+    if (opt_.tuning.read_environment) impl::warn_unknown_env_once();
     if (log_ == impl::LogLevel::info_all || (log_ == impl::LogLevel::info && backend_.rank() == 0)) {
-      std::fprintf(stderr, "%s\n", describe(summary()).c_str());
+      std::fprintf(stderr, "%s\n", impl::describe_summary(summary()).c_str());
       std::fflush(stderr);
     }
   }
 
-  // Options::timeline: names the plan's tensors and chunks (fused order).
+  // Options::tuning.timeline: names the plan's tensors and chunks (fused order).
   void note_plan_in_timeline(const std::vector<std::pair<std::int64_t, std::int64_t>>& tensor_chunks) {
     timeline_->plan(
         registry_.data_parallel_names_in_fused_order(opt_), tensor_chunks, plan_.num_chunks(),
@@ -822,7 +820,7 @@ class GradientSync {
   std::int64_t call_ = 1;       // the synchronize() call the current (or next) collective phase belongs to
   bool pending_ = false;        // deferred local scales not yet applied (local_scale_pending)
   impl::Control<Backend> ctl_;  // side channel: consistency check, stall reports, peer failures
-  std::unique_ptr<impl::Timeline> timeline_;                                  // Options::timeline; null when off
+  std::unique_ptr<impl::Timeline> timeline_;                                  // Options::tuning.timeline; null when off
   impl::row_sparse_set_t<value_type, memory_space, execution_space> sparse_;  // RowSparse gradients
   impl::ProcessSets<Backend, value_type, execution_space> sets_;              // ReduceOver groups' sets
 };

@@ -19,7 +19,7 @@ struct Stats {
   std::uint64_t allocations = 0;          ///< buffer allocations (fusion, accumulators, tables)
   std::uint64_t buffer_bytes = 0;         ///< bytes held in fusion buffer and accumulators now
   std::uint64_t bytes_on_huge_pages = 0;  ///< registered gradient bytes moved onto huge pages at the last plan build
-  std::uint64_t consistency_checks = 0;   ///< cross-rank checks of the registrations (Options::consistency_check)
+  std::uint64_t consistency_checks = 0;  ///< cross-rank checks of the registrations (Options::tuning.consistency_check)
   std::uint64_t row_sparse_bytes = 0;  ///< bytes this rank handed to the backend for data-parallel RowSparse gradients
   std::uint64_t row_sparse_collectives = 0;  ///< backend calls for them (allgathers, or allreduces when densified)
   std::uint64_t row_sparse_densified = 0;    ///< of those exchanges, the ones that densified the table (cheaper)

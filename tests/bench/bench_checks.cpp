@@ -52,7 +52,7 @@ using Sync = gradsync::GradientSync<gradsync::MpiBackend, View>;
 std::vector<double> step_times(const std::vector<View>& grads, std::vector<gradsync::Options> configs, int steps) {
   std::vector<std::unique_ptr<Sync>> syncs;
   for (auto& o : configs) {
-    o.read_environment = false;
+    o.tuning.read_environment = false;
     syncs.push_back(std::make_unique<Sync>(gradsync::MpiBackend(MPI_COMM_WORLD), o));
     for (const View& g : grads) syncs.back()->add<Dense>(g);
   }
@@ -102,11 +102,11 @@ int main(int argc, char** argv) {
                   numel.size(), double(total) * 4 / (1 << 20), nranks, steps);
 
     gradsync::Options base;
-    base.consistency_check = gradsync::CheckMode::on_change;
+    base.tuning.consistency_check = gradsync::CheckMode::on_change;
     gradsync::Options no_watch = base;
     no_watch.stall_timeout = 0;  // no deadline (the arrival check and the polling wait stay)
     gradsync::Options every = base;
-    every.consistency_check = gradsync::CheckMode::every_step;
+    every.tuning.consistency_check = gradsync::CheckMode::every_step;
     gradsync::Options finite = base;
     finite.check_finite = true;
     const std::vector<double> t = step_times(grads, {base, no_watch, every, finite}, steps);

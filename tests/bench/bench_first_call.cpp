@@ -74,7 +74,7 @@ struct Sample {
 Sample run_once(const bench::Model& m, bool tune) {
   Sample s;
   gradsync::Options quiet;
-  quiet.read_environment = false;
+  quiet.tuning.read_environment = false;
   auto make_sync = [&](const gradsync::Options& o, std::vector<Grad>& g) {
     auto sync = std::make_unique<Sync>(gradsync::MpiBackend(MPI_COMM_WORLD), o);
     for (const Grad& x : g) sync->add<Layers>(x);
@@ -104,14 +104,14 @@ Sample run_once(const bench::Model& m, bool tune) {
   }
   {
     gradsync::Options o = quiet;
-    o.huge_pages = false;
+    o.tuning.huge_pages = false;
     auto g = make_grads(m);
     auto sync = make_sync(o, g);
     s.prepare_4k = timed([&] { sync->prepare(); });
   }
   if (tune) {
     gradsync::Options o = quiet;
-    o.fusion_threshold_bytes = gradsync::fusion_threshold_auto;
+    o.tuning.fusion_threshold_bytes = gradsync::fusion_threshold_auto;
     auto g = make_grads(m);
     auto sync = make_sync(o, g);
     sync->prepare();

@@ -8,7 +8,7 @@
 //   bench_sync growth  <out.csv> [max_mib] [budget_s]      tensor count and byte sweeps
 //   bench_sync overlap <models_dir> <out.csv> [budget_s]   mark_ready during a simulated backward
 //   bench_sync timeline <models_dir> <out_dir>            the traces of docs/TIMELINE.md (ResNet-50)
-//   bench_sync timeline_cost <models_dir> <reps>          ResNet-50 with Options::timeline off and on
+//   bench_sync timeline_cost <models_dir> <reps>          ResNet-50 with Options::tuning.timeline off and on
 //   bench_sync compression <models_dir> <out.csv> [budget_s] [model]  fp32 vs bf16/fp16 on the wire
 //   bench_sync hostpath <tensors> <reps>                   host path only (for callgrind)
 //   bench_sync dlrmstep <models_dir> <average|sum|raw> <reps>  DLRM's sync only (for callgrind)
@@ -214,30 +214,31 @@ void bench_model(const bench::Model& m, double budget, gradsync::Options opt, co
     ms.push_back({label, [s] { (void)s->synchronize(); }, {}});
   };
   gradsync::Options o = opt;
-  o.collectives = gradsync::Collectives::blocking;  // one MPI_Allreduce per chunk
+  o.tuning.collectives = gradsync::Collectives::blocking;  // one MPI_Allreduce per chunk
   variant("gradsync blocking", o);
   o = opt;
   o.op = gradsync::ReduceOp::sum;  // what raw and per-tensor compute: no 1/n pass
   variant("gradsync op=sum", o);
   o = opt;
-  // Options::timeline's cost (docs/TIMELINE.md): every step recorded, the trace written as it fills.
-  o.timeline = std::getenv("BENCH_TIMELINE") ? std::getenv("BENCH_TIMELINE") : "/tmp/gradsync_bench_timeline.json";
+  // Options::tuning.timeline's cost (docs/TIMELINE.md): every step recorded, the trace written as it fills.
+  o.tuning.timeline =
+      std::getenv("BENCH_TIMELINE") ? std::getenv("BENCH_TIMELINE") : "/tmp/gradsync_bench_timeline.json";
   variant("gradsync timeline", o);
   o = opt;
-  o.huge_pages = false;
+  o.tuning.huge_pages = false;
   variants.push_back(make_sync(m, t4k, o));
   ms.push_back({"gradsync on 4 KiB pages", [s = variants.back().get()] { (void)s->synchronize(); }, {}});
   if (sync->topology().spans_nodes()) {
     // Across hosts: what the topology's choices are worth, same run (docs/BENCHMARKS.md, "Across hosts").
     o = opt;
-    o.fusion_threshold_bytes = std::size_t(4) << 20;  // the one-node plan
-    o.max_chunks_in_flight = 16;
-    o.algorithm = gradsync::Algorithm::flat;
+    o.tuning.fusion_threshold_bytes = std::size_t(4) << 20;  // the one-node plan
+    o.tuning.max_chunks_in_flight = 16;
+    o.tuning.algorithm = gradsync::Algorithm::flat;
     variant("gradsync one-node plan (4MiB 16 in flight)", o);  // no comma: a CSV field
     if (sync->topology().hierarchical_helps())
       for (auto a : {gradsync::Algorithm::flat, gradsync::Algorithm::hierarchical}) {
         o = opt;
-        o.algorithm = a;
+        o.tuning.algorithm = a;
         variant(std::string("gradsync ") + gradsync::to_string(a), o);
       }
   }
@@ -247,29 +248,29 @@ void bench_model(const bench::Model& m, double budget, gradsync::Options opt, co
   if (std::getenv("BENCH_VARIANTS")) {
     for (double f : {0.0, 0.25, 1.0, HUGE_VAL}) {
       o = opt;
-      o.in_place_min_fraction = f;
+      o.tuning.in_place_min_fraction = f;
       variant("gradsync in_place_min_fraction " + std::to_string(f), o);
     }
     for (std::size_t b : {std::size_t(16) << 10, std::size_t(256) << 10, std::size_t(1) << 20}) {
       o = opt;
-      o.in_place_min_bytes = b;
+      o.tuning.in_place_min_bytes = b;
       variant("gradsync in_place_min_bytes " + size_label(b), o);
     }
     for (int k : {1, 2, 4, 8, 32}) {
       o = opt;
-      o.max_chunks_in_flight = k;
+      o.tuning.max_chunks_in_flight = k;
       variant("gradsync max_chunks_in_flight " + std::to_string(k), o);
     }
     for (std::size_t b : {std::size_t(1) << 20, std::size_t(2) << 20, std::size_t(8) << 20}) {
       o = opt;
-      o.fusion_threshold_bytes = b;
+      o.tuning.fusion_threshold_bytes = b;
       variant("gradsync fusion " + size_label(b), o);
-      o.collectives = gradsync::Collectives::blocking;
+      o.tuning.collectives = gradsync::Collectives::blocking;
       variant("gradsync blocking fusion " + size_label(b), o);
     }
     for (int k : {1, 2, 4}) {
       o = opt;
-      o.max_chunks_in_flight = k;
+      o.tuning.max_chunks_in_flight = k;
       Arena own;  // its carves share the allocation, so it may go
       variants.push_back(make_arena_sync(m, own, o));
       ms.push_back({"gradsync arena max_chunks_in_flight " + std::to_string(k),
@@ -347,16 +348,17 @@ void run_compression(const std::string& dir, double budget, const std::string& o
     };
     gradsync::Options o;
     method("gradsync fp32", o);
-    o.in_place_min_fraction = HUGE_VAL;
+    o.tuning.in_place_min_fraction = HUGE_VAL;
     method("gradsync fp32 packed", o);
     o = {};
     o.compression = gradsync::Compression::bf16;
     method("gradsync bf16", o);
-    o.in_place_min_fraction = HUGE_VAL;  // every chunk packed into its 16-bit copy (before the ring converted in place)
+    o.tuning.in_place_min_fraction =
+        HUGE_VAL;  // every chunk packed into its 16-bit copy (before the ring converted in place)
     method("gradsync bf16 packed", o);
     o = {};
     o.compression = gradsync::Compression::bf16;
-    o.fusion_threshold_bytes = std::size_t(2) << 20;  // chunks of as many values as fp32's 4 MiB
+    o.tuning.fusion_threshold_bytes = std::size_t(2) << 20;  // chunks of as many values as fp32's 4 MiB
     method("gradsync bf16 2MiB chunks", o);
     o = {};
     o.compression = gradsync::Compression::fp16;
@@ -401,7 +403,7 @@ void run_chunks(const std::string& dir, double budget) {
     std::vector<bench::Method> ms;
     for (std::size_t c : raw_sweep()) {
       gradsync::Options o;
-      o.fusion_threshold_bytes = c;
+      o.tuning.fusion_threshold_bytes = c;
       syncs.push_back(make_sync(m, t, o));
       Sync* s = syncs.back().get();
       ms.push_back({"gradsync " + size_label(c), [s] { (void)s->synchronize(); }, {}});
@@ -459,7 +461,7 @@ void run_overlap(const std::string& dir, double budget, double factor) {
     const bench::Model& m = models[std::size_t(k)];
     Tensors t(m);
     gradsync::Options blk;
-    blk.collectives = gradsync::Collectives::blocking;
+    blk.tuning.collectives = gradsync::Collectives::blocking;
     auto plain = make_sync(m, t, {});
     auto plain_blk = make_sync(m, t, blk);
     auto overlapped = make_sync(m, t, {});
@@ -515,7 +517,7 @@ void run_overlap(const std::string& dir, double budget, double factor) {
   }
 }
 
-// The traces behind docs/TIMELINE.md's pictures (Options::timeline): ResNet-50 steps after a
+// The traces behind docs/TIMELINE.md's pictures (Options::tuning.timeline): ResNet-50 steps after a
 // simulated backward (as run_overlap: twice the plain sync's time), synchronized after it and with
 // mark_ready during it, then, on 2+ ranks, a stall (the last rank skips a call; 1 s deadline).
 void run_timeline(const std::string& dir, const std::string& out) {
@@ -523,12 +525,12 @@ void run_timeline(const std::string& dir, const std::string& out) {
   const bench::Model m = load_models(dir, &mlp)[0];
   Tensors t(m);
   gradsync::Options o;
-  o.read_environment = false;
+  o.tuning.read_environment = false;
   const std::string after = out + "/resnet50_sync_after_backward.json", marked = out + "/resnet50_mark_ready.json",
                     stall = out + "/stall.json";
-  o.timeline = after.c_str();
+  o.tuning.timeline = after.c_str();
   auto plain = make_sync(m, t, o);
-  o.timeline = marked.c_str();
+  o.tuning.timeline = marked.c_str();
   auto overlapped = make_sync(m, t, o);
   std::vector<bench::Method> ms{{"sync", [&] { (void)plain->synchronize(); }, {}}};
   bench::measure(ms, 2, 9);
@@ -559,9 +561,9 @@ void run_timeline(const std::string& dir, const std::string& out) {
   plain.reset();
   overlapped.reset();
   if (bench::size() < 2) return;
-  o.timeline = stall.c_str();
+  o.tuning.timeline = stall.c_str();
   o.stall_timeout = 1.0;
-  o.stall_warning = 0.5;
+  o.tuning.stall_warning = 0.5;
   auto stalled = make_sync(m, t, o);
   try {
     for (int step = 0; step < 3; ++step)
@@ -572,16 +574,16 @@ void run_timeline(const std::string& dir, const std::string& out) {
   MPI_Barrier(MPI_COMM_WORLD);
 }
 
-// Options::timeline's cost on ResNet-50: the same gradients synchronized with the timeline off and
+// Options::tuning.timeline's cost on ResNet-50: the same gradients synchronized with the timeline off and
 // on, interleaved, `reps` times each; medians and the median of the per-round ratios.
 void run_timeline_cost(const std::string& dir, int reps) {
   std::size_t mlp = 0;
   const bench::Model m = load_models(dir, &mlp)[0];
   Tensors t(m);
   gradsync::Options o;
-  o.read_environment = false;
+  o.tuning.read_environment = false;
   auto off = make_sync(m, t, o);
-  o.timeline = "/tmp/gradsync_timeline_cost.json";
+  o.tuning.timeline = "/tmp/gradsync_timeline_cost.json";
   auto on = make_sync(m, t, o);
   std::vector<bench::Method> ms{{"timeline off", [&] { (void)off->synchronize(); }, {}},
                                 {"timeline on", [&] { (void)on->synchronize(); }, {}}};
@@ -643,7 +645,7 @@ void run_dlrmstep(const std::string& dir, const std::string& op, int reps) {
   const bench::Model m = bench::read_dlrm_model(dir + "/dlrm_criteo_kaggle.json", 100000, &mlp);
   Tensors t(m);
   gradsync::Options o;
-  o.read_environment = false;
+  o.tuning.read_environment = false;
   if (op == "sum") o.op = gradsync::ReduceOp::sum;
   auto sync = make_sync(m, t, o);
   (void)sync->synchronize();  // builds the plan: not part of the steady state

@@ -27,7 +27,7 @@ cmd="bash tests/bench/first_call.sh"
   echo "$table"
   echo
   echo "*First-call overhead* is the first \`synchronize()\` minus a steady one: the consistency check, the"
-  echo "plan build, the buffers and the move of the gradients onto 2 MiB pages (\`Options::huge_pages\`)."
+  echo "plan build, the buffers and the move of the gradients onto 2 MiB pages (\`Options::tuning.huge_pages\`)."
   echo "\`prepare()\` pays the same before training (the *huge-page move* is \`prepare()\` minus \`prepare()\`"
   echo "with \`huge_pages = false\`, on other fresh gradients), after which the first \`synchronize()\` is a"
   echo "steady one. \`fusion_threshold_auto\` times 5 chunk sizes for 4 steps each: those steps are real,"

@@ -286,7 +286,7 @@ unset multiplot
            "machine is shared and absolute times move with its load (see the load averages above).", "",
            "Methods: **gradsync** is `GradientSync::synchronize()` with default options (average, fused, "
            "float Views, one allocation per tensor as a framework holds them); at its first call it moves the "
-           "gradients it reduces in place onto 2 MiB transparent huge pages (`Options::huge_pages`), and "
+           "gradients it reduces in place onto 2 MiB transparent huge pages (`Options::tuning.huge_pages`), and "
            "**gradsync on 4 KiB pages** is the same sync with `huge_pages = false` on a second copy of the "
            "gradients that never was. **raw** is `MPI_Allreduce` "
            "(in place, `MPI_SUM`) of one contiguous buffer of the same bytes cut into chunks of the given "

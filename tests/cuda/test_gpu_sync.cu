@@ -144,9 +144,9 @@ void check_every_row(Make make, int n, gradsync::HostStaging staging, cudaStream
         o.backward_passes_per_step = N;
         o.average_aggregated_gradients = avg_agg;
         o.scale_local_gradients = config % 2 == 0;
-        o.host_staging = staging;
+        o.tuning.host_staging = staging;
         if (config % 3 == 1) o.prescale_factor = 0.5, o.postscale_factor = 3.0;
-        o.fusion_threshold_bytes = config % 4 == 0 ? 256 : std::size_t(4) << 20;
+        o.tuning.fusion_threshold_bytes = config % 4 == 0 ? 256 : std::size_t(4) << 20;
         CAPTURE(config);
         ++config;
         auto m = make_model<T>(rank);
@@ -208,7 +208,7 @@ TEST_CASE("never staging with an MPI that cannot reach device memory is a Config
   Stream st;
   DeviceArray<float> g(10);
   gradsync::Options o;
-  o.host_staging = gradsync::HostStaging::never;
+  o.tuning.host_staging = gradsync::HostStaging::never;
   gradsync::GradientSync<gradsync::MpiBackend, DevSpan<float>> sync(
       gradsync::MpiBackend(MPI_COMM_WORLD, gradsync::CudaAwareMpi::no), o, gradsync::CudaStream(st.s));
   sync.add<Dense>(DevSpan<float>(g.data(), g.size()));
@@ -231,8 +231,8 @@ TEST_CASE_TEMPLATE("Kokkos::CudaSpace views: NcclBackend and staged MpiBackend",
   View a("a", 5000), b("b", 3);
   auto run = [&](auto backend, gradsync::HostStaging staging) {
     gradsync::Options o;
-    o.host_staging = staging;
-    o.fusion_threshold_bytes = 1024;
+    o.tuning.host_staging = staging;
+    o.tuning.fusion_threshold_bytes = 1024;
     gradsync::GradientSync<decltype(backend), View> sync(backend, o, exec);
     sync.template add<Dense>(a);
     sync.template add<Tables>(b);
@@ -263,7 +263,7 @@ void check_compressed(Make make, int n, cudaStream_t stream) {
       o.op = gradsync::ReduceOp::sum;
       o.compression = c;
       o.error_feedback = feedback;
-      o.read_environment = false;
+      o.tuning.read_environment = false;
       const std::size_t len = 70000;
       std::vector<T> host(len);
       for (std::size_t i = 0; i < len; ++i) host[i] = T(double(i % 32) * 0.5 + rank);

@@ -187,8 +187,8 @@ int main(int argc, char** argv) {
     auto time_sync = [&](auto make_backend, const char* name, std::size_t threshold, double ref,
                          gradsync::HostStaging staging, bool averages) {
       gradsync::Options o;
-      o.fusion_threshold_bytes = threshold;
-      o.host_staging = staging;
+      o.tuning.fusion_threshold_bytes = threshold;
+      o.tuning.host_staging = staging;
       gradsync::GradientSync<decltype(make_backend()), gradsync::Span<T, gradsync::CudaDeviceSpace>> sync(
           make_backend(), o, gradsync::CudaStream(s));
       for (const auto& sp : spans) sync.template add<Dense>(sp);

@@ -198,7 +198,7 @@ class Control {
   }
 
   /// Polls `test` until it returns true. Past Options::stall_timeout, reports the missing ranks
-  /// and throws StallError or calls MPI_Abort (Options::stall_action). Throws the peer's error if a
+  /// and throws StallError or calls MPI_Abort (Options::tuning.stall_action). Throws the peer's error if a
   /// peer reports that it failed before this exchange.
   template <class Test>
   void wait_until_done(Test&& request_done, const Options& o, const WaitSite& site) {
@@ -212,11 +212,12 @@ class Control {
     };
     if (test()) return;  // the fast path
     const auto t0 = clock::now();
-    const double warn =
-        o.stall_timeout > 0 && o.stall_warning > 0 && o.stall_warning < o.stall_timeout ? o.stall_warning : 0.0;
+    const double warn = o.stall_timeout > 0 && o.tuning.stall_warning > 0 && o.tuning.stall_warning < o.stall_timeout
+                            ? o.tuning.stall_warning
+                            : 0.0;
     // Without a deadline of its own a rank still announces its arrival, on the clock of its
     // (silent) warning interval, so that peers with a deadline do not report it missing.
-    const double first = warn > 0 ? warn : o.stall_timeout > 0 ? o.stall_timeout : o.stall_warning;
+    const double first = warn > 0 ? warn : o.stall_timeout > 0 ? o.stall_timeout : o.tuning.stall_warning;
     // Early enough that the grace wait at the deadline (below) stays within 10% of it.
     const double notify_at = first > 0 ? 0.05 * first : -1.0;
     bool notified = false, warned = false;
@@ -300,7 +301,7 @@ class Control {
   bool heard_failure() const { return heard_; }
 
   /// Called with each stall warning (final = false) and each report this rank throws or aborts
-  /// with (final = true): Options::timeline records them (impl/timeline.hpp).
+  /// with (final = true): Options::tuning.timeline records them (impl/timeline.hpp).
   using Observer = void (*)(void* ctx, ErrorKind kind, bool final_report, const std::string& msg);
   void observe(Observer f, void* ctx) {
     observer_ = f;
@@ -311,7 +312,7 @@ class Control {
   [[noreturn]] void fail(ErrorKind k, const std::string& msg, const Options& o) {
     if (observer_) observer_(observer_ctx_, k, true, msg);  // before MPI_Abort: the trace is flushed
     bury();
-    if (k == ErrorKind::stall && o.stall_action == StallAction::abort) {
+    if (k == ErrorKind::stall && o.tuning.stall_action == StallAction::abort) {
       std::fprintf(stderr, "gradsync: %s\ngradsync: calling MPI_Abort (stall_action = abort)\n", msg.c_str());
       std::fflush(stderr);
       if constexpr (mpi) MPI_Abort(comm_ready() ? *state_->comm : MPI_COMM_WORLD, 1);

@@ -132,8 +132,8 @@ class SyncChecks {
   // Whether the registrations are compared now: when a rank needs it, or when the options differ
   // (`force`: every rank knows it, whatever its check mode says).
   bool comparison_due(const Options& opt, bool needed, bool force) const {
-    return force || (needed && opt.consistency_check != CheckMode::off) ||
-           opt.consistency_check == CheckMode::every_step;
+    return force || (needed && opt.tuning.consistency_check != CheckMode::off) ||
+           opt.tuning.consistency_check == CheckMode::every_step;
   }
 
   // The cross-rank comparison of registrations (impl/consistency.hpp): a MismatchError on every
@@ -193,7 +193,7 @@ class SyncChecks {
 
   // host_staging = never where the backend cannot reach the gradients' memory.
   void require_staging_possible(Context& cx) {
-    if (cx.opt.host_staging == HostStaging::never && !cx.backend.template can_access<MemorySpace>())
+    if (cx.opt.tuning.host_staging == HostStaging::never && !cx.backend.template can_access<MemorySpace>())
       fail_here(cx, ErrorKind::config,  // its peers may wait in the agreement already (blocking path)
                 cat("host_staging = never, but backend '", Backend::name(),
                     "' cannot access the gradients' memory space ", MemorySpace::name()));

@@ -19,7 +19,7 @@ struct SyncContext {
   const Options& opt;
   ExecutionSpace& exec;
   Control<Backend>& ctl;  // side channel: agreement rounds, stall reports, peer failures
-  Timeline* timeline;     // Options::timeline; null when off
+  Timeline* timeline;     // Options::tuning.timeline; null when off
   Stats& stats;
 };
 

@@ -180,7 +180,7 @@ class SyncEngine {
   template <class View>
   void ensure_on_huge_pages(Context& cx, View& v, std::size_t n, const char* label) {
     if constexpr (std::is_same_v<MemorySpace, Kokkos::HostSpace>) {
-      if (cx.opt.huge_pages && v.extent(0) < n && n * sizeof(typename View::value_type) >= huge_page_bytes) {
+      if (cx.opt.tuning.huge_pages && v.extent(0) < n && n * sizeof(typename View::value_type) >= huge_page_bytes) {
         v = allocate_on_huge_pages<View>(label, n);
         ++cx.stats.allocations;
         return;
@@ -194,7 +194,7 @@ class SyncEngine {
     if constexpr (std::is_same_v<MemorySpace, Kokkos::HostSpace>) {
       const auto& chunks = plan.chunks();
       const bool any = std::any_of(chunks.begin(), chunks.end(), [](const Chunk& c) { return c.contiguous; });
-      if (!cx.opt.huge_pages || !plan.in_place() || !any) return;
+      if (!cx.opt.tuning.huge_pages || !plan.in_place() || !any) return;
       std::vector<std::pair<std::uintptr_t, std::uintptr_t>> ranges;
       for (const auto& t : dp)
         ranges.emplace_back(reinterpret_cast<std::uintptr_t>(t.data),

@@ -77,8 +77,8 @@ class SyncPlan {
       : topology_(find_topology(backend)),
         choices_(plan_candidates(opt, topology_)),
         tuner_(choices_.size()),
-        collectives_block_(opt.collectives == Collectives::blocking ||
-                           (opt.collectives == Collectives::automatic && prefers_blocking(backend))) {}
+        collectives_block_(opt.tuning.collectives == Collectives::blocking ||
+                           (opt.tuning.collectives == Collectives::automatic && prefers_blocking(backend))) {}
 
   // --- The decision (the same on every rank: the topology is, the options are compared) ---
 
@@ -89,7 +89,7 @@ class SyncPlan {
   std::size_t fusion_threshold_bytes() const { return current().chunk_bytes; }
   Algorithm algorithm() const { return current().algorithm; }
   int chunks_in_flight() const { return current().in_flight; }
-  bool collectives_block() const { return collectives_block_; }  // Options::collectives as resolved
+  bool collectives_block() const { return collectives_block_; }  // Options::tuning.collectives as resolved
   bool blocking() const { return blocking_; }
   bool hierarchical() const { return hierarchical_; }
   int in_flight() const { return in_flight_; }
@@ -107,7 +107,7 @@ class SyncPlan {
 
   // Host staging: when the backend cannot read the buffer's memory space, or when asked to.
   static bool staging_wanted(const Backend& backend, const Options& opt) {
-    return opt.host_staging == HostStaging::always || !backend.template can_access<MemorySpace>();
+    return opt.tuning.host_staging == HostStaging::always || !backend.template can_access<MemorySpace>();
   }
 
   // The candidate to run now. The same on every rank: the topology is, the options are compared,
@@ -162,8 +162,8 @@ class SyncPlan {
     windowed_ = N == 1;
     staged_ = staged;
     in_place_ = windowed_ && !staged_;
-    const double own = std::max(std::ceil(opt.in_place_min_fraction * double(chunk_limit())),
-                                double(opt.in_place_min_bytes / sizeof(V)));
+    const double own = std::max(std::ceil(opt.tuning.in_place_min_fraction * double(chunk_limit())),
+                                double(opt.tuning.in_place_min_bytes / sizeof(V)));
     const std::int64_t own_min = in_place_ && own < 9e18 ? std::max<std::int64_t>(1, std::int64_t(own))
                                                          : std::numeric_limits<std::int64_t>::max();
     auto plan = FusionPlan<V>::build(L.data_parallel, std::int64_t(chunk_limit()), fusion_threshold_bytes() == 0,
@@ -284,20 +284,21 @@ class SyncPlan {
   static std::vector<PlanChoice> plan_candidates(const Options& o, const Topology& t) {
     const bool network = t.spans_nodes();
     std::vector<std::size_t> sizes;
-    if (o.fusion_threshold_bytes == fusion_threshold_auto)
+    if (o.tuning.fusion_threshold_bytes == fusion_threshold_auto)
       sizes = chunk_candidates();
-    else if (o.fusion_threshold_bytes == fusion_threshold_by_topology)
+    else if (o.tuning.fusion_threshold_bytes == fusion_threshold_by_topology)
       sizes = {network ? std::size_t(1) << 20 : std::size_t(4) << 20};
     else
-      sizes = {o.fusion_threshold_bytes};
-    const int in_flight = o.max_chunks_in_flight > 0 ? o.max_chunks_in_flight : network ? 2 : 16;
+      sizes = {o.tuning.fusion_threshold_bytes};
+    const int in_flight = o.tuning.max_chunks_in_flight > 0 ? o.tuning.max_chunks_in_flight : network ? 2 : 16;
     std::vector<Algorithm> algorithms;
-    if (o.algorithm == Algorithm::hierarchical) {
+    if (o.tuning.algorithm == Algorithm::hierarchical) {
       if constexpr (!has_hierarchical_sum<Backend>::value)
         throw ConfigError(cat("algorithm = hierarchical, but backend '", Backend::name(),
                               "' has no hierarchical sum (MpiBackend has); use flat or automatic"));
       algorithms = {Algorithm::hierarchical};
-    } else if (o.algorithm == Algorithm::automatic && t.hierarchical_helps() && has_hierarchical_sum<Backend>::value) {
+    } else if (o.tuning.algorithm == Algorithm::automatic && t.hierarchical_helps() &&
+               has_hierarchical_sum<Backend>::value) {
       algorithms = {Algorithm::flat, Algorithm::hierarchical};
     } else {
       algorithms = {Algorithm::flat};
@@ -311,7 +312,7 @@ class SyncPlan {
   Topology topology_;
   std::vector<PlanChoice> choices_;  // what the plan may run (plan_candidates)
   PlanTuner tuner_;                  // which of them runs now
-  bool collectives_block_ = false;   // Options::collectives as resolved for this backend
+  bool collectives_block_ = false;   // Options::tuning.collectives as resolved for this backend
   bool blocking_ = false;            // one blocking allreduce per chunk (collectives_block_, or hierarchical)
   bool hierarchical_ = false;        // chunks summed in three stages (Algorithm::hierarchical)
   int in_flight_ = 1;                // nonblocking chunks reduced at once

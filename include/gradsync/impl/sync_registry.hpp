@@ -138,7 +138,7 @@ class SyncRegistry {
     std::vector<FusedTensor> dp;
     for (const Entry& e : entries_)
       if (!e.local()) dp.push_back({e.data, e.size, int(wire_of(e, opt.compression))});
-    if (opt.fusion_order == FusionOrder::reverse) std::reverse(dp.begin(), dp.end());
+    if (opt.tuning.fusion_order == FusionOrder::reverse) std::reverse(dp.begin(), dp.end());
     return dp;
   }
 
@@ -147,7 +147,7 @@ class SyncRegistry {
     std::vector<std::string> names;
     for (const Entry& e : entries_)
       if (!e.local()) names.push_back(e.name);
-    if (opt.fusion_order == FusionOrder::reverse) std::reverse(names.begin(), names.end());
+    if (opt.tuning.fusion_order == FusionOrder::reverse) std::reverse(names.begin(), names.end());
     return names;
   }
 

@@ -1,4 +1,4 @@
-// gradsync internals: Options::timeline (GRADSYNC_TIMELINE), a Chrome trace of every synchronize()
+// gradsync internals: Options::tuning.timeline (GRADSYNC_TIMELINE), a Chrome trace of every synchronize()
 // (docs/TIMELINE.md).
 //
 // Events are appended to a vector reserved once: recording one is two clock reads and a store, no
@@ -27,7 +27,7 @@
 
 namespace gradsync::impl {
 
-/// A copy of Options::timeline's string that lives as long as the process (options() hands it
+/// A copy of Options::tuning.timeline's string that lives as long as the process (options() hands it
 /// out): the paths of a process are few. Null for null or empty.
 inline const char* keep_timeline_path(const char* p) {
   if (!p || !*p) return nullptr;
@@ -83,7 +83,7 @@ class Timeline {
     file_ = std::fopen(path_.c_str(), "w");
     if (!file_) release();
     if (!file_)
-      throw ConfigError(cat("Options::timeline (GRADSYNC_TIMELINE): cannot write '", path_, "' on rank ", rank));
+      throw ConfigError(cat("Options::tuning.timeline (GRADSYNC_TIMELINE): cannot write '", path_, "' on rank ", rank));
     events_.reserve(capacity);
     std::fputs("{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n", file_);
     const char* lanes[] = {"host: synchronize, checks, plan, waits", "pack", "unpack"};
@@ -367,7 +367,7 @@ class TimelineScope {
   Timeline::Kind k_;
 };
 
-/// Options::timeline's trace for this rank, observing the side channel's reports; null when off.
+/// Options::tuning.timeline's trace for this rank, observing the side channel's reports; null when off.
 template <class Control>
 std::unique_ptr<Timeline> open_timeline(const char* path, int rank, int ranks, Control& ctl) {
   if (!path || !*path) return nullptr;
