@@ -16,6 +16,7 @@ namespace gradsync {
 template <class Backend>
 struct prefers_blocking_allreduce : std::false_type {};
 
+/// prefers_blocking_allreduce<Backend>::value.
 template <class Backend>
 inline constexpr bool prefers_blocking_allreduce_v = prefers_blocking_allreduce<Backend>::value;
 
