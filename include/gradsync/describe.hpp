@@ -27,22 +27,22 @@ class GradientSync;
 struct SyncSummary {
   /// One parameter group (a Group type of add<Group>()), with what this rank registered in it.
   struct Group {
-    std::string name;                                                ///< the group type's name
-    bool policy_local = false;                                       ///< LocalVarPolicy<Group> keeps it local
-    LocalScale scale = LocalScale::none;                             ///< its policy's scale (when policy_local)
-    std::size_t tensors = 0;                ///< tensors registered in it
-    std::size_t bytes = 0;                  ///< their bytes
-    std::size_t runtime_local_tensors = 0;  ///< of which made local by register_local_var
-    std::size_t runtime_local_bytes = 0;    ///< their bytes
+    std::string name;                             ///< the group type's name
+    bool policy_local = false;                    ///< LocalVarPolicy<Group> keeps it local
+    LocalScale scale = LocalScale::none;          ///< its policy's scale (when policy_local)
+    std::size_t tensors = 0;                      ///< tensors registered in it
+    std::size_t bytes = 0;                        ///< their bytes
+    std::size_t runtime_local_tensors = 0;        ///< of which made local by register_local_var
+    std::size_t runtime_local_bytes = 0;          ///< their bytes
     Compression compression = Compression::none;  ///< its wire format (its policy's, else the options')
   };
-  std::string backend;  ///< Backend::name()
-  int rank = 0;               ///< this rank in the backend's communicator
-  int ranks = 1;              ///< the communicator's size
-  std::string value_type;     ///< the gradients' value type (float, double)
-  std::string memory_space;   ///< the gradients' memory space
-  Options options;                                                 ///< as applied (environment included)
-  std::vector<Group> groups;                                       ///< in the order of their first registration
+  std::string backend;                    ///< Backend::name()
+  int rank = 0;                           ///< this rank in the backend's communicator
+  int ranks = 1;                          ///< the communicator's size
+  std::string value_type;                 ///< the gradients' value type (float, double)
+  std::string memory_space;               ///< the gradients' memory space
+  Options options;                        ///< as applied (environment included)
+  std::vector<Group> groups;              ///< in the order of their first registration
   std::size_t data_parallel_tensors = 0;  ///< tensors handed to the backend per step
   std::size_t data_parallel_bytes = 0;    ///< their bytes
   std::size_t local_tensors = 0;          ///< tensors never sent
@@ -59,11 +59,11 @@ struct SyncSummary {
   std::size_t chunks_in_place = 0;         ///< of which reduced in the gradients' own memory
   std::size_t chunks_folded = 0;           ///< of which the backend's sum applies the scale (MpiBackend: its ring)
   std::size_t chunks_compressed = 0;       ///< of which travel as 16-bit values (Options::compression, policies)
-  std::size_t largest_chunk_bytes = 0;  ///< the largest chunk's bytes on the wire
-  std::size_t buffer_bytes = 0;         ///< fusion buffer, accumulators and staging held now
-  std::size_t bytes_on_huge_pages = 0;  ///< gradient bytes moved onto 2 MiB pages at the last build
+  std::size_t largest_chunk_bytes = 0;     ///< the largest chunk's bytes on the wire
+  std::size_t buffer_bytes = 0;            ///< fusion buffer, accumulators and staging held now
+  std::size_t bytes_on_huge_pages = 0;     ///< gradient bytes moved onto 2 MiB pages at the last build
 
-  Topology topology;  ///< where the ranks are (the plan chooses from it)
+  Topology topology;                      ///< where the ranks are (the plan chooses from it)
   Algorithm algorithm = Algorithm::flat;  ///< in use (while tuning: the candidate timed now)
   int chunks_in_flight = 0;               ///< nonblocking: most chunks reduced at once
   std::size_t plan_candidates = 1;        ///< ways the first steps time (1: decided by rule)

@@ -139,12 +139,12 @@ void allreduce_min_over(const Backend& b, T* data, std::size_t n) {
 template <class Optimizer, class Sync>
 class DistributedOptimizer {
  public:
-  using optimizer_type = Optimizer;                               ///< The wrapped optimizer.
-  using sync_type = std::remove_reference_t<Sync>;                ///< The GradientSync (owned or referred to).
-  using backend_type = typename sync_type::backend_type;          ///< The sync's backend.
-  using value_type = typename sync_type::value_type;              ///< float or double.
-  using memory_space = typename sync_type::memory_space;          ///< Where parameters and gradients live.
-  using execution_space = typename sync_type::execution_space;    ///< Where the update kernels run.
+  using optimizer_type = Optimizer;                             ///< The wrapped optimizer.
+  using sync_type = std::remove_reference_t<Sync>;              ///< The GradientSync (owned or referred to).
+  using backend_type = typename sync_type::backend_type;        ///< The sync's backend.
+  using value_type = typename sync_type::value_type;            ///< float or double.
+  using memory_space = typename sync_type::memory_space;        ///< Where parameters and gradients live.
+  using execution_space = typename sync_type::execution_space;  ///< Where the update kernels run.
 
   static_assert(impl::has_step<Optimizer>::value,
                 "gradsync::DistributedOptimizer<Optimizer, Sync>: Optimizer must provide add(param, grad) and step() "

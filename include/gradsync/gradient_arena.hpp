@@ -2,10 +2,10 @@
 //
 // Why: GradientSync reduces gradients that are neighbours in memory as one region, in place, in
 // pieces of fusion_threshold_bytes: no copy through the fusion buffer and few, large messages.
-// One allocation per tensor makes every tensor of 64 KiB and more a message of its own instead
-// (on 4 KiB pages ResNet-50 and ViT-B/16 took 1.5x and 1.4x the time of the same gradients in an
-// arena; moved onto huge pages by Options::tuning.huge_pages, which needs Linux 6.1, about the arena's
-// time; docs/BENCHMARKS.md). The arena's pages are huge from the start on any kernel with THP.
+// One allocation per tensor makes every tensor of 64 KiB and more a message of its own instead,
+// and on 4 KiB pages a slower one (Options::tuning.huge_pages moves them onto huge pages, which needs
+// Linux 6.1; docs/BENCHMARKS.md has the measurements). The arena's pages are huge from the start on
+// any kernel with THP.
 // PyTorch DDP's gradient_as_bucket_view makes the same trade. Carve the gradients in the order
 // they are registered (or its reverse): consecutive carves are neighbours.
 #pragma once

@@ -83,11 +83,11 @@ class GradientSync {
                 "gradsync::Span<T, MemorySpace>, or have a gradsync::TensorTraits specialisation");
 
  public:
-  using backend_type = Backend;                                ///< The backend (MpiBackend, NcclBackend, ...).
-  using tensor_type = Tensor;                                  ///< The gradients' tensor type.
-  using value_type = typename traits::value_type;              ///< float or double.
-  using memory_space = typename traits::memory_space;          ///< Where the gradients live.
-  using execution_space = typename traits::execution_space;    ///< Where packing and scaling run.
+  using backend_type = Backend;                              ///< The backend (MpiBackend, NcclBackend, ...).
+  using tensor_type = Tensor;                                ///< The gradients' tensor type.
+  using value_type = typename traits::value_type;            ///< float or double.
+  using memory_space = typename traits::memory_space;        ///< Where the gradients live.
+  using execution_space = typename traits::execution_space;  ///< Where packing and scaling run.
 
   static_assert(is_supported_value_v<value_type>,
                 "gradsync::GradientSync: gradients must hold float or double (the types with a built-in "

@@ -64,8 +64,8 @@ typedef struct gradsync_options {
 typedef struct gradsync_stats {
   uint64_t bytes_allreduced; /**< bytes handed to the allreduce */
   uint64_t allreduce_calls;  /**< allreduce calls (one per fused chunk) */
-  uint64_t passes; /**< synchronize calls */
-  uint64_t steps;  /**< synchronize calls that completed a step */
+  uint64_t passes;           /**< synchronize calls */
+  uint64_t steps;            /**< synchronize calls that completed a step */
 } gradsync_stats;
 
 /** Opaque handle. */

@@ -46,23 +46,23 @@ namespace gradsync {
 
 /// torch.optim.SGD's hyperparameters (PyTorch has no default learning rate; 0.01 here).
 struct SgdOptions {
-  double lr = 0.01;            ///< Learning rate (finite, >= 0).
-  double momentum = 0.0;       ///< Momentum factor; 0: no momentum buffer.
-  double dampening = 0.0;      ///< Dampening of the momentum (0 for Nesterov).
-  double weight_decay = 0.0;   ///< L2 penalty added to the gradient.
-  bool nesterov = false;       ///< Nesterov momentum (needs momentum > 0 and dampening 0).
-  bool maximize = false;       ///< Ascend the objective instead of descending it.
+  double lr = 0.01;           ///< Learning rate (finite, >= 0).
+  double momentum = 0.0;      ///< Momentum factor; 0: no momentum buffer.
+  double dampening = 0.0;     ///< Dampening of the momentum (0 for Nesterov).
+  double weight_decay = 0.0;  ///< L2 penalty added to the gradient.
+  bool nesterov = false;      ///< Nesterov momentum (needs momentum > 0 and dampening 0).
+  bool maximize = false;      ///< Ascend the objective instead of descending it.
 };
 
 /// torch.optim.Adam's hyperparameters and defaults. weight_decay is L2 added to the gradient.
 struct AdamOptions {
-  double lr = 1e-3;            ///< Learning rate (finite, >= 0).
-  double beta1 = 0.9;          ///< Decay of the first moment's running average, in [0, 1).
-  double beta2 = 0.999;        ///< Decay of the second moment's running average, in [0, 1).
-  double eps = 1e-8;           ///< Added to the denominator for numerical stability.
-  double weight_decay = 0.0;   ///< L2 (Adam) or decoupled (AdamW) weight decay.
-  bool amsgrad = false;        ///< Keep the maximum of the second moments (AMSGrad).
-  bool maximize = false;       ///< Ascend the objective instead of descending it.
+  double lr = 1e-3;           ///< Learning rate (finite, >= 0).
+  double beta1 = 0.9;         ///< Decay of the first moment's running average, in [0, 1).
+  double beta2 = 0.999;       ///< Decay of the second moment's running average, in [0, 1).
+  double eps = 1e-8;          ///< Added to the denominator for numerical stability.
+  double weight_decay = 0.0;  ///< L2 (Adam) or decoupled (AdamW) weight decay.
+  bool amsgrad = false;       ///< Keep the maximum of the second moments (AMSGrad).
+  bool maximize = false;      ///< Ascend the objective instead of descending it.
 };
 
 /// torch.optim.AdamW's defaults: as Adam's, with decoupled weight decay 1e-2.
