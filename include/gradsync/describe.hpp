@@ -188,7 +188,8 @@ inline std::string describe_summary(const SyncSummary& s) {
 }  // namespace impl
 
 /// This rank's registrations, plan and options as text, one fact per line (no trailing newline):
-/// the one way to print a sync's summary (sync.summary() holds the same facts as data). Local.
+/// the one way to print a sync's summary (sync.summary() holds the same facts as data). Local;
+/// legal in every state, failed included; allocates the returned string.
 template <class Backend, class Tensor>
 std::string describe(const GradientSync<Backend, Tensor>& sync) {
   return impl::describe_summary(sync.summary());
