@@ -12,10 +12,11 @@ namespace gradsync {
 /// overlap packing, unpacking and (with mark_ready) backward. A backend may instead answer at run
 /// time with a member `bool prefers_blocking_allreduce() const`, which wins over this trait:
 /// MpiBackend does (blocking only where its nonblocking sums would go to Open MPI's libnbc, whose
-/// reduce-then-broadcast schedule for fewer than 4 ranks measured 1.7x slower on ResNet-50).
+/// reduce-then-broadcast schedule for fewer than 4 ranks is slower: docs/BENCHMARKS.md).
 template <class Backend>
 struct prefers_blocking_allreduce : std::false_type {};
 
+/// prefers_blocking_allreduce<Backend>::value.
 template <class Backend>
 inline constexpr bool prefers_blocking_allreduce_v = prefers_blocking_allreduce<Backend>::value;
 

@@ -29,10 +29,11 @@ namespace gradsync {
 /// One value on the wire, as its bits. Backends sum arrays of these (MpiBackend: a user-defined
 /// MPI_Op adding in fp32; NcclBackend: ncclFloat16 / ncclBfloat16).
 struct WireFp16 {
-  std::uint16_t bits;
+  std::uint16_t bits;  ///< IEEE binary16
 };
+/// One bfloat16 value on the wire, as its bits (see WireFp16).
 struct WireBf16 {
-  std::uint16_t bits;
+  std::uint16_t bits;  ///< bfloat16: the upper half of a binary32
 };
 static_assert(sizeof(WireFp16) == 2 && sizeof(WireBf16) == 2, "gradsync: a wire value is two bytes");
 
@@ -41,7 +42,7 @@ static_assert(sizeof(WireFp16) == 2 && sizeof(WireBf16) == 2, "gradsync: a wire 
 /// keeps a sensitive group in full precision while the rest is compressed.
 template <Compression C>
 struct CompressWith : DataParallel {
-  static constexpr Compression compression = C;
+  static constexpr Compression compression = C;  ///< the group's wire format
 };
 
 namespace impl {

@@ -43,10 +43,15 @@ inline void cuda_check(cudaError_t rc, const char* what) {
 class CudaStream {
  public:
   CudaStream() = default;
+  /// On stream `s`, which the caller keeps alive as long as this object is used.
   explicit CudaStream(cudaStream_t s) : stream_(s) {}
+  /// The stream.
   cudaStream_t stream() const { return stream_; }
+  /// Waits for everything enqueued on the stream (cudaStreamSynchronize); an Error on a CUDA error.
   void fence() const { impl::cuda_check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize"); }
-  void fence(const std::string&) const { fence(); }  // the labelled form impl::fence calls
+  /// fence(), in the labelled form gradsync's kernels call.
+  void fence(const std::string&) const { fence(); }
+  /// "gradsync::CudaStream", in summaries and messages.
   static const char* name() { return "gradsync::CudaStream"; }
 
  private:
@@ -55,16 +60,18 @@ class CudaStream {
 
 /// Device memory from cudaMalloc (or any pointer a CUDA kernel can dereference and host code cannot).
 struct CudaDeviceSpace {
-  using memory_space = CudaDeviceSpace;
-  using execution_space = CudaStream;
+  using memory_space = CudaDeviceSpace;  ///< Itself, as a Kokkos memory space is.
+  using execution_space = CudaStream;    ///< Kernels on it run on a CUDA stream.
+  /// "gradsync::CudaDeviceSpace", in summaries and messages.
   static const char* name() { return "gradsync::CudaDeviceSpace"; }
 };
 
 /// Page-locked host memory from cudaMallocHost: where device chunks are staged for an MPI that is
 /// not CUDA-aware (asynchronous copies at full PCIe/NVLink-C2C bandwidth).
 struct CudaPinnedHostSpace {
-  using memory_space = CudaPinnedHostSpace;
-  using execution_space = CudaStream;
+  using memory_space = CudaPinnedHostSpace;  ///< Itself, as a Kokkos memory space is.
+  using execution_space = CudaStream;        ///< Copies to and from it run on a CUDA stream.
+  /// "gradsync::CudaPinnedHostSpace", in summaries and messages.
   static const char* name() { return "gradsync::CudaPinnedHostSpace"; }
 };
 

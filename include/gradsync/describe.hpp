@@ -18,28 +18,38 @@
 
 namespace gradsync {
 
+/// \cond GRADSYNC_FORWARD
 template <class Backend, class Tensor>
 class GradientSync;
+/// \endcond
 
 /// What a GradientSync holds and how it exchanges it, on this rank. Bytes are bytes of gradient.
 struct SyncSummary {
+  /// One parameter group (a Group type of add<Group>()), with what this rank registered in it.
   struct Group {
-    std::string name;                                                ///< the group type's name
-    bool policy_local = false;                                       ///< LocalVarPolicy<Group> keeps it local
-    LocalScale scale = LocalScale::none;                             ///< its policy's scale (when policy_local)
-    std::size_t tensors = 0, bytes = 0;                              ///< every tensor registered in it
-    std::size_t runtime_local_tensors = 0, runtime_local_bytes = 0;  ///< made local by register_local_var
+    std::string name;                             ///< the group type's name
+    bool policy_local = false;                    ///< LocalVarPolicy<Group> keeps it local
+    LocalScale scale = LocalScale::none;          ///< its policy's scale (when policy_local)
+    std::size_t tensors = 0;                      ///< tensors registered in it
+    std::size_t bytes = 0;                        ///< their bytes
+    std::size_t runtime_local_tensors = 0;        ///< of which made local by register_local_var
+    std::size_t runtime_local_bytes = 0;          ///< their bytes
     Compression compression = Compression::none;  ///< its wire format (its policy's, else the options')
   };
-  std::string backend;  ///< Backend::name()
-  int rank = 0, ranks = 1;
-  std::string value_type, memory_space;
-  Options options;                                                 ///< as applied (environment included)
-  std::vector<Group> groups;                                       ///< in the order of their first registration
-  std::size_t data_parallel_tensors = 0, data_parallel_bytes = 0;  ///< handed to the backend per step
-  std::size_t local_tensors = 0, local_bytes = 0;                  ///< never sent
+  std::string backend;                    ///< Backend::name()
+  int rank = 0;                           ///< this rank in the backend's communicator
+  int ranks = 1;                          ///< the communicator's size
+  std::string value_type;                 ///< the gradients' value type (float, double)
+  std::string memory_space;               ///< the gradients' memory space
+  Options options;                        ///< as applied (environment included)
+  std::vector<Group> groups;              ///< in the order of their first registration
+  std::size_t data_parallel_tensors = 0;  ///< tensors handed to the backend per step
+  std::size_t data_parallel_bytes = 0;    ///< their bytes
+  std::size_t local_tensors = 0;          ///< tensors never sent
+  std::size_t local_bytes = 0;            ///< their bytes
 
-  // The plan: built by prepare() or the first synchronize() (and rebuilt after registrations change).
+  /// The plan is built: by prepare() or the first synchronize() (and rebuilt after registrations
+  /// change). The plan's fields below are meaningful only then.
   bool planned = false;
   std::size_t fusion_threshold_bytes = 0;  ///< in use (fusion_threshold_auto: the candidate timed now)
   bool tuning = false;                     ///< fusion_threshold_auto is still timing candidates
@@ -49,19 +59,19 @@ struct SyncSummary {
   std::size_t chunks_in_place = 0;         ///< of which reduced in the gradients' own memory
   std::size_t chunks_folded = 0;           ///< of which the backend's sum applies the scale (MpiBackend: its ring)
   std::size_t chunks_compressed = 0;       ///< of which travel as 16-bit values (Options::compression, policies)
-  std::size_t largest_chunk_bytes = 0;
-  std::size_t buffer_bytes = 0;         ///< fusion buffer, accumulators and staging held now
-  std::size_t bytes_on_huge_pages = 0;  ///< gradient bytes moved onto 2 MiB pages at the last build
+  std::size_t largest_chunk_bytes = 0;     ///< the largest chunk's bytes on the wire
+  std::size_t buffer_bytes = 0;            ///< fusion buffer, accumulators and staging held now
+  std::size_t bytes_on_huge_pages = 0;     ///< gradient bytes moved onto 2 MiB pages at the last build
 
-  // Where the ranks are and what the plan chose from it.
-  Topology topology;
+  Topology topology;                      ///< where the ranks are (the plan chooses from it)
   Algorithm algorithm = Algorithm::flat;  ///< in use (while tuning: the candidate timed now)
   int chunks_in_flight = 0;               ///< nonblocking: most chunks reduced at once
   std::size_t plan_candidates = 1;        ///< ways the first steps time (1: decided by rule)
+  /// One of the plan's candidates, as the first steps timed it.
   struct Timed {
-    std::size_t chunk_bytes;
-    Algorithm algorithm;
-    double seconds;  ///< best step, the slowest rank's
+    std::size_t chunk_bytes;  ///< its fusion threshold
+    Algorithm algorithm;      ///< its algorithm
+    double seconds;           ///< best step, the slowest rank's
   };
   std::vector<Timed> candidate_seconds;  ///< after tuning: each candidate's agreed time
 };
@@ -178,7 +188,8 @@ inline std::string describe_summary(const SyncSummary& s) {
 }  // namespace impl
 
 /// This rank's registrations, plan and options as text, one fact per line (no trailing newline):
-/// the one way to print a sync's summary (sync.summary() holds the same facts as data). Local.
+/// the one way to print a sync's summary (sync.summary() holds the same facts as data). Local;
+/// legal in every state, failed included; allocates the returned string.
 template <class Backend, class Tensor>
 std::string describe(const GradientSync<Backend, Tensor>& sync) {
   return impl::describe_summary(sync.summary());

@@ -132,21 +132,26 @@ void allreduce_min_over(const Backend& b, T* data, std::size_t n) {
 
 }  // namespace impl
 
+/// Horovod's optimizer workflow: a GradientSync and an optimizer (Sgd, Adam, AdamW or any type with
+/// the interface of optimizers.hpp) driven together. Owns the optimizer, and the sync unless `Sync`
+/// is a reference type. Each function says whether it is collective (over the sync's ranks) and in
+/// which of the sync's states it is legal.
 template <class Optimizer, class Sync>
 class DistributedOptimizer {
  public:
-  using optimizer_type = Optimizer;
-  using sync_type = std::remove_reference_t<Sync>;
-  using backend_type = typename sync_type::backend_type;
-  using value_type = typename sync_type::value_type;
-  using memory_space = typename sync_type::memory_space;
-  using execution_space = typename sync_type::execution_space;
+  using optimizer_type = Optimizer;                             ///< The wrapped optimizer.
+  using sync_type = std::remove_reference_t<Sync>;              ///< The GradientSync (owned or referred to).
+  using backend_type = typename sync_type::backend_type;        ///< The sync's backend.
+  using value_type = typename sync_type::value_type;            ///< float or double.
+  using memory_space = typename sync_type::memory_space;        ///< Where parameters and gradients live.
+  using execution_space = typename sync_type::execution_space;  ///< Where the update kernels run.
 
   static_assert(impl::has_step<Optimizer>::value,
                 "gradsync::DistributedOptimizer<Optimizer, Sync>: Optimizer must provide add(param, grad) and step() "
                 "(the optimizer interface at the top of gradsync/optimizers.hpp)");
 
-  /// Takes the optimizer; takes the sync too, or refers to it when Sync is a reference type.
+  /// Takes the optimizer; takes the sync too, or refers to it when Sync is a reference type. Local;
+  /// the sync may be in any state but moved-from; allocates nothing.
   DistributedOptimizer(Optimizer optimizer, Sync sync) : opt_(std::move(optimizer)), sync_(std::forward<Sync>(sync)) {}
 
   /// Registers a parameter and its gradient in `Group`: the gradient with the sync, the pair with
@@ -203,8 +208,8 @@ class DistributedOptimizer {
     factors_valid_ = false;
   }
 
-  /// The optimizer and the sync keep pointers into a container's values: a temporary one would
-  /// dangle. Views and Spans are handles and may be temporaries.
+  /// Refused at compile time: the optimizer and the sync keep pointers into a container's values,
+  /// so a temporary one would dangle. Views and Spans are handles and may be temporaries.
   template <class Group, class P, class G,
             class = std::enable_if_t<(!std::is_lvalue_reference_v<P> && impl::owns_values_v<std::remove_cv_t<P>>) ||
                                      (!std::is_lvalue_reference_v<G> && impl::owns_values_v<std::remove_cv_t<G>>)>>
@@ -228,6 +233,8 @@ class DistributedOptimizer {
     fold_ = on;
     factors_valid_ = false;
   }
+  /// Whether the local groups' scale goes into the optimizer's update (fold_local_scale()). Local;
+  /// any state.
   bool folds_local_scale() const { return fold_; }
 
   /// Horovod parity: the parameter's gradient becomes local (never communicated; scaled by
@@ -326,10 +333,15 @@ class DistributedOptimizer {
     return norm_.clip(sync(), max_norm, error_if_nonfinite);
   }
 
+  /// The wrapped optimizer (its options, its state). Local; any state.
   Optimizer& optimizer() { return opt_; }
+  /// \copydoc optimizer()
   const Optimizer& optimizer() const { return opt_; }
+  /// The sync (owned or referred to); its calls keep their own contracts. Local; any state.
   sync_type& sync() { return sync_; }
+  /// \copydoc sync()
   const sync_type& sync() const { return sync_; }
+  /// Parameters registered with add<Group>(). Local; any state.
   std::size_t num_params() const { return entries_.size(); }
 
  private:
@@ -545,7 +557,9 @@ class DistributedOptimizer {
 /// for the others (a table updated by the caller from a RowSparse gradient). Collective over the set:
 /// its members pass parameters of the same size, in the same order; a size that differs from the
 /// first rank's is a MismatchError on every member. The sets' communicators must exist: call it
-/// after sync.prepare() or a synchronize().
+/// after sync.prepare() or a synchronize(). Legal between steps (an Error while a step is open or
+/// after a failure); an exception inside the exchange fails the sync. A setup-time call: allocates
+/// small host cells, and a staging copy where the backend cannot reach the parameter's memory.
 template <class Group, class Sync, class P>
 void broadcast_set_parameter(Sync& sync, const P& param) {
   using PT = TensorTraits<P>;

@@ -233,7 +233,8 @@ inline LogLevel env_log_level() {
 ///   GRADSYNC_TIMELINE                  timeline: a path (docs/TIMELINE.md)
 ///   GRADSYNC_COMPRESSION               compression: none | fp16 | bf16
 ///   GRADSYNC_ERROR_FEEDBACK            error_feedback: 1/0, true/false, on/off, yes/no
-/// Throws ConfigError naming the variable when a value is malformed.
+/// Throws ConfigError naming the variable when a value is malformed. Local (this process's
+/// environment: set the same variables on every rank); the GradientSync constructor calls it.
 inline Options apply_env(Options o) {
   impl::env_parse_size("GRADSYNC_FUSION_THRESHOLD", o.tuning.fusion_threshold_bytes);
   impl::env_parse_int("GRADSYNC_BACKWARD_PASSES_PER_STEP", o.backward_passes_per_step, 1);

@@ -11,25 +11,26 @@ namespace gradsync {
 /// Base of every gradsync exception; what() names the tensor, group and ranks involved.
 class Error : public std::runtime_error {
  public:
+  /// An error whose what() is "gradsync: " followed by `what`.
   explicit Error(const std::string& what) : std::runtime_error("gradsync: " + what) {}
 };
 
 /// Ranks disagree on the data-parallel registrations or the options that shape the exchange.
 class MismatchError : public Error {
  public:
-  using Error::Error;
+  using Error::Error;  ///< Error's constructor.
 };
 
 /// A collective did not complete within Options::stall_timeout.
 class StallError : public Error {
  public:
-  using Error::Error;
+  using Error::Error;  ///< Error's constructor.
 };
 
 /// A malformed option or GRADSYNC_* environment variable.
 class ConfigError : public Error {
  public:
-  using Error::Error;
+  using Error::Error;  ///< Error's constructor.
 };
 
 namespace impl {

@@ -88,14 +88,18 @@ struct ScaleKernel {
 template <class Sync>
 class GlobalNorm {
  public:
-  using value_type = typename Sync::value_type;
-  using memory_space = typename Sync::memory_space;
-  using execution_space = typename Sync::execution_space;
+  using value_type = typename Sync::value_type;            ///< The gradients' value type.
+  using memory_space = typename Sync::memory_space;        ///< Where the gradients live.
+  using execution_space = typename Sync::execution_space;  ///< Where the norm and clip kernels run.
 
+  /// A norm whose kernels run on `exec`. Local; allocates nothing (the table comes at the first call).
   explicit GlobalNorm(execution_space exec = {}) : exec_(exec) {}
 
-  /// sqrt(Σ over the whole model of g²), equal on every rank. Collective, under the sync's stall
-  /// watchdog: a rank that skips it is named by the ranks that wait.
+  /// sqrt(Σ over the whole model of g²), equal on every rank. Collective over the sync's
+  /// communicator, under its stall watchdog: a rank that skips it is named by the ranks that wait.
+  /// Legal between steps, meant after synchronize() returned true (an Error while a step is open, or
+  /// after a failure); an exception inside it fails the sync. Allocates its kernel table at the
+  /// first call and when the sync's registrations change, nothing otherwise.
   double norm(Sync& sync) {
     impl::ProfileRegion region(impl::Region::global_norm);
     refresh(sync);
@@ -137,7 +141,9 @@ class GlobalNorm {
 
   /// torch.nn.utils.clip_grad_norm_: scales every gradient by max_norm / (norm + 1e-6) when that is
   /// below 1 and returns the norm before clipping. A non-finite norm throws with error_if_nonfinite,
-  /// else (as in PyTorch) the gradients are scaled by the resulting NaN or zero factor.
+  /// else (as in PyTorch) the gradients are scaled by the resulting NaN or zero factor. Collective
+  /// and legal as norm(), which it calls; max_norm < 0 is a ConfigError before anything collective.
+  /// Applies the sync's pending deferred local scales first when it scales. Allocates as norm().
   double clip(Sync& sync, double max_norm, bool error_if_nonfinite = false) {
     if (!(max_norm >= 0)) throw ConfigError(impl::cat("clip_grad_norm: max_norm must be >= 0, got ", max_norm));
     impl::ProfileRegion region(impl::Region::clip);
@@ -247,13 +253,17 @@ class GlobalNorm {
   std::shared_ptr<double> cell_;                     // the host path's value in flight (see norm)
 };
 
-/// The global gradient norm of everything `sync` holds (see GlobalNorm; builds its table each call).
+/// The global gradient norm of everything `sync` holds (GlobalNorm::norm: collective over the sync's
+/// communicator, between steps). Builds and allocates its kernel table at every call: keep a
+/// GlobalNorm (or use DistributedOptimizer::global_norm()) in a training loop.
 template <class Sync>
 double global_norm(Sync& sync) {
   return GlobalNorm<Sync>().norm(sync);
 }
 
-/// Clips everything `sync` holds by the global norm; returns the norm before clipping.
+/// Clips everything `sync` holds by the global norm; returns the norm before clipping
+/// (GlobalNorm::clip: collective over the sync's communicator, between steps). Allocates its
+/// kernel table at every call, as global_norm().
 template <class Sync>
 double clip_grad_norm(Sync& sync, double max_norm, bool error_if_nonfinite = false) {
   return GlobalNorm<Sync>().clip(sync, max_norm, error_if_nonfinite);

@@ -2,10 +2,10 @@
 //
 // Why: GradientSync reduces gradients that are neighbours in memory as one region, in place, in
 // pieces of fusion_threshold_bytes: no copy through the fusion buffer and few, large messages.
-// One allocation per tensor makes every tensor of 64 KiB and more a message of its own instead
-// (on 4 KiB pages ResNet-50 and ViT-B/16 took 1.5x and 1.4x the time of the same gradients in an
-// arena; moved onto huge pages by Options::tuning.huge_pages, which needs Linux 6.1, about the arena's
-// time; docs/BENCHMARKS.md). The arena's pages are huge from the start on any kernel with THP.
+// One allocation per tensor makes every tensor of 64 KiB and more a message of its own instead,
+// and on 4 KiB pages a slower one (Options::tuning.huge_pages moves them onto huge pages, which needs
+// Linux 6.1; docs/BENCHMARKS.md has the measurements). The arena's pages are huge from the start on
+// any kernel with THP.
 // PyTorch DDP's gradient_as_bucket_view makes the same trade. Carve the gradients in the order
 // they are registered (or its reverse): consecutive carves are neighbours.
 #pragma once
@@ -22,19 +22,21 @@
 namespace gradsync {
 
 /// An arena of values of type T in a Kokkos::View<T*, Properties...> (so the default device's
-/// memory unless Properties name another space, as for any View).
+/// memory unless Properties name another space, as for any View). Rank-local: nothing in it
+/// communicates, and it allocates only in its constructor.
 template <class T, class... Properties>
 class GradientArena {
  public:
-  using storage_type = Kokkos::View<T*, Properties...>;
-  using value_type = T;
-  using memory_space = typename storage_type::memory_space;
+  using storage_type = Kokkos::View<T*, Properties...>;      ///< The one allocation's View type.
+  using value_type = T;                                      ///< The values' type.
+  using memory_space = typename storage_type::memory_space;  ///< Where the arena lives.
 
   GradientArena() = default;
 
   /// One zero-filled allocation of `capacity` values, labelled `label` (Kokkos tools, errors).
   /// In host memory, an arena of 2 MiB or more starts on a 2 MiB boundary and asks for transparent
-  /// huge pages (`huge_pages`), which make MPI's shared-memory copies cheaper.
+  /// huge pages (`huge_pages`), which make MPI's shared-memory copies cheaper. Local; the arena's
+  /// only allocation.
   GradientArena(const std::string& label, std::size_t capacity, bool huge_pages = true) {
     if constexpr (std::is_same_v<memory_space, Kokkos::HostSpace>) {
       if (huge_pages && capacity * sizeof(T) >= impl::huge_page_bytes) {
@@ -46,7 +48,8 @@ class GradientArena {
     storage_ = storage_type(label, capacity);
   }
 
-  /// The next `n` values, as a View that shares ownership of the allocation.
+  /// The next `n` values, as a View that shares ownership of the allocation. An Error when fewer
+  /// are left. Allocates nothing.
   storage_type carve(std::size_t n) {
     const std::size_t at = take(n);
     return Kokkos::subview(storage_, std::make_pair(at, at + n));
@@ -54,7 +57,7 @@ class GradientArena {
 
   /// The next values, as many as the extents hold, viewed as `View` of any rank (for example
   /// Kokkos::View<float**> with extents rows, cols). The result does not own its memory: the
-  /// arena must outlive it.
+  /// arena must outlive it. An Error when fewer values are left. Allocates nothing.
   template <class View, class... Extents>
   View carve_as(Extents... extents) {
     static_assert(Kokkos::is_view<View>::value, "gradsync::GradientArena::carve_as: View must be a Kokkos::View");
@@ -69,8 +72,8 @@ class GradientArena {
     return View(storage_.data() + take(n), std::size_t(extents)...);
   }
 
-  std::size_t capacity() const { return storage_.size(); }
-  std::size_t used() const { return used_; }
+  std::size_t capacity() const { return storage_.size(); }  ///< Values in the allocation.
+  std::size_t used() const { return used_; }                ///< Values carved so far.
   /// The whole allocation: every gradient at once (to zero them in one kernel, for example).
   const storage_type& storage() const { return storage_; }
 

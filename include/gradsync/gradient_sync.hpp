@@ -66,6 +66,15 @@ struct is_std_vector<std::vector<T, A>> : std::true_type {};
 
 }  // namespace impl
 
+/// The fused synchronization of a model's gradients over one backend's communicator: register the
+/// gradients once (add<Group>()), then call synchronize() after each backward pass, optionally
+/// mark_ready() each gradient as backward produces it to overlap the exchange with backward.
+/// `Backend`: MpiBackend, NcclBackend or SelfBackend. `Tensor`: the gradients' type (a Kokkos::View,
+/// std::vector<T>, Span<T, MemorySpace>, or any type with a TensorTraits specialisation).
+/// Steps go idle -> (accumulating ->) open -> idle; any exception inside a collective phase leaves
+/// the sync failed on every rank for good (docs/ERRORS.md). Each function below says whether it is
+/// collective (every rank of the backend's communicator calls it, in the same order) and in which
+/// of these states it is legal.
 template <class Backend, class Tensor>
 class GradientSync {
   using traits = TensorTraits<Tensor>;
@@ -74,11 +83,11 @@ class GradientSync {
                 "gradsync::Span<T, MemorySpace>, or have a gradsync::TensorTraits specialisation");
 
  public:
-  using backend_type = Backend;
-  using tensor_type = Tensor;
-  using value_type = typename traits::value_type;
-  using memory_space = typename traits::memory_space;
-  using execution_space = typename traits::execution_space;
+  using backend_type = Backend;                              ///< The backend (MpiBackend, NcclBackend, ...).
+  using tensor_type = Tensor;                                ///< The gradients' tensor type.
+  using value_type = typename traits::value_type;            ///< float or double.
+  using memory_space = typename traits::memory_space;        ///< Where the gradients live.
+  using execution_space = typename traits::execution_space;  ///< Where packing and scaling run.
 
   static_assert(is_supported_value_v<value_type>,
                 "gradsync::GradientSync: gradients must hold float or double (the types with a built-in "
@@ -88,6 +97,11 @@ class GradientSync {
                 "(NcclBackend reads device memory only: NCCL cannot read host memory; use MpiBackend for host "
                 "tensors)");
 
+  /// A sync over `backend`'s communicator; `exec` runs its packing and scaling kernels. Applies the
+  /// GRADSYNC_* environment (unless Options::tuning.read_environment is off) and validates the
+  /// options (ConfigError). Local: no communication (the ranks compare options at the first
+  /// collective call); allocates only bookkeeping, the fusion buffer comes at the first
+  /// synchronize() or prepare().
   explicit GradientSync(Backend backend, Options options = {}, execution_space exec = {})
       : backend_(std::move(backend)),
         opt_(prepare_options(options)),
@@ -106,11 +120,11 @@ class GradientSync {
   GradientSync& operator=(const GradientSync&) = delete;
   /// Moving (into a DistributedOptimizer) is legal in any state: requests and buffers in flight are
   /// handles to heap memory, which the new object takes over. The moved-from object only accepts
-  /// destruction; its other calls throw.
+  /// destruction; its other calls throw. Local; allocates nothing.
   GradientSync(GradientSync&&) = default;
   GradientSync& operator=(GradientSync&&) = delete;
 
-  /// Destroying a sync between steps frees its buffers and communicators. Destroying it while a
+  /// Destroying a sync between steps frees its buffers and communicators (local). Destroying it while a
   /// step is open (an exception from the user's backward after mark_ready(), say) abandons the step:
   /// its peers are told (each throws an Error naming this rank) and everything its collectives in
   /// flight may still touch is parked, never freed, so later MPI calls of the program are safe.
@@ -128,7 +142,7 @@ class GradientSync {
   /// Registers a gradient in `Group`. Any contiguous tensor with this sync's value type and memory
   /// space is accepted (a View of any rank, a vector, a Span). `name` appears in error messages.
   /// Local (not collective); legal between steps only. The ranks compare the data-parallel
-  /// registrations at the next collective call.
+  /// registrations at the next collective call, which also rebuilds the plan (and its buffers).
   template <class Group, class U>
   void add(const U& tensor, std::string name = {}) {
     using UT = TensorTraits<U>;
@@ -181,8 +195,9 @@ class GradientSync {
     }
   }
 
-  /// A temporary container would dangle: the sync refers to a std::vector's values (and re-reads
-  /// its size) at every synchronize(). Views and Spans are handles and may be temporaries.
+  /// Refused at compile time: a temporary container would dangle, since the sync refers to a
+  /// std::vector's values (and re-reads its size) at every synchronize(). Views and Spans are
+  /// handles and may be temporaries.
   template <class Group, class U,
             class = std::enable_if_t<!std::is_lvalue_reference_v<U> && impl::owns_values_v<std::remove_cv_t<U>>>>
   void add(U&&, std::string = {}) {
@@ -206,8 +221,8 @@ class GradientSync {
   }
 
   /// Registers a row-sparse gradient (row_sparse.hpp): only its rows are scaled (local group) or
-  /// exchanged (data-parallel group), after the dense chunks. Needs backward_passes_per_step == 1.
-  /// Local; legal between steps only.
+  /// exchanged (data-parallel group), after the dense chunks. Needs backward_passes_per_step == 1
+  /// (ConfigError). Local; legal between steps only.
   template <class Group, class V, class I>
   void add(const RowSparse<V, I>& rows, std::string name = {}) {
     step_.require_between_steps("add()", opt_.backward_passes_per_step);
@@ -257,6 +272,8 @@ class GradientSync {
   /// every rank (each names the rank that failed first), except the fp16 overflow, after which the
   /// sync goes on (docs/ERRORS.md). [[nodiscard]]: applying the optimizer after a false return
   /// applies a partial sum (GRADSYNC_BACKWARD_PASSES_PER_STEP changes N without changing the code).
+  /// Allocates the plan's buffers at the first call and after registrations change; a steady step
+  /// allocates nothing.
   [[nodiscard]] bool synchronize() {
     step_.require_usable("synchronize()");
     impl::ProfileRegion region(impl::Region::synchronize);
@@ -277,6 +294,8 @@ class GradientSync {
   /// legal between steps only.
   /// Gradient values are not touched; the next synchronize() builds nothing unless registrations
   /// change in between. fusion_threshold_auto still times its candidates on the first steps.
+  /// Allocates what the first synchronize() would (the fusion buffer, staging, process sets'
+  /// communicators).
   void prepare() {
     step_.require_between_steps("prepare()", opt_.backward_passes_per_step);
     impl::ProfileRegion region(impl::Region::prepare);
@@ -297,7 +316,8 @@ class GradientSync {
   /// the Nth pass launch chunks of the accumulated sums. A gradient must not change after its mark
   /// until synchronize() returns. Collective when it opens the step (the ranks' arrival check runs
   /// then), and with Options::check_finite each chunk is scanned before it is launched; legal in
-  /// every state but failed.
+  /// every state but failed. Builds the plan (allocates its buffers) when registrations changed;
+  /// otherwise allocates nothing.
   template <class U>
   void mark_ready(const U& tensor) {
     static_assert(is_tensor_v<U>, "gradsync::GradientSync::mark_ready: argument is not a tensor");
@@ -328,7 +348,9 @@ class GradientSync {
 
   /// Lets chunks launched by mark_ready advance and launches those that became possible. Call it
   /// while waiting during backward (e.g. while polling device events): MPI's nonblocking
-  /// collectives progress only inside MPI calls. Never blocks; legal in every state but failed.
+  /// collectives progress only inside MPI calls. Never blocks; local (it only tests this rank's
+  /// requests and launches chunks every rank launches in the same order); legal in every state but
+  /// failed; allocates nothing.
   void progress() {
     step_.require_usable("progress()");
     if (!step_.open() || plan_.blocking()) return;
@@ -352,15 +374,20 @@ class GradientSync {
   /// Whether the first steps are still timing the plan's candidates.
   bool tuning() const { return plan_.tuner().active(); }
 
+  /// This rank's counters: bytes and calls reduced, steps, plan builds, buffer bytes.
   const Stats& stats() const { return stats_; }
+  /// The options in effect: the constructor's, after the GRADSYNC_* environment was applied.
   const Options& options() const { return opt_; }
+  /// The backend the sync reduces over (its rank(), size(), communicator).
   const Backend& backend() const { return backend_; }
+  /// Dense tensors registered with add<Group>() (row-sparse gradients not counted).
   std::size_t num_tensors() const { return registry_.size(); }
 
   /// Bytes of data-parallel gradient one synchronize() hands to the backend.
   std::size_t data_parallel_bytes() const { return registry_.data_parallel_elements() * sizeof(value_type); }
 
-  /// This rank's registrations, plan and options, for describe(sync) (describe.hpp).
+  /// This rank's registrations, plan and options, for describe(sync) (describe.hpp). Allocates the
+  /// returned summary.
   SyncSummary summary() const {
     SyncSummary s;
     s.backend = Backend::name();
@@ -411,7 +438,8 @@ class GradientSync {
     return s;
   }
 
-  /// Whether the tensor registered at `data` is local (by its group's policy or at run time).
+  /// Whether the registered `tensor` is local (by its group's policy or at run time); an Error when
+  /// it is not registered.
   template <class U>
   bool is_local(const U& tensor) const {
     const value_type* p = TensorTraits<U>::data(tensor);

@@ -1,6 +1,11 @@
 // gradsync: the whole public API.
 #pragma once
 
+/// \namespace gradsync
+/// gradsync's public API: GradientSync (the fused synchronization of a model's gradients), its
+/// backends (MpiBackend, SelfBackend, NcclBackend), DistributedOptimizer and the optimizers, the
+/// global norm, process sets, row-sparse gradients and compression. gradsync::impl is internal.
+
 #include "backend_traits.hpp"
 #include "compression.hpp"
 #include "config.hpp"

@@ -1,4 +1,5 @@
-/* gradsync: the C interface (and, through fortran/gradsync_mod.f90, the Fortran one).
+/** \file gradsync_c.h
+ * gradsync: the C interface (and, through fortran/gradsync_mod.f90, the Fortran one).
  *
  * gradsync itself is a header-only C++ library; these entry points live in one translation unit,
  * src/gradsync_c.cpp, which the optional CMake target GradSync::c compiles into a static library:
@@ -9,9 +10,11 @@
  * while registered). Every call returns a gradsync_status; GRADSYNC_OK is 0. On failure
  * gradsync_last_error() returns the message (per thread). No C++ exception crosses this boundary.
  *
- * Collective calls (create, synchronize, destroy) must be made by every rank of the communicator.
- * A rank that fails a local check in gradsync_synchronize (a registration mismatch, a non-finite
- * gradient) makes every rank fail it with the same status: none hangs. */
+ * Collective calls (create, synchronize) must be made by every rank of the communicator, in the
+ * same order; destroy too, on every rank. A rank that fails a local check in gradsync_synchronize
+ * (a registration mismatch, a non-finite gradient) makes every rank fail it with the same status:
+ * none hangs. After a failed synchronize the handle is failed on every rank: later synchronize and
+ * add calls fail at once; destroy it. */
 #ifndef GRADSYNC_C_H
 #define GRADSYNC_C_H
 
@@ -59,40 +62,50 @@ typedef struct gradsync_options {
 
 /** Cumulative counters (both value types together). */
 typedef struct gradsync_stats {
-  uint64_t bytes_allreduced;
-  uint64_t allreduce_calls;
-  uint64_t passes; /**< synchronize calls */
-  uint64_t steps;  /**< synchronize calls that completed a step */
+  uint64_t bytes_allreduced; /**< bytes handed to the allreduce */
+  uint64_t allreduce_calls;  /**< allreduce calls (one per fused chunk) */
+  uint64_t passes;           /**< synchronize calls */
+  uint64_t steps;            /**< synchronize calls that completed a step */
 } gradsync_stats;
 
 /** Opaque handle. */
 typedef struct gradsync_sync* gradsync_handle;
 
+/** Fills `options` with the C++ defaults. Local; allocates nothing. */
 int gradsync_options_init(gradsync_options* options);
 
 /** Collective over `comm` (a Fortran or C communicator converted with MPI_Comm_c2f; gradsync works
- *  on a duplicate). `options` may be NULL for the defaults. On success *out is a new handle. */
+ *  on a duplicate). `options` may be NULL for the defaults. On success *out is a new handle.
+ *  Needs MPI initialized (initializes Kokkos if nobody did); allocates the handle, not the buffers. */
 int gradsync_create(MPI_Fint comm, const gradsync_options* options, gradsync_handle* out);
 
 /** Registers `count` values of `dtype` at `data` (host memory, fixed address while registered).
  *  `name` (may be NULL) appears in error messages. Data-parallel buffers must be added in the same
- *  order with the same sizes and types on every rank; local ones may differ from rank to rank. */
+ *  order with the same sizes and types on every rank; local ones may differ from rank to rank.
+ *  Local; between steps only (not between the passes of an aggregation cycle). The ranks compare
+ *  the registrations at the next synchronize, which rebuilds the plan and its buffers. */
 int gradsync_add(gradsync_handle h, void* data, int64_t count, int32_t dtype, int32_t kind, const char* name);
 
 /** Collective. Call after each backward pass; *step_completed (may be NULL) is set to 1 when the
- *  buffers hold synchronized values (every backward_passes_per_step-th call), else 0. */
+ *  buffers hold synchronized values (every backward_passes_per_step-th call), else 0. Allocates the
+ *  fusion buffers at the first call and after registrations change; a steady step allocates
+ *  nothing. A failure leaves the handle failed on every rank. */
 int gradsync_synchronize(gradsync_handle h, int32_t* step_completed);
 
+/** This rank's cumulative counters. Local; legal at any time, failed handles included. */
 int gradsync_get_stats(gradsync_handle h, gradsync_stats* out);
 
-/** World size and rank of the handle's communicator. */
+/** World size of the handle's communicator. Local; legal at any time. */
 int gradsync_size(gradsync_handle h, int32_t* size);
+/** This rank in the handle's communicator. Local; legal at any time. */
 int gradsync_rank(gradsync_handle h, int32_t* rank);
 
-/** Frees the handle and sets *h to NULL. Not collective, but call it before MPI_Finalize. */
+/** Frees the handle (its buffers and communicator) and sets *h to NULL. Not collective, but call it
+ *  on every rank before MPI_Finalize; legal at any time, failed handles included. */
 int gradsync_destroy(gradsync_handle* h);
 
-/** The message of this thread's last failed call ("" if none). Valid until the next failing call. */
+/** The message of this thread's last failed call ("" if none). Valid until the next failing call.
+ *  Local. */
 const char* gradsync_last_error(void);
 
 /** A constant string naming a status ("GRADSYNC_ERR_MISMATCH"). */

@@ -11,15 +11,15 @@ enum class LocalScale {
 
 /// Policy of a data-parallel group: gradients are averaged (or summed) over all ranks.
 struct DataParallel {
-  static constexpr bool is_local = false;
-  static constexpr LocalScale scale = LocalScale::none;
+  static constexpr bool is_local = false;                ///< Communicated.
+  static constexpr LocalScale scale = LocalScale::none;  ///< Unused: Options (op, pre/postscale) scale the group.
 };
 
 /// Policy of a local group: gradients never leave the rank; `Scale` says how they are scaled.
 template <LocalScale Scale = LocalScale::world_size>
 struct KeepLocal {
-  static constexpr bool is_local = true;
-  static constexpr LocalScale scale = Scale;
+  static constexpr bool is_local = true;      ///< Never communicated.
+  static constexpr LocalScale scale = Scale;  ///< How synchronize() scales the group.
 };
 
 /// Specialise per group type; the primary template makes every group data-parallel.
@@ -28,9 +28,11 @@ struct KeepLocal {
 template <class Group>
 struct LocalVarPolicy : DataParallel {};
 
+/// Whether Group's gradients stay on their rank (its LocalVarPolicy).
 template <class Group>
 inline constexpr bool is_local_v = LocalVarPolicy<Group>::is_local;
 
+/// How Group's gradients are scaled when local (its LocalVarPolicy).
 template <class Group>
 inline constexpr LocalScale local_scale_v = LocalVarPolicy<Group>::scale;
 

@@ -106,10 +106,18 @@ MPI_Op mpi_sum_op() {
 
 }  // namespace impl
 
+/// GradientSync's backend over an MPI communicator (host memory; device memory with a CUDA-aware
+/// MPI). Copies share one duplicate of the user's communicator. The members below are the backend
+/// interface a GradientSync and gradsync's helpers call; a program mostly builds one and reads
+/// rank(), size() and topology(). Every collective member is collective over the backend's
+/// communicator: each rank calls it in the same order. Errors become gradsync::Error (the
+/// duplicate returns error codes instead of aborting).
 class MpiBackend {
  public:
   /// A nonblocking collective in flight. Keep it alive (and the buffer) until wait() or test().
+  /// Its fields are the backend's bookkeeping, public only for its own functions.
   struct Request {
+    /// \cond GRADSYNC_INTERNAL
     MPI_Request req = MPI_REQUEST_NULL;
     std::shared_ptr<impl::RingAllreduce> ring;  // set when gradsync's own ring runs it
     // A hierarchical sum (ihierarchical_allreduce_sum): its stage in flight (1 reduce within the
@@ -121,10 +129,12 @@ class MpiBackend {
     MPI_Datatype type = MPI_DATATYPE_NULL;
     MPI_Op op = MPI_OP_NULL;
     std::int64_t non_finite = -1;  // a completed compressed sum in place: its first non-finite value (fp16)
+    /// \endcond
   };
 
   /// Works on a duplicate of `comm`; MPI must already be initialized by the caller. `cuda_aware`
-  /// says whether device memory may be handed to MPI (detect: see impl/cuda_aware.hpp).
+  /// says whether device memory may be handed to MPI (detect: see impl/cuda_aware.hpp). Collective
+  /// over `comm`: duplicates it and splits it by node (Topology); allocates those communicators.
   explicit MpiBackend(MPI_Comm comm, CudaAwareMpi cuda_aware = CudaAwareMpi::detect) {
     int initialized = 0, finalized = 0;
     MPI_Initialized(&initialized);
@@ -138,11 +148,15 @@ class MpiBackend {
     cuda_aware_ = impl::detect_cuda_aware_mpi(cuda_aware);
   }
 
+  /// "mpi", in summaries and messages.
   static constexpr const char* name() { return "mpi"; }
   /// Sums WireFp16 / WireBf16 arrays (a user-defined MPI_Op that adds in fp32), on host memory.
   static constexpr bool sums_wire_values = true;
+  /// This rank in the backend's communicator. Local.
   int rank() const { return rank_; }
+  /// The communicator's size. Local.
   int size() const { return size_; }
+  /// gradsync's duplicate of the user's communicator (never the user's own). Local.
   MPI_Comm comm() const { return comm_->comm; }
 
   /// Host memory always; CUDA device memory only when the MPI library is CUDA-aware.
@@ -155,12 +169,15 @@ class MpiBackend {
 
   /// Whether device memory is handed to MPI, and what decided it.
   bool cuda_aware() const { return cuda_aware_.aware; }
+  /// What decided cuda_aware() (the argument, GRADSYNC_CUDA_AWARE_MPI, the MPI library's answer).
   const char* cuda_aware_source() const { return cuda_aware_.source; }
 
   /// The most elements one MPI call takes (impl::mpi_max_count(): INT_MAX unless a test lowers it);
   /// callers of the nonblocking sums split larger buffers into pieces of this many.
   static std::size_t max_count() { return impl::mpi_max_count(); }
 
+  /// Blocking in-place sum of n values over the ranks (MPI_Allreduce, split into pieces of
+  /// max_count()). Collective; allocates nothing.
   template <class T>
   void allreduce_sum(T* buf, std::size_t n) const {
     impl::for_pieces(n, impl::mpi_max_count(), [&](std::size_t off, int cnt) {
@@ -217,6 +234,7 @@ class MpiBackend {
   Request iallreduce_sum(T* buf, std::size_t n) const {
     return start_sum(buf, n, 1.0);
   }
+  /// iallreduce_sum() times `factor`, folded into the ring's reduction where folds_factor() says so.
   template <class T>
   Request iallreduce_sum(T* buf, std::size_t n, T factor) const {
     return start_sum(buf, n, double(factor));
@@ -252,6 +270,8 @@ class MpiBackend {
     r.ring = comm_->rings.template start_wire<W>(buf, checked_count(n), pre, post, residual, comm(), rank_, size_);
     return r;
   }
+  /// Blocks until `r` completes (polling a ring or hierarchical sum, which advance only when
+  /// tested). Local to this rank's request; allocates nothing.
   void wait(Request& r) const {
     if (r.ring || r.stage != 0) {
       while (!test(r)) {
@@ -260,6 +280,8 @@ class MpiBackend {
     }
     impl::mpi_check(MPI_Wait(&r.req, MPI_STATUS_IGNORE), "MPI_Wait");
   }
+  /// Whether `r` completed; advances every ring sum in flight and starts a hierarchical sum's next
+  /// stage. Never blocks; allocates nothing.
   bool test(Request& r) const {
     if (r.ring) {
       comm_->rings.progress();
@@ -278,15 +300,19 @@ class MpiBackend {
   /// on latency (libnbc's threshold for its binomial schedule, too).
   static constexpr std::size_t ring_min_bytes = std::size_t(64) << 10;
 
+  /// Blocking in-place minimum over the ranks. Collective; allocates nothing.
   template <class T>
   void allreduce_min(T* buf, std::size_t n) const {
     reduce_op(buf, n, MPI_MIN);
   }
+  /// Blocking in-place maximum over the ranks. Collective; allocates nothing.
   template <class T>
   void allreduce_max(T* buf, std::size_t n) const {
     reduce_op(buf, n, MPI_MAX);
   }
 
+  /// Blocking broadcast of n values from `root` (an Error when root is not a rank). Collective;
+  /// allocates nothing.
   template <class T>
   void broadcast(T* buf, std::size_t n, int root) const {
     if (root < 0 || root >= size_)
@@ -306,6 +332,7 @@ class MpiBackend {
     impl::mpi_check(MPI_Ibcast(buf, checked_count(n), impl::mpi_type<T>(), root, comm(), &r.req), "MPI_Ibcast");
     return r;
   }
+  /// Nonblocking in-place minimum (see ibroadcast()).
   template <class T>
   Request iallreduce_min(T* buf, std::size_t n) const {
     Request r;
@@ -313,6 +340,7 @@ class MpiBackend {
                     "MPI_Iallreduce (MIN)");
     return r;
   }
+  /// Nonblocking allgather: recv holds size()*n values (see allgather(), ibroadcast()).
   template <class T>
   Request iallgather(const T* send, T* recv, std::size_t n) const {
     Request r;
@@ -347,6 +375,7 @@ class MpiBackend {
                     "MPI_Alltoallv");
   }
 
+  /// MPI_Barrier on the backend's communicator. Collective.
   void barrier() const { impl::mpi_check(MPI_Barrier(comm()), "MPI_Barrier"); }
 
   /// A backend over the ranks that give the same `color` (MPI_Comm_split; collective over this

@@ -76,6 +76,11 @@ inline void nccl_check(ncclResult_t rc, const char* what, ncclComm_t comm = null
 
 }  // namespace impl
 
+/// GradientSync's backend over NCCL, for gradients in CUDA device memory (GPU builds: needs
+/// GradSync::nccl, which defines GRADSYNC_HAVE_NCCL). Built from an MPI communicator; copies share
+/// one NCCL communicator and stream. The members below are the backend interface a GradientSync
+/// calls; every collective member is collective over the backend's ranks, each calling it in the
+/// same order, and enqueues on the backend's stream. Blocking collectives synchronize the stream.
 class NcclBackend {
  public:
   /// A collective in flight: an event recorded on the backend's stream after it. Every request in
@@ -85,6 +90,7 @@ class NcclBackend {
   /// abandoned before that keeps its event out of the pool. Wait each request once (copies share
   /// the event).
   struct Request {
+    /// The recorded event (null once complete).
     cudaEvent_t event = nullptr;
   };
 
@@ -94,10 +100,12 @@ class NcclBackend {
   /// Joins every rank of `comm` (collective over it) on the current CUDA device; collectives are
   /// enqueued on `stream`, which the caller keeps alive as long as the backend.
   NcclBackend(MPI_Comm comm, cudaStream_t stream) : state_(std::make_shared<State>(comm, stream)) {}
+  /// On a CudaStream's stream (the one a GradientSync over Span<T, CudaDeviceSpace> uses).
   NcclBackend(MPI_Comm comm, CudaStream stream) : NcclBackend(comm, stream.stream()) {}
 #if defined(KOKKOS_ENABLE_CUDA)
   /// On the stream of a Kokkos CUDA execution space instance: by default the default instance, the
-  /// one a GradientSync over Kokkos::CudaSpace views uses unless given another.
+  /// one a GradientSync over Kokkos::CudaSpace views uses unless given another. (Without Kokkos'
+  /// CUDA backend this is NcclBackend(comm), on the legacy default stream.) Collective over `comm`.
   explicit NcclBackend(MPI_Comm comm, const Kokkos::Cuda& exec = Kokkos::Cuda())
       : NcclBackend(comm, exec.cuda_stream()) {}
 #else
@@ -105,11 +113,15 @@ class NcclBackend {
   explicit NcclBackend(MPI_Comm comm) : NcclBackend(comm, CudaStream{}) {}
 #endif
 
+  /// "nccl", in summaries and messages.
   static constexpr const char* name() { return "nccl"; }
   /// Sums WireFp16 / WireBf16 arrays as ncclFloat16 / ncclBfloat16 (bf16 needs NCCL 2.10+).
   static constexpr bool sums_wire_values = true;
+  /// This rank in the communicator. Local.
   int rank() const { return state_->rank; }
+  /// The communicator's size. Local.
   int size() const { return state_->size; }
+  /// The stream every collective is enqueued on. Local.
   cudaStream_t stream() const { return state_->stream; }
   /// The NCCL communicator (null after abort()).
   ncclComm_t nccl_comm() const { return state_->nccl; }
@@ -120,6 +132,7 @@ class NcclBackend {
   /// packing a chunk and reducing it (impl/backend_order.hpp).
   bool ordered_on(const CudaStream& exec) const { return exec.stream() == stream(); }
 #if defined(KOKKOS_ENABLE_CUDA)
+  /// True when the Kokkos instance `exec` enqueues on this backend's stream.
   bool ordered_on(const Kokkos::Cuda& exec) const { return exec.cuda_stream() == stream(); }
 #endif
 
@@ -128,27 +141,33 @@ class NcclBackend {
   /// (impl::reads_memory_space in backend_traits.hpp).
   template <class MemorySpace>
   static constexpr bool reads_memory_space = impl::is_cuda_memory_v<MemorySpace>;
+  /// reads_memory_space<MemorySpace>, at run time.
   template <class MemorySpace>
   bool can_access() const {
     return reads_memory_space<MemorySpace>;
   }
 
+  /// Blocking in-place sum of n values (ncclAllReduce, then the stream is synchronized).
+  /// Collective; allocates nothing.
   template <class T>
   void allreduce_sum(T* buf, std::size_t n) const {
     allreduce(buf, n, ncclSum);
     sync();
   }
+  /// Blocking in-place average (ncclAvg, NCCL 2.10+). Collective; allocates nothing.
   template <class T>
   void allreduce_average(T* buf, std::size_t n) const {
     static_assert(reduces_average, "gradsync: ncclAvg needs NCCL 2.10 or newer");
     allreduce(buf, n, avg_op());
     sync();
   }
+  /// Blocking in-place minimum. Collective; allocates nothing.
   template <class T>
   void allreduce_min(T* buf, std::size_t n) const {
     allreduce(buf, n, ncclMin);
     sync();
   }
+  /// Blocking in-place maximum. Collective; allocates nothing.
   template <class T>
   void allreduce_max(T* buf, std::size_t n) const {
     allreduce(buf, n, ncclMax);
@@ -161,6 +180,7 @@ class NcclBackend {
     allreduce(buf, n, ncclSum);
     return record();
   }
+  /// Enqueues an in-place average (ncclAvg, NCCL 2.10+); wait() or test() before reading `buf`.
   template <class T>
   Request iallreduce_average(T* buf, std::size_t n) const {
     static_assert(reduces_average, "gradsync: ncclAvg needs NCCL 2.10 or newer");
@@ -173,6 +193,8 @@ class NcclBackend {
   void wait(Request& r) const {
     while (!test(r)) std::this_thread::yield();
   }
+  /// Whether the request's collective is done (its event returns to the pool); surfaces an NCCL
+  /// failure as an Error. Never blocks; allocates nothing.
   bool test(Request& r) const {
     if (r.event == nullptr) return true;
     const cudaError_t rc = cudaEventQuery(r.event);
@@ -186,6 +208,8 @@ class NcclBackend {
     return false;
   }
 
+  /// Blocking broadcast of n values from `root` (an Error when root is not a rank). Collective;
+  /// allocates nothing.
   template <class T>
   void broadcast(T* buf, std::size_t n, int root) const {
     if (root < 0 || root >= size())

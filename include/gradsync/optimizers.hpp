@@ -46,23 +46,23 @@ namespace gradsync {
 
 /// torch.optim.SGD's hyperparameters (PyTorch has no default learning rate; 0.01 here).
 struct SgdOptions {
-  double lr = 0.01;
-  double momentum = 0.0;
-  double dampening = 0.0;
-  double weight_decay = 0.0;
-  bool nesterov = false;
-  bool maximize = false;
+  double lr = 0.01;           ///< Learning rate (finite, >= 0).
+  double momentum = 0.0;      ///< Momentum factor; 0: no momentum buffer.
+  double dampening = 0.0;     ///< Dampening of the momentum (0 for Nesterov).
+  double weight_decay = 0.0;  ///< L2 penalty added to the gradient.
+  bool nesterov = false;      ///< Nesterov momentum (needs momentum > 0 and dampening 0).
+  bool maximize = false;      ///< Ascend the objective instead of descending it.
 };
 
 /// torch.optim.Adam's hyperparameters and defaults. weight_decay is L2 added to the gradient.
 struct AdamOptions {
-  double lr = 1e-3;
-  double beta1 = 0.9;
-  double beta2 = 0.999;
-  double eps = 1e-8;
-  double weight_decay = 0.0;
-  bool amsgrad = false;
-  bool maximize = false;
+  double lr = 1e-3;           ///< Learning rate (finite, >= 0).
+  double beta1 = 0.9;         ///< Decay of the first moment's running average, in [0, 1).
+  double beta2 = 0.999;       ///< Decay of the second moment's running average, in [0, 1).
+  double eps = 1e-8;          ///< Added to the denominator for numerical stability.
+  double weight_decay = 0.0;  ///< L2 (Adam) or decoupled (AdamW) weight decay.
+  bool amsgrad = false;       ///< Keep the maximum of the second moments (AMSGrad).
+  bool maximize = false;      ///< Ascend the objective instead of descending it.
 };
 
 /// torch.optim.AdamW's defaults: as Adam's, with decoupled weight decay 1e-2.
@@ -335,7 +335,9 @@ inline void check_finite_nonneg(const char* who, const char* what, double x) {
 /// torch.optim.SGD as a Kokkos kernel. `Tensor` fixes the value type and memory space, as in
 /// GradientSync<Backend, Tensor>; parameters of any shape with those are accepted. The momentum
 /// buffer (only when momentum != 0) is allocated at add() and, as in PyTorch, set to the first
-/// step's update direction without dampening.
+/// step's update direction without dampening. Everything is rank-local: no communication (wrap it
+/// in a DistributedOptimizer for that). Also has the optimizer interface's optional members
+/// (top of this file): num_params(), step_count(slot), set_grad_scale(), for_each_state().
 template <class Tensor>
 class Sgd : public impl::OptimizerSlots<Tensor, 1> {
   using base = impl::OptimizerSlots<Tensor, 1>;
@@ -345,19 +347,27 @@ class Sgd : public impl::OptimizerSlots<Tensor, 1> {
   using typename base::memory_space;
   using typename base::value_type;
 
+  /// Kernels run on `exec`. Validates the options (ConfigError). Local; allocates nothing.
   explicit Sgd(SgdOptions options = {}, execution_space exec = {}) : base(exec), opt_(options) { validate(); }
 
   /// The hyperparameters; the learning rate and the others may change between steps (a schedule),
   /// but momentum cannot be switched on after parameters were added.
   SgdOptions& options() { return opt_; }
+  /// \copydoc options()
   const SgdOptions& options() const { return opt_; }
 
+  /// Registers a parameter and its gradient (same size, contiguous); returns the pair's slot.
+  /// Local; allocates the momentum buffer (zeroed) when momentum != 0, and the kernels' table is
+  /// rebuilt at the next step().
   template <class P, class G>
   std::size_t add(const P& param, const G& grad) {
     static const char* const labels[] = {"gradsync::sgd_momentum_buffer"};
     return this->add_slot(param, grad, opt_.momentum != 0 ? 1 : 0, labels, "Sgd::add:");
   }
 
+  /// Updates every registered parameter from its gradient; they hold their new values on return.
+  /// Local; validates the options first (ConfigError). Allocates the kernels' table at the first
+  /// step after add(), nothing otherwise.
   void step() {
     validate();
     if (opt_.momentum != 0)
@@ -467,19 +477,27 @@ class AdamBase : public OptimizerSlots<Tensor, 3> {
 
 }  // namespace impl
 
-/// torch.optim.Adam as a Kokkos kernel (L2 weight decay added to the gradient).
+/// torch.optim.Adam as a Kokkos kernel (L2 weight decay added to the gradient). Rank-local, with
+/// Sgd's interface: options() (may change between steps; amsgrad not after add()), add(param, grad)
+/// (allocates exp_avg, exp_avg_sq and with amsgrad max_exp_avg_sq, zeroed), step() (allocates the
+/// kernels' table at the first step after add(), nothing otherwise), and the optional members.
 template <class Tensor>
 class Adam : public impl::AdamBase<Tensor, false> {
  public:
+  /// Where the update kernels run (the tensor type's execution space).
   using execution_space = typename impl::AdamBase<Tensor, false>::execution_space;
+  /// Kernels run on `exec`. Validates the options (ConfigError). Local; allocates nothing.
   explicit Adam(AdamOptions options = {}, execution_space exec = {}) : impl::AdamBase<Tensor, false>(options, exec) {}
 };
 
-/// torch.optim.AdamW as a Kokkos kernel (decoupled weight decay, default 1e-2).
+/// torch.optim.AdamW as a Kokkos kernel (decoupled weight decay, default 1e-2). Rank-local, with
+/// Adam's interface and allocations.
 template <class Tensor>
 class AdamW : public impl::AdamBase<Tensor, true> {
  public:
+  /// Where the update kernels run (the tensor type's execution space).
   using execution_space = typename impl::AdamBase<Tensor, true>::execution_space;
+  /// Kernels run on `exec`. Validates the options (ConfigError). Local; allocates nothing.
   explicit AdamW(AdamWOptions options = {}, execution_space exec = {}) : impl::AdamBase<Tensor, true>(options, exec) {}
 };
 

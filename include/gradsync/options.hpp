@@ -11,6 +11,7 @@ namespace gradsync {
 /// averaging is a scale folded into the unpack kernel.
 enum class ReduceOp { sum, average };
 
+/// "sum" or "average".
 inline const char* to_string(ReduceOp op) { return op == ReduceOp::sum ? "sum" : "average"; }
 
 /// Whether fused chunks are copied to host memory around the backend's reduction.
@@ -57,6 +58,7 @@ enum class Compression {
   bf16,  ///< bfloat16: 8-bit significand, fp32's range
 };
 
+/// "none", "fp16" or "bf16".
 inline const char* to_string(Compression c) {
   return c == Compression::fp16 ? "fp16" : c == Compression::bf16 ? "bf16" : "none";
 }
@@ -93,7 +95,7 @@ struct Tuning {
   /// reduced in place, in chunks of their own, without the copies through the fusion buffer (only
   /// without aggregation and host staging); smaller ones are fused. Infinity: nothing in place.
   double in_place_min_fraction = 0;
-  std::size_t in_place_min_bytes = std::size_t(64) << 10;
+  std::size_t in_place_min_bytes = std::size_t(64) << 10;  ///< see in_place_min_fraction
   /// Whether host buffers carry device gradients to a backend that cannot read device memory
   /// (automatic: only then; always; never: a ConfigError where it would be needed).
   HostStaging host_staging = HostStaging::automatic;
@@ -121,7 +123,7 @@ struct Tuning {
 /// What a GradientSync does: the reduction and its scales, aggregation, the local groups' scale,
 /// compression and the checks and deadline. The plan's knobs and the diagnostics are in `tuning`.
 struct Options {
-  ReduceOp op = ReduceOp::average;
+  ReduceOp op = ReduceOp::average;            ///< average (the default) or sum over the ranks
   double prescale_factor = 1.0;               ///< applied to data-parallel gradients before the reduction
   double postscale_factor = 1.0;              ///< applied after it
   int backward_passes_per_step = 1;           ///< local gradient aggregation: N passes per synchronize

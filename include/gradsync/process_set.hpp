@@ -64,9 +64,13 @@ enum class SetScale {
 /// Policy: the group is summed over the process set bound for `Tag` (bind_process_set<Tag>).
 template <class Tag, SetScale Scale = SetScale::world_size>
 struct ReduceOver {
+  /// Outside the world's fused exchange.
   static constexpr bool is_local = true;  // outside the world's fused exchange
+  /// Unused: `set_scale` scales the group.
   static constexpr LocalScale scale = LocalScale::none;
+  /// The process set's tag (bind_process_set<Tag>).
   using set_tag = Tag;
+  /// How the set's sum is scaled.
   static constexpr SetScale set_scale = Scale;
 };
 
@@ -74,6 +78,7 @@ template <class Group, class = void>
 struct is_set_reduced : std::false_type {};
 template <class Group>
 struct is_set_reduced<Group, std::void_t<typename LocalVarPolicy<Group>::set_tag>> : std::true_type {};
+/// Whether Group's policy is a ReduceOver<Tag> (reduced over a process set).
 template <class Group>
 inline constexpr bool is_set_reduced_v = is_set_reduced<Group>::value;
 

@@ -64,15 +64,19 @@ class RowSparse {
                 "rows back)");
 
  public:
-  using values_view = ValuesView;
-  using index_view = IndexView;
-  using value_type = typename ValuesView::non_const_value_type;
-  using index_type = typename IndexView::non_const_value_type;
-  using memory_space = typename ValuesView::memory_space;
-  using execution_space = typename ValuesView::execution_space;
+  using values_view = ValuesView;                                ///< The rows' View type.
+  using index_view = IndexView;                                  ///< The row numbers' View type.
+  using value_type = typename ValuesView::non_const_value_type;  ///< The rows' value type.
+  using index_type = typename IndexView::non_const_value_type;   ///< The row numbers' integer type.
+  using memory_space = typename ValuesView::memory_space;        ///< Where values and indices live.
+  using execution_space = typename ValuesView::execution_space;  ///< Where its kernels run.
 
+  /// An empty handle, to assign to later.
   RowSparse() = default;
 
+  /// Rows `values` numbered by `indices` in a table of `table_rows` rows, `rows` of them in use.
+  /// An Error when the shapes disagree or a View is not contiguous. Local; allocates the shared
+  /// row count only.
   RowSparse(ValuesView values, IndexView indices, std::int64_t table_rows, std::int64_t rows = 0)
       : values_(std::move(values)),
         indices_(std::move(indices)),
@@ -99,17 +103,18 @@ class RowSparse {
 
   /// Rows in use now (the first rows() of values and indices).
   std::int64_t rows() const { return count_ ? *count_ : 0; }
-  /// This step's row count; shared by every copy (the sync keeps one).
+  /// This step's row count; shared by every copy (the sync keeps one). Local; set it before the
+  /// step's synchronize() (a data-parallel sync then sets it to the union's count); allocates nothing.
   void set_rows(std::int64_t n) const {
     if (n < 0 || n > capacity_)
       throw Error(impl::cat("RowSparse::set_rows(", n, "): the capacity is ", capacity_, " rows"));
     *count_ = n;
   }
-  std::int64_t capacity() const { return capacity_; }
-  std::int64_t row_width() const { return width_; }
-  std::int64_t table_rows() const { return table_rows_; }
-  const ValuesView& values() const { return values_; }
-  const IndexView& indices() const { return indices_; }
+  std::int64_t capacity() const { return capacity_; }      ///< The most rows it holds.
+  std::int64_t row_width() const { return width_; }        ///< Values per row.
+  std::int64_t table_rows() const { return table_rows_; }  ///< Rows of the whole table.
+  const ValuesView& values() const { return values_; }     ///< The rows' values.
+  const IndexView& indices() const { return indices_; }    ///< The rows' numbers in the table.
 
  private:
   ValuesView values_;
@@ -122,6 +127,7 @@ template <class T>
 struct is_row_sparse : std::false_type {};
 template <class V, class I>
 struct is_row_sparse<RowSparse<V, I>> : std::true_type {};
+/// Whether T is a RowSparse.
 template <class T>
 inline constexpr bool is_row_sparse_v = is_row_sparse<T>::value;
 

@@ -8,14 +8,19 @@
 
 namespace gradsync {
 
+/// GradientSync's backend for one process: every collective is the identity (or a copy), nothing
+/// communicates or allocates. For tests and single-process runs of code written for several ranks.
 class SelfBackend {
  public:
   /// Nonblocking operations complete at once; the request is empty.
   struct Request {};
 
+  /// "self", in summaries and messages.
   static constexpr const char* name() { return "self"; }
   static constexpr bool sums_wire_values = true;  ///< 16-bit wire values too (the identity)
+  /// Always 0.
   int rank() const { return 0; }
+  /// Always 1.
   int size() const { return 1; }
 
   /// Every memory space is reachable: nothing is ever moved.
@@ -24,19 +29,26 @@ class SelfBackend {
     return true;
   }
 
+  /// The sum over one rank: the values as they are.
   template <class T>
   void allreduce_sum(T*, std::size_t) const {}
+  /// The same, complete at once.
   template <class T>
   Request iallreduce_sum(T*, std::size_t) const {
     return {};
   }
+  /// Returns at once.
   void wait(Request&) const {}
+  /// Always complete.
   bool test(Request&) const { return true; }
 
+  /// The values as they are.
   template <class T>
   void allreduce_min(T*, std::size_t) const {}
+  /// The values as they are.
   template <class T>
   void allreduce_max(T*, std::size_t) const {}
+  /// The values as they are; an Error unless root is 0.
   template <class T>
   void broadcast(T*, std::size_t, int root) const {
     check_root(root);
@@ -60,6 +72,7 @@ class SelfBackend {
           impl::cat("alltoallv on a 1-rank backend: sends ", send_counts[0], " values but receives ", recv_counts[0]));
     std::copy(send + send_displs[0], send + send_displs[0] + send_counts[0], recv + recv_displs[0]);
   }
+  /// Returns at once.
   void barrier() const {}
   /// The one rank's process set is itself.
   SelfBackend split(int, int) const { return *this; }

@@ -7,6 +7,8 @@
 
 namespace gradsync {
 
+/// Per-rank counters of what a GradientSync did (GradientSync::stats(); DESIGN.md). Cumulative
+/// since construction, except buffer_bytes and the plan's decisions (now).
 struct Stats {
   std::uint64_t bytes_allreduced = 0;     ///< bytes this rank handed to the backend's allreduce (on the wire:
                                           ///< 2 per value of a compressed chunk)

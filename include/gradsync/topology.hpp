@@ -32,10 +32,12 @@ enum class Algorithm {
                  ///< within each node (Horovod's HOROVOD_HIERARCHICAL_ALLREDUCE); blocking
 };
 
+/// "automatic", "flat" or "hierarchical".
 inline const char* to_string(Algorithm a) {
   return a == Algorithm::automatic ? "automatic" : a == Algorithm::flat ? "flat" : "hierarchical";
 }
 
+/// "2 nodes x 4 ranks" (or "..., 2-4 ranks per node" when nodes differ). Local; allocates the string.
 inline std::string describe_topology(const Topology& t) {
   std::string s = std::to_string(t.nodes) + (t.nodes == 1 ? " node" : " nodes");
   if (t.min_local_size == t.max_local_size)

@@ -39,8 +39,9 @@ namespace gradsync {
 template <class T>
 struct TorchTensor {
   static_assert(is_supported_value_v<T>, "gradsync::TorchTensor<T>: T must be float or double");
-  at::Tensor tensor;
+  at::Tensor tensor;  ///< The tensor (a handle: copies share its storage).
   TorchTensor() = default;
+  /// Wraps `t`; its type and device are checked when it is registered. Allocates nothing.
   explicit TorchTensor(at::Tensor t) : tensor(std::move(t)) {}
 };
 
@@ -79,25 +80,32 @@ T* torch_data(const at::Tensor& t) {
 /// torch::Tensor (at::Tensor): a float tensor.
 template <>
 struct TensorTraits<at::Tensor> {
-  static constexpr bool is_tensor = true;
-  using value_type = float;
-  using memory_space = Kokkos::HostSpace;
-  using execution_space = Kokkos::DefaultHostExecutionSpace;
-  static constexpr bool is_writable = true;
+  static constexpr bool is_tensor = true;                     ///< A tensor.
+  using value_type = float;                                   ///< float only.
+  using memory_space = Kokkos::HostSpace;                     ///< CPU tensors only.
+  using execution_space = Kokkos::DefaultHostExecutionSpace;  ///< Kernels run on the host.
+  static constexpr bool is_writable = true;                   ///< Always writable.
+  /// The values; an Error for an undefined, non-float, non-CPU, sparse or complex tensor.
   static float* data(const at::Tensor& t) { return impl::torch_data<float>(t); }
+  /// The number of values (0 when undefined).
   static std::size_t size(const at::Tensor& t) { return t.defined() ? std::size_t(t.numel()) : 0; }
+  /// at::Tensor::is_contiguous().
   static bool is_contiguous(const at::Tensor& t) { return t.is_contiguous(); }
 };
 
+/// TorchTensor<T>: a T tensor, checked as torch::Tensor is.
 template <class T>
 struct TensorTraits<TorchTensor<T>> {
-  static constexpr bool is_tensor = true;
-  using value_type = T;
-  using memory_space = Kokkos::HostSpace;
-  using execution_space = Kokkos::DefaultHostExecutionSpace;
-  static constexpr bool is_writable = true;
+  static constexpr bool is_tensor = true;                     ///< A tensor.
+  using value_type = T;                                       ///< float or double.
+  using memory_space = Kokkos::HostSpace;                     ///< CPU tensors only.
+  using execution_space = Kokkos::DefaultHostExecutionSpace;  ///< Kernels run on the host.
+  static constexpr bool is_writable = true;                   ///< Always writable.
+  /// The values; an Error for an undefined tensor, another dtype or device, sparse or complex.
   static T* data(const TorchTensor<T>& t) { return impl::torch_data<T>(t.tensor); }
+  /// The number of values (0 when undefined).
   static std::size_t size(const TorchTensor<T>& t) { return t.tensor.defined() ? std::size_t(t.tensor.numel()) : 0; }
+  /// at::Tensor::is_contiguous().
   static bool is_contiguous(const TorchTensor<T>& t) { return t.tensor.is_contiguous(); }
 };
 
@@ -105,21 +113,27 @@ struct TensorTraits<TorchTensor<T>> {
 /// which group took each. check() throws if a gradient lost or changed its storage since.
 class TorchParameters {
  public:
+  /// One registered parameter.
   struct Entry {
-    std::string name;
-    at::Tensor parameter;
-    const void* grad_data = nullptr;
+    std::string name;                 ///< its name in named_parameters()
+    at::Tensor parameter;             ///< the parameter (a handle)
+    const void* grad_data = nullptr;  ///< its gradient's storage when registered
+    /// whether it went to the local group
     bool local = false;
   };
+  /// The registered parameters, in named_parameters() order. Local.
   const std::vector<Entry>& entries() const { return entries_; }
+  /// How many were registered. Local.
   std::size_t size() const { return entries_.size(); }
+  /// How many of them went to the local group. Local.
   std::size_t local_count() const {
     std::size_t n = 0;
     for (const Entry& e : entries_) n += e.local ? 1 : 0;
     return n;
   }
 
-  /// Cheap (a pointer compare per parameter): call it before synchronize() when unsure.
+  /// Cheap (a pointer compare per parameter): call it before synchronize() when unsure. Local;
+  /// allocates nothing.
   void check() const {
     for (const Entry& e : entries_) {
       const at::Tensor& g = e.parameter.grad();
@@ -156,7 +170,8 @@ struct torch_sync_value<TorchTensor<T>> {
 /// a gradient: in `LocalGroup` when is_local(name) is true, else in `SharedGroup`. A gradient not yet
 /// allocated is allocated (zeros) here, so registration may precede the first backward pass. Each
 /// tensor is registered under its parameter name. Parameters of another dtype than the sync's, or
-/// not on the CPU, are an Error naming the parameter.
+/// not on the CPU, are an Error naming the parameter. Local, like GradientSync::add: between steps
+/// only; allocates the missing gradients and the returned list.
 template <class SharedGroup, class LocalGroup, class Backend, class Tensor, class Pred>
 TorchParameters add_parameters(GradientSync<Backend, Tensor>& sync, const torch::nn::Module& module, Pred&& is_local) {
   using W = impl::torch_sync_value<Tensor>;
@@ -188,7 +203,7 @@ TorchParameters add_parameters(GradientSync<Backend, Tensor>& sync, const torch:
   return reg;
 }
 
-/// Every parameter in one group.
+/// Every parameter in one group (as above: local, between steps only).
 template <class Group, class Backend, class Tensor>
 TorchParameters add_parameters(GradientSync<Backend, Tensor>& sync, const torch::nn::Module& module) {
   return add_parameters<Group, Group>(sync, module, [](const std::string&) { return false; });

@@ -1,9 +1,9 @@
 // gradsync internals: transparent huge pages for host gradients and host buffers.
 //
 // Why: on one node Open MPI moves large messages with one kernel copy (CMA), which walks and pins
-// the sender's pages; in a virtual machine every 4 KiB page is also a two-level translation. On
-// 2 MiB pages the same allreduce measured about 30% faster, and gradsync's sync of ResNet-50's
-// separately allocated gradients 22 to 32% faster (docs/BENCHMARKS.md). Where THP is set to
+// the sender's pages; under virtualization every 4 KiB page is also a two-level translation. 2 MiB
+// pages make both the allreduce and gradsync's sync of separately allocated gradients faster
+// (docs/BENCHMARKS.md, docs/TUNING.md). Where THP is set to
 // "madvise", a common default, memory gets huge pages only if advised before its first touch
 // (gradsync's own buffers) or collapsed in place afterwards (the gradients a program registers).
 #pragma once

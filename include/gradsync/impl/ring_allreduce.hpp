@@ -2,7 +2,7 @@
 //
 // Why: Open MPI 4.1's MPI_Iallreduce (libnbc) reduces to a root and broadcasts back whenever there
 // are fewer than 4 ranks or the call is in place, so the bytes cross twice, one direction at a time,
-// and the nonblocking path measured about 2x slower than the blocking MPI_Allreduce. This is the
+// and the nonblocking path is far slower than the blocking MPI_Allreduce (docs/BENCHMARKS.md). This is the
 // bandwidth-optimal ring instead: a reduce-scatter then an allgather, p - 1 steps each, every rank
 // sending a 1/p segment to its right neighbour while receiving one from its left. The sum is the
 // built-in MPI_SUM, applied with MPI_Reduce_local (for 16-bit wire values gradsync's own MPI_Op, which
@@ -279,7 +279,7 @@ class RingAllreduce {
 ///
 /// Buffers: at most kBuffers receives into a temporary are posted at once, however many sums are
 /// in flight, so the few buffers stay in cache between a segment's arrival and its reduction (one
-/// per sum, 16 sums of 4 MiB pieces held 32 MiB of temporaries on 2 ranks, past this machine's L3).
+/// per sum outgrows the last-level cache with many sums in flight; docs/BENCHMARKS.md).
 /// Buffers go to the waiting sums in the order the sums started, the same on every rank, so a
 /// rank's oldest unfinished sums always get theirs: a sum that holds one waits only for its
 /// peer's send, which its peer posted when it started that sum.
@@ -309,7 +309,7 @@ class RingPool {
   /// Advances every sum in flight: a ring moves on only when tested, so testing one request
   /// advances them all, and later chunks do not idle while the sync waits for an earlier one.
   /// One MPI_Testsome over all their requests: each MPI test runs the progress engine once, so
-  /// testing ring by ring polled it once per sum in flight (3-9% of a ResNet-50 sync, 2 ranks).
+  /// testing ring by ring polled it once per sum in flight (docs/BENCHMARKS.md has the cost).
   void progress() {
     held_.clear();
     reqs_.clear();

@@ -271,7 +271,7 @@ class SyncEngine {
                                                                aggregated, wire_, residual_, Compression(ch.kind)});
   }
 
-  // Kept out of line, as it was before the split: inlined into complete_chunk, GCC 12 gives its
+  // Kept out of line: inlined into complete_chunk, GCC 12 gives its
   // per-segment loop one more instruction (callgrind, bench_sync hostpath).
   [[gnu::noinline]] void unpack_chunk(Context& cx, const Plan& plan, std::size_t c) {
     TimelineScope span(cx.timeline, Timeline::Kind::unpack, "unpack", std::int64_t(c));
