@@ -1,6 +1,7 @@
 // gradsync: the whole public API.
 #pragma once
 
+#include "backend.hpp"
 #include "backend_traits.hpp"
 #include "compression.hpp"
 #include "config.hpp"
