@@ -29,6 +29,7 @@
 #include <utility>
 #include <vector>
 
+#include "backend.hpp"
 #include "backend_traits.hpp"
 #include "compression.hpp"
 #include "config.hpp"
@@ -96,6 +97,8 @@ class GradientSync {
                 "gradsync::GradientSync<Backend, Tensor>: the backend cannot read the tensors' memory space "
                 "(NcclBackend reads device memory only: NCCL cannot read host memory; use MpiBackend for host "
                 "tensors)");
+  // Each member the sync calls, the first one missing named (backend.hpp lists them).
+  static_assert(impl::check_backend<Backend, value_type, memory_space>());
 
   /// A sync over `backend`'s communicator; `exec` runs its packing and scaling kernels. Applies the
   /// GRADSYNC_* environment (unless Options::tuning.read_environment is off) and validates the

@@ -6,6 +6,7 @@
 /// backends (MpiBackend, SelfBackend, NcclBackend), DistributedOptimizer and the optimizers, the
 /// global norm, process sets, row-sparse gradients and compression. gradsync::impl is internal.
 
+#include "backend.hpp"
 #include "backend_traits.hpp"
 #include "compression.hpp"
 #include "config.hpp"

@@ -138,7 +138,7 @@ class NcclBackend {
 
   /// Memory a CUDA device can address; host memory never (staging through host cannot help NCCL).
   /// Known at compile time: GradientSync<NcclBackend, host tensor> is a static_assert
-  /// (impl::reads_memory_space in backend_traits.hpp).
+  /// (impl::reads_memory_space in backend.hpp).
   template <class MemorySpace>
   static constexpr bool reads_memory_space = impl::is_cuda_memory_v<MemorySpace>;
   /// reads_memory_space<MemorySpace>, at run time.

@@ -42,6 +42,7 @@
 #include <utility>
 #include <vector>
 
+#include "backend.hpp"
 #include "config.hpp"
 #include "error.hpp"
 #include "impl/consistency.hpp"
@@ -84,28 +85,8 @@ inline constexpr bool is_set_reduced_v = is_set_reduced<Group>::value;
 
 namespace impl {
 
-template <class B, class = void>
-struct has_split : std::false_type {};
-template <class B>
-struct has_split<B, std::void_t<decltype(std::declval<const B&>().split(0, 0))>> : std::true_type {};
-
-// The backend of a process set: what split() returns (a class derived from MpiBackend splits into
-// a plain MpiBackend).
-template <class B, class = void>
-struct split_result {
-  using type = B;
-};
-template <class B>
-struct split_result<B, std::void_t<decltype(std::declval<const B&>().split(0, 0))>> {
-  using type = decltype(std::declval<const B&>().split(0, 0));
-};
-
 // The most elements one call of a backend takes: its own max_count() where it has one (MpiBackend:
 // impl::mpi_max_count(), which tests lower), else an int's range, the count type of MPI and NCCL.
-template <class B, class = void>
-struct has_max_count : std::false_type {};
-template <class B>
-struct has_max_count<B, std::void_t<decltype(std::size_t(std::declval<const B&>().max_count()))>> : std::true_type {};
 template <class B>
 std::size_t max_count_of(const B& b) {
   std::size_t n = std::size_t(INT_MAX);

@@ -8,18 +8,9 @@
 // backend reads the buffer from the host, after a fence.
 #pragma once
 
-#include <type_traits>
-#include <utility>
+#include "../backend.hpp"
 
 namespace gradsync::impl {
-
-template <class Backend, class ExecutionSpace, class = void>
-struct has_ordered_on : std::false_type {};
-template <class Backend, class ExecutionSpace>
-struct has_ordered_on<
-    Backend, ExecutionSpace,
-    std::void_t<decltype(bool(std::declval<const Backend&>().ordered_on(std::declval<const ExecutionSpace&>())))>>
-    : std::true_type {};
 
 template <class Backend, class ExecutionSpace>
 bool ordered_on(const Backend& b, const ExecutionSpace& exec) {

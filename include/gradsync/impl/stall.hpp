@@ -32,18 +32,12 @@
 #include <utility>
 #include <vector>
 
+#include "../backend.hpp"
 #include "../error.hpp"
 #include "../options.hpp"
 #include "test_hooks.hpp"
 
 namespace gradsync::impl {
-
-// Whether a backend exposes its MPI communicator (MpiBackend does): the side channel needs one.
-template <class B, class = void>
-struct has_mpi_comm : std::false_type {};
-template <class B>
-struct has_mpi_comm<B, std::enable_if_t<std::is_same_v<decltype(std::declval<const B&>().comm()), MPI_Comm>>>
-    : std::true_type {};
 
 // "[0, 2-4]" for ranks {0, 2, 3, 4}.
 inline std::string rank_list(const std::vector<int>& ranks) {

@@ -235,7 +235,7 @@ class SyncEngine {
               "sums 16-bit values; backend '",
               Backend::name(),
               "' does not declare "
-              "sums_wire_values (backend_traits.hpp): use Compression::none with it"));
+              "sums_wire_values (gradsync/backend.hpp): use Compression::none with it"));
     wire_staged_ = plan.staged() || !reduces_wire_in<MemorySpace>(cx.backend);
     ensure_on_huge_pages(cx, wire_, capacity, "gradsync::wire_buffer");  // MPI copies from it (huge_pages.hpp)
     if (wire_staged_) ensure(cx, wire_staging_, capacity, "gradsync::wire_staging");

@@ -19,6 +19,7 @@
 #include <utility>
 #include <vector>
 
+#include "../backend.hpp"
 #include "../backend_traits.hpp"
 #include "../compression.hpp"
 #include "../error.hpp"
@@ -35,25 +36,6 @@
 #include "timeline.hpp"
 
 namespace gradsync::impl {
-
-// A backend that knows which of its ranks share a node (MpiBackend), and one that can sum in three
-// stages over them (Algorithm::hierarchical).
-template <class B, class = void>
-struct has_topology : std::false_type {};
-template <class B>
-struct has_topology<
-    B, std::enable_if_t<std::is_same_v<std::decay_t<decltype(std::declval<const B&>().topology())>, Topology>>>
-    : std::true_type {};
-template <class B, class = void>
-struct has_hierarchical_sum : std::false_type {};
-template <class B>
-struct has_hierarchical_sum<B, std::void_t<decltype(std::declval<const B&>().hierarchical_allreduce_sum(
-                                   static_cast<float*>(nullptr), std::size_t()))>> : std::true_type {};
-template <class B, class = void>
-struct has_nonblocking_hierarchical_sum : std::false_type {};
-template <class B>
-struct has_nonblocking_hierarchical_sum<B, std::void_t<decltype(std::declval<const B&>().ihierarchical_allreduce_sum(
-                                               static_cast<float*>(nullptr), std::size_t()))>> : std::true_type {};
 
 template <class Backend, class V, class MemorySpace>
 class SyncPlan {

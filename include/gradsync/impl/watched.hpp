@@ -14,28 +14,12 @@
 #include <type_traits>
 #include <utility>
 
+#include "../backend.hpp"
 #include "../mpi_backend.hpp"
 #include "../options.hpp"
 #include "stall.hpp"
 
 namespace gradsync::impl {
-
-template <class B, class = void>
-struct has_ibroadcast : std::false_type {};
-template <class B>
-struct has_ibroadcast<B, std::void_t<decltype(std::declval<const B&>().ibroadcast((double*)nullptr, std::size_t(), 0))>>
-    : std::true_type {};
-template <class B, class = void>
-struct has_iallreduce_min : std::false_type {};
-template <class B>
-struct has_iallreduce_min<
-    B, std::void_t<decltype(std::declval<const B&>().iallreduce_min((std::int64_t*)nullptr, std::size_t()))>>
-    : std::true_type {};
-template <class B, class = void>
-struct has_iallgather : std::false_type {};
-template <class B>
-struct has_iallgather<B, std::void_t<decltype(std::declval<const B&>().iallgather(
-                             (const double*)nullptr, (double*)nullptr, std::size_t()))>> : std::true_type {};
 
 template <class Backend>
 class Watched {

@@ -18,6 +18,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "../backend.hpp"
 #include "../compression.hpp"
 #include "../error.hpp"
 #include "vector_clones.hpp"
@@ -128,15 +129,10 @@ template <class W, class T>
 inline constexpr WireRingOps wire_ring_ops = {&WireRingLoops<W, T>::first, &WireRingLoops<W, T>::add,
                                               &WireRingLoops<W, T>::finish, &WireRingLoops<W, T>::write};
 
-/// A backend that sums compressed chunks in place, converting as it goes: a member
-/// `bool sums_wire_in_place(std::size_t wire_bytes) const` (MpiBackend: its ring's sums) and
-/// `Request iallreduce_wire_in_place<W>(T* buf, std::size_t n, T pre, T post, T* residual) const`,
-/// whose Request tells, once complete, the first value that is not finite (`non_finite`, -1: none).
-template <class B, class = void>
-struct has_wire_ring : std::false_type {};
-template <class B>
-struct has_wire_ring<B, std::void_t<decltype(bool(std::declval<const B&>().sums_wire_in_place(std::size_t())))>>
-    : std::true_type {};
+// A backend that sums compressed chunks in place, converting as it goes (has_wire_ring,
+// backend.hpp): `bool sums_wire_in_place(std::size_t wire_bytes) const` (MpiBackend: its ring's sums)
+// and `Request iallreduce_wire_in_place<W>(T* buf, std::size_t n, T pre, T post, T* residual) const`,
+// whose Request tells, once complete, the first value that is not finite (`non_finite`, -1: none).
 
 /// Whether a contiguous chunk of n values in wire format `kind` (int(Compression)) is summed in place.
 template <class B>

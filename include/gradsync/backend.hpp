@@ -1,0 +1,381 @@
+// gradsync: the backend concept, the one reference for writing a backend.
+//
+// A backend is the class B of GradientSync<B, Tensor>: the collectives over one communicator of
+// ranks (MpiBackend, NcclBackend, SelfBackend). GradientSync holds it by value and calls it from
+// one thread. "Collective": every rank of the communicator calls it, in the same order, with the
+// same n; "local": no other rank takes part. Buffers hold n contiguous values, summed in place.
+//
+// MUST provide (GradientSync names the first one missing in a static_assert, check_backend below):
+//
+//   struct Request;  (or an alias)
+//       A nonblocking collective in flight. Default-constructible, copyable and assignable: the
+//       sync keeps one per chunk. A default-constructed Request is complete.
+//   static const char* name();
+//       Local. The backend's name in messages and in describe().
+//   int rank() const;
+//   int size() const;
+//       Local. This rank, in [0, size()), and the communicator's number of ranks (>= 1).
+//   template <class MemorySpace> bool can_access() const;
+//       Local. Whether the collectives may be handed pointers into MemorySpace (a Kokkos memory
+//       space); where not, the sync stages the values through host memory. The same on every rank.
+//   template <class T> void allreduce_sum(T* buf, std::size_t n) const;
+//       Collective, blocking: buf[0, n) = the sum over the ranks. T: float and double (the global
+//       norm sums a double whatever the gradients hold), WireFp16 and WireBf16 where the backend
+//       declares sums_wire_values (below).
+//   template <class T> Request iallreduce_sum(T* buf, std::size_t n) const;
+//       Collective, nonblocking: starts the same sum; the caller touches buf only once the Request
+//       is complete. n fits an int (the sync's chunks never exceed INT_MAX values). T: as
+//       allreduce_sum.
+//   bool test(Request& r) const;
+//       Local, nonblocking: whether r's collective is complete (true again on a complete Request).
+//       The sync polls with it while it packs and unpacks other chunks: it is where the backend
+//       advances collectives that need the caller to progress them.
+//   void wait(Request& r) const;
+//       Local, blocking: returns once r is complete (at once on a complete Request).
+//   template <class T> void allreduce_min(T* buf, std::size_t n) const;
+//       Collective, blocking: the element-wise minimum over the ranks. T: std::int64_t, host memory
+//       (the ranks' agreement on options and registrations, where the backend has no comm()).
+//   template <class T> void allgather(const T* send, T* recv, std::size_t n) const;
+//       Collective, blocking: recv holds size() * n values, rank r's n values at recv + r * n.
+//       T: unsigned char and std::int64_t in host memory (agreement, process sets, row-sparse
+//       counts), the gradients' value type where can_access (row-sparse values).
+//   The backend itself is move-constructible: GradientSync takes it by value.
+//
+// MAY provide (detected by the trait in brackets; each entry says what the sync does without it):
+//
+//   template <class T> void broadcast(T* buf, std::size_t n, int root) const;
+//       Collective, blocking: every rank's buf = root's. Not detected: DistributedOptimizer's
+//       broadcast_parameters() and broadcast_set_parameter() call it, GradientSync never does.
+//   B split(int color, int key) const;  [has_split, split_result]
+//       Collective over this backend's ranks, blocking: a backend over the ranks that give the same
+//       color, ordered by key (MPI_Comm_split). Without it: no process sets (bind_process_set is a
+//       static_assert). It may return another backend type (a class derived from MpiBackend).
+//   std::size_t max_count() const;  [has_max_count]
+//       Local: the most elements one call takes; the process sets' sums are split into pieces of
+//       this many. Without it: INT_MAX, the count type of MPI and NCCL.
+//   MPI_Comm comm() const;  [has_mpi_comm]
+//       Local: the backend's MPI communicator. With it the sync duplicates it into a side channel
+//       (impl/stall.hpp): the stall report names the missing ranks, a rank that fails tells its
+//       peers, and the ranks agree before every exchange. Without it the agreement runs through
+//       allreduce_min and allgather on the first call only, and waits have no listening.
+//   bool ordered_on(const ExecutionSpace& exec) const;  [has_ordered_on]
+//       Local: true when the collectives are enqueued on exec's own stream, after the work already
+//       there: the sync hands a packed chunk over without fencing. Without it: false.
+//   template <class T> Request ibroadcast(T* buf, std::size_t n, int root) const;  [has_ibroadcast]
+//   template <class T> Request iallreduce_min(T* buf, std::size_t n) const;  [has_iallreduce_min]
+//   template <class T> Request iallgather(const T* send, T* recv, std::size_t n) const;  [has_iallgather]
+//       Collective, nonblocking forms of broadcast, allreduce_min and allgather (n fits an int):
+//       the helpers (impl/watched.hpp) wait for them under the stall watchdog. Without them the
+//       helpers call the blocking forms.
+//   const Topology& topology() const;  [has_topology]
+//       Local: which ranks share a node (topology.hpp), the same on every rank; it picks the plan.
+//       Without it: one node.
+//   template <class T> void hierarchical_allreduce_sum(T* buf, std::size_t n) const;  [has_hierarchical_sum]
+//       Collective, blocking: allreduce_sum's sum in stages over the nodes (Algorithm::hierarchical).
+//       Without it: Algorithm::hierarchical is a ConfigError, automatic never picks it.
+//   template <class T> Request ihierarchical_allreduce_sum(T* buf, std::size_t n) const;
+//       [has_nonblocking_hierarchical_sum] Collective, nonblocking form of it. Without it: a
+//       hierarchical plan blocks.
+//   bool folds_factor(std::size_t bytes) const;  [has_folds_factor]
+//   template <class T> Request iallreduce_sum(T* buf, std::size_t n, T factor) const;
+//       Local: whether a nonblocking sum of `bytes` can multiply by a factor inside the reduction;
+//       if so the sync calls the second, collective and nonblocking: buf = factor * sum. Without
+//       them: never, the sync scales in its own kernels.
+//   bool cuda_aware() const;  [has_cuda_aware]
+//       Local: whether device memory goes to the collectives, decided at run time; the ranks check
+//       that they agree, since it changes the collectives. Without it: nothing to agree on.
+//   bool prefers_blocking_allreduce() const;  [has_blocking_preference]
+//       Local: whether a chunk's blocking sum beats a nonblocking one, for Collectives::automatic.
+//       Without it: the trait gradsync::prefers_blocking_allreduce<B> (below), false unless
+//       specialized.
+//   static constexpr bool sums_wire_values = true;  [sums_wire]
+//       The sums take WireFp16 / WireBf16 arrays (compression.hpp), added in at least fp32. Without
+//       it: a compressed sync is a ConfigError.
+//   template <class MemorySpace> bool can_reduce_wire() const;  [has_can_reduce_wire]
+//       Local: where 16-bit wire values can be summed. Without it: wherever can_access.
+//   bool sums_wire_in_place(std::size_t wire_bytes) const;  [has_wire_ring]
+//   template <class W, class T>
+//   Request iallreduce_wire_in_place(T* buf, std::size_t n, T pre, T post, T* residual) const;
+//       Local, then collective and nonblocking: compressed sums in place, converting as they go
+//       (impl/wire_ring.hpp); the Request has `std::int64_t non_finite`. Without them: the sync
+//       packs a 16-bit copy and sums it.
+//   template <class MemorySpace> static constexpr bool reads_memory_space = ...;  [reads_memory_space]
+//       Compile time: whether the backend can read MemorySpace at all, whatever the run time
+//       (NcclBackend: device memory only); GradientSync over a space it cannot is a static_assert.
+//       Without it: every space, decided at run time by can_access.
+//   void abort() const noexcept;  [has_abort]
+//       Local, on the failure path: abandons the collectives in flight (NcclBackend:
+//       ncclCommAbort); the backend and its copies are unusable afterwards. Without it: requests in
+//       flight are kept alive until they complete.
+//
+// tests/test_backend_concept.cpp is a backend written from this list alone.
+#pragma once
+
+#include <mpi.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+#include "topology.hpp"
+
+namespace gradsync {
+
+/// True when a backend's blocking allreduce of a chunk beats its nonblocking one in the sync's
+/// pipeline; Options::tuning.collectives = automatic follows it. False by default: nonblocking chunks
+/// overlap packing, unpacking and (with mark_ready) backward. A backend may instead answer at run
+/// time with a member `bool prefers_blocking_allreduce() const`, which wins over this trait:
+/// MpiBackend does (blocking only where its nonblocking sums would go to Open MPI's libnbc, whose
+/// reduce-then-broadcast schedule is slower for fewer than 4 ranks).
+template <class Backend>
+struct prefers_blocking_allreduce : std::false_type {};
+
+/// prefers_blocking_allreduce<Backend>::value.
+template <class Backend>
+inline constexpr bool prefers_blocking_allreduce_v = prefers_blocking_allreduce<Backend>::value;
+
+namespace impl {
+
+// ---- What a backend must provide ----
+
+template <class B, class = void>
+struct has_request : std::false_type {};
+template <class B>
+struct has_request<B, std::void_t<typename B::Request>>
+    : std::bool_constant<std::is_default_constructible_v<typename B::Request> &&
+                         std::is_copy_constructible_v<typename B::Request> &&
+                         std::is_copy_assignable_v<typename B::Request>> {};
+
+template <class B, class = void>
+struct has_name : std::false_type {};
+template <class B>
+struct has_name<B, std::void_t<decltype(B::name())>> : std::is_convertible<decltype(B::name()), std::string> {};
+
+template <class B, class = void>
+struct has_rank : std::false_type {};
+template <class B>
+struct has_rank<B, std::void_t<decltype(std::declval<const B&>().rank())>>
+    : std::is_convertible<decltype(std::declval<const B&>().rank()), int> {};
+
+template <class B, class = void>
+struct has_size : std::false_type {};
+template <class B>
+struct has_size<B, std::void_t<decltype(std::declval<const B&>().size())>>
+    : std::is_convertible<decltype(std::declval<const B&>().size()), int> {};
+
+template <class B, class M, class = void>
+struct has_can_access : std::false_type {};
+template <class B, class M>
+struct has_can_access<B, M, std::void_t<decltype(bool(std::declval<const B&>().template can_access<M>()))>>
+    : std::true_type {};
+
+template <class B, class T, class = void>
+struct has_allreduce_sum : std::false_type {};
+template <class B, class T>
+struct has_allreduce_sum<B, T,
+                         std::void_t<decltype(std::declval<const B&>().allreduce_sum((T*)nullptr, std::size_t()))>>
+    : std::true_type {};
+
+// The Request it returns, so a backend without Request fails here too, not with a hard error.
+template <class B, class T, class = void>
+struct has_iallreduce_sum : std::false_type {};
+template <class B, class T>
+struct has_iallreduce_sum<
+    B, T,
+    std::void_t<typename B::Request, decltype(std::declval<const B&>().iallreduce_sum((T*)nullptr, std::size_t()))>>
+    : std::is_convertible<decltype(std::declval<const B&>().iallreduce_sum((T*)nullptr, std::size_t())),
+                          typename B::Request> {};
+
+template <class B, class = void>
+struct has_test : std::false_type {};
+template <class B>
+struct has_test<B, std::void_t<decltype(bool(std::declval<const B&>().test(std::declval<typename B::Request&>())))>>
+    : std::true_type {};
+
+template <class B, class = void>
+struct has_wait : std::false_type {};
+template <class B>
+struct has_wait<B, std::void_t<decltype(std::declval<const B&>().wait(std::declval<typename B::Request&>()))>>
+    : std::true_type {};
+
+template <class B, class T, class = void>
+struct has_allreduce_min : std::false_type {};
+template <class B, class T>
+struct has_allreduce_min<B, T,
+                         std::void_t<decltype(std::declval<const B&>().allreduce_min((T*)nullptr, std::size_t()))>>
+    : std::true_type {};
+
+template <class B, class T, class = void>
+struct has_allgather : std::false_type {};
+template <class B, class T>
+struct has_allgather<
+    B, T, std::void_t<decltype(std::declval<const B&>().allgather((const T*)nullptr, (T*)nullptr, std::size_t()))>>
+    : std::true_type {};
+
+/// Whether B provides every member a GradientSync<B, Tensor> of value type V in MemorySpace calls.
+template <class B, class V, class MemorySpace>
+inline constexpr bool is_backend_v =
+    std::conjunction_v<has_request<B>, has_name<B>, has_rank<B>, has_size<B>, has_can_access<B, MemorySpace>,
+                       has_allreduce_sum<B, V>, has_allreduce_sum<B, double>, has_iallreduce_sum<B, V>,
+                       has_iallreduce_sum<B, double>, has_test<B>, has_wait<B>, has_allreduce_min<B, std::int64_t>,
+                       has_allgather<B, unsigned char>, has_allgather<B, std::int64_t>, has_allgather<B, V>,
+                       std::is_move_constructible<B>>;
+
+/// One static_assert per required member, in the order of the list above, so that the first one
+/// missing is named (GradientSync calls it next to its own static_asserts). True, or no compile.
+template <class B, class V, class MemorySpace>
+constexpr bool check_backend() {
+  static_assert(has_request<B>::value,
+                "gradsync: the Backend lacks `struct Request` (default-constructible, copyable, assignable) (see "
+                "include/gradsync/backend.hpp)");
+  static_assert(has_name<B>::value,
+                "gradsync: the Backend lacks `static const char* name()` (see include/gradsync/backend.hpp)");
+  static_assert(has_rank<B>::value,
+                "gradsync: the Backend lacks `int rank() const` (see include/gradsync/backend.hpp)");
+  static_assert(has_size<B>::value,
+                "gradsync: the Backend lacks `int size() const` (see include/gradsync/backend.hpp)");
+  static_assert(has_can_access<B, MemorySpace>::value,
+                "gradsync: the Backend lacks `template <class MemorySpace> bool can_access() const` (see "
+                "include/gradsync/backend.hpp)");
+  static_assert(has_allreduce_sum<B, V>::value && has_allreduce_sum<B, double>::value,
+                "gradsync: the Backend lacks `template <class T> void allreduce_sum(T* buf, std::size_t n) const` "
+                "(see include/gradsync/backend.hpp)");
+  static_assert(has_iallreduce_sum<B, V>::value && has_iallreduce_sum<B, double>::value,
+                "gradsync: the Backend lacks `template <class T> Request iallreduce_sum(T* buf, std::size_t n) const` "
+                "(see include/gradsync/backend.hpp)");
+  static_assert(has_test<B>::value,
+                "gradsync: the Backend lacks `bool test(Request& r) const` (see include/gradsync/backend.hpp)");
+  static_assert(has_wait<B>::value,
+                "gradsync: the Backend lacks `void wait(Request& r) const` (see include/gradsync/backend.hpp)");
+  static_assert(has_allreduce_min<B, std::int64_t>::value,
+                "gradsync: the Backend lacks `template <class T> void allreduce_min(T* buf, std::size_t n) const` "
+                "(see include/gradsync/backend.hpp)");
+  static_assert(
+      has_allgather<B, unsigned char>::value && has_allgather<B, std::int64_t>::value && has_allgather<B, V>::value,
+      "gradsync: the Backend lacks `template <class T> void allgather(const T* send, T* recv, std::size_t n) "
+      "const` (see include/gradsync/backend.hpp)");
+  static_assert(std::is_move_constructible_v<B>,
+                "gradsync: the Backend is not move-constructible (see include/gradsync/backend.hpp)");
+  return true;
+}
+
+// ---- What a backend may provide (the list above says what each one changes) ----
+
+template <class B, class = void>
+struct has_split : std::false_type {};
+template <class B>
+struct has_split<B, std::void_t<decltype(std::declval<const B&>().split(0, 0))>> : std::true_type {};
+
+// The backend of a process set: what split() returns (a class derived from MpiBackend splits into
+// a plain MpiBackend).
+template <class B, class = void>
+struct split_result {
+  using type = B;
+};
+template <class B>
+struct split_result<B, std::void_t<decltype(std::declval<const B&>().split(0, 0))>> {
+  using type = decltype(std::declval<const B&>().split(0, 0));
+};
+
+template <class B, class = void>
+struct has_max_count : std::false_type {};
+template <class B>
+struct has_max_count<B, std::void_t<decltype(std::size_t(std::declval<const B&>().max_count()))>> : std::true_type {};
+
+template <class B, class = void>
+struct has_mpi_comm : std::false_type {};
+template <class B>
+struct has_mpi_comm<B, std::enable_if_t<std::is_same_v<decltype(std::declval<const B&>().comm()), MPI_Comm>>>
+    : std::true_type {};
+
+template <class Backend, class ExecutionSpace, class = void>
+struct has_ordered_on : std::false_type {};
+template <class Backend, class ExecutionSpace>
+struct has_ordered_on<
+    Backend, ExecutionSpace,
+    std::void_t<decltype(bool(std::declval<const Backend&>().ordered_on(std::declval<const ExecutionSpace&>())))>>
+    : std::true_type {};
+
+template <class B, class = void>
+struct has_ibroadcast : std::false_type {};
+template <class B>
+struct has_ibroadcast<B, std::void_t<decltype(std::declval<const B&>().ibroadcast((double*)nullptr, std::size_t(), 0))>>
+    : std::true_type {};
+template <class B, class = void>
+struct has_iallreduce_min : std::false_type {};
+template <class B>
+struct has_iallreduce_min<
+    B, std::void_t<decltype(std::declval<const B&>().iallreduce_min((std::int64_t*)nullptr, std::size_t()))>>
+    : std::true_type {};
+template <class B, class = void>
+struct has_iallgather : std::false_type {};
+template <class B>
+struct has_iallgather<B, std::void_t<decltype(std::declval<const B&>().iallgather(
+                             (const double*)nullptr, (double*)nullptr, std::size_t()))>> : std::true_type {};
+
+template <class B, class = void>
+struct has_topology : std::false_type {};
+template <class B>
+struct has_topology<
+    B, std::enable_if_t<std::is_same_v<std::decay_t<decltype(std::declval<const B&>().topology())>, Topology>>>
+    : std::true_type {};
+template <class B, class = void>
+struct has_hierarchical_sum : std::false_type {};
+template <class B>
+struct has_hierarchical_sum<B, std::void_t<decltype(std::declval<const B&>().hierarchical_allreduce_sum(
+                                   static_cast<float*>(nullptr), std::size_t()))>> : std::true_type {};
+template <class B, class = void>
+struct has_nonblocking_hierarchical_sum : std::false_type {};
+template <class B>
+struct has_nonblocking_hierarchical_sum<B, std::void_t<decltype(std::declval<const B&>().ihierarchical_allreduce_sum(
+                                               static_cast<float*>(nullptr), std::size_t()))>> : std::true_type {};
+
+template <class B, class = void>
+struct has_folds_factor : std::false_type {};
+template <class B>
+struct has_folds_factor<B, std::void_t<decltype(std::declval<const B&>().folds_factor(std::size_t()))>>
+    : std::true_type {};
+
+template <class B, class = void>
+struct has_cuda_aware : std::false_type {};
+template <class B>
+struct has_cuda_aware<B, std::void_t<decltype(bool(std::declval<const B&>().cuda_aware()))>> : std::true_type {};
+
+template <class B, class = void>
+struct has_blocking_preference : std::false_type {};
+template <class B>
+struct has_blocking_preference<B, std::void_t<decltype(bool(std::declval<const B&>().prefers_blocking_allreduce()))>>
+    : std::true_type {};
+
+template <class B, class = void>
+struct sums_wire : std::false_type {};
+template <class B>
+struct sums_wire<B, std::void_t<decltype(B::sums_wire_values)>> : std::bool_constant<B::sums_wire_values> {};
+
+template <class B, class M, class = void>
+struct has_can_reduce_wire : std::false_type {};
+template <class B, class M>
+struct has_can_reduce_wire<B, M, std::void_t<decltype(bool(std::declval<const B&>().template can_reduce_wire<M>()))>>
+    : std::true_type {};
+
+template <class B, class = void>
+struct has_wire_ring : std::false_type {};
+template <class B>
+struct has_wire_ring<B, std::void_t<decltype(bool(std::declval<const B&>().sums_wire_in_place(std::size_t())))>>
+    : std::true_type {};
+
+template <class B, class M, class = void>
+struct reads_memory_space : std::true_type {};
+template <class B, class M>
+struct reads_memory_space<B, M, std::void_t<decltype(B::template reads_memory_space<M>)>>
+    : std::bool_constant<B::template reads_memory_space<M>> {};
+
+template <class B, class = void>
+struct has_abort : std::false_type {};
+template <class B>
+struct has_abort<B, std::void_t<decltype(std::declval<const B&>().abort())>> : std::true_type {};
+
+}  // namespace impl
+}  // namespace gradsync
