@@ -219,6 +219,14 @@ class DistributedOptimizer {
                   "outlive the optimizer");
   }
 
+  /// Uneven data: this rank's samples in the current backward pass (GradientSync::set_samples, which
+  /// documents the weights). The first call turns the fold of the local scale off (the weighted
+  /// scale is the sync's own pass). Local; before the pass's first mark_ready() or synchronize().
+  void set_samples(std::int64_t n) {
+    if (!sync().weighted() && fold_) fold_local_scale(false);
+    sync().set_samples(n);
+  }
+
   /// Whether the local groups' scale goes into the optimizer's update (true by default when this
   /// object owns the sync and the optimizer has set_grad_scale) or is the sync's own pass. Between
   /// steps only.

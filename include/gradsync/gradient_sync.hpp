@@ -184,6 +184,8 @@ class GradientSync {
         throw Error(impl::cat("tensor '", e.name, "' (group ", e.group, ") overlaps row-sparse gradient '", on,
                               "' (group ", og, ") already registered"));
     });
+    if constexpr (is_set_reduced_v<Group>)
+      if (weighted_) unsupported_with_samples(impl::cat("tensor '", e.name, "' (group ", e.group, ", ReduceOver)"));
     begin_change();
     if constexpr (is_set_reduced_v<Group>)
       sets_.add(impl::type_name<typename LocalVarPolicy<Group>::set_tag>(), e.data, e.size, e.name, e.group,
@@ -219,6 +221,7 @@ class GradientSync {
                   "gradsync::GradientSync::bind_process_set: the backend cannot split its communicator "
                   "(MpiBackend and SelfBackend can)");
     step_.require_between_steps("bind_process_set()", opt_.backward_passes_per_step);
+    if (weighted_) unsupported_with_samples("bind_process_set()");
     begin_change();
     sets_.bind(impl::type_name<Tag>(), std::move(ranks), backend_.rank(), backend_.size());
   }
@@ -267,6 +270,30 @@ class GradientSync {
     if (e->runtime_local) return;
     begin_change();
     e->runtime_local = true;
+  }
+
+  /// Uneven data: this rank's number of samples in the current backward pass, `n >= 0` (0: the
+  /// rank joins the step and weighs nothing). From the first call on the sync is weighted, and every
+  /// rank gives a count on every pass: after the Nth pass of a step, with N = the sum of every
+  /// rank's counts over the step's passes, a data-parallel average is sum_r sum_k n_rk g_rk / N (the
+  /// gradient of the mean loss over every sample), `op = sum` gives sum_r sum_k n_rk g_rk, and a
+  /// local tensor scaled by the world size holds sum_k n_rk g_rk / N on rank r (LocalScale::none:
+  /// unweighted). N = 0 on every rank: zero gradients, counted in stats().empty_steps. The factors
+  /// go into the pack, unpack and local kernels; N crosses in the arrival round. Not yet with
+  /// ReduceOver groups, RowSparse gradients, error_feedback or average_aggregated_gradients (a
+  /// ConfigError). Local; call it before the pass's first mark_ready() or synchronize(); the first
+  /// call is legal between steps only.
+  void set_samples(std::int64_t n) {
+    step_.require_usable("set_samples()");
+    if (n < 0)
+      throw Error(impl::cat("set_samples(", n, ") on rank ", backend_.rank(), ": a sample count is 0 or more"));
+    if (step_.open())
+      throw Error(impl::cat("set_samples() called while a step is open on rank ", backend_.rank(),
+                            " (mark_ready() started its exchange): give the pass's count before its first "
+                            "mark_ready()"));
+    if (!weighted_) become_weighted();
+    pass_samples_ = n;
+    counted_ = true;
   }
 
   /// Call after each backward pass. Returns true when the gradients hold synchronized values
@@ -385,6 +412,8 @@ class GradientSync {
   const Backend& backend() const { return backend_; }
   /// Dense tensors registered with add<Group>() (row-sparse gradients not counted).
   std::size_t num_tensors() const { return registry_.size(); }
+  /// Whether set_samples() made this sync weighted.
+  bool weighted() const { return weighted_; }
 
   /// Bytes of data-parallel gradient one synchronize() hands to the backend.
   std::size_t data_parallel_bytes() const { return registry_.data_parallel_elements() * sizeof(value_type); }
@@ -622,6 +651,7 @@ class GradientSync {
   // path synchronize() runs it after check_finite instead, prepare() here). A rank that fails a
   // local check tells its peers before throwing, so none of them waits for it.
   void checks_before_pass(bool preparing = false) {
+    if (!preparing) require_counted();
     Context cx = ctx();
     checks_.check_not_resized(cx, registry_);
     if (checks_.agrees_each_call() && plan_.blocking() && !preparing) return;
@@ -639,7 +669,13 @@ class GradientSync {
     impl::TimelineScope span(timeline_.get(), impl::Timeline::Kind::call, "arrival check", call);
     impl::ProfileRegion region(impl::Region::arrival_check);
     Context cx = ctx();
-    const typename Checks::Arrival a = checks_.arrive(cx, preparing);
+    typename Checks::Samples samples;
+    if (!preparing) samples = {false, weighted_, cycle_samples_ + pass_samples_};
+    const typename Checks::Arrival a = checks_.arrive(cx, preparing, samples);
+    if (weighted_ && !preparing) {
+      step_samples_ = a.samples;
+      samples_agreed_ = true;
+    }
     check_consistency(a.registrations_changed, a.options_differ);  // names the option when they differ
     if (commit) checks_.commit(cx);
   }
@@ -662,6 +698,75 @@ class GradientSync {
                                opt_.backward_passes_per_step);
     ++stats_.consistency_checks;
     checks_.registrations_compared();
+  }
+
+  // set_samples()' first call: the combinations it cannot weight yet are refused here, before
+  // anything changed.
+  void become_weighted() {
+    step_.require_between_steps("set_samples() (its first call makes the sync weighted)",
+                                opt_.backward_passes_per_step);
+    if (opt_.average_aggregated_gradients)
+      throw ConfigError(
+          "set_samples(): average_aggregated_gradients has nothing left to do in a weighted sync "
+          "(the weights average over every sample of the step's passes); turn it off");
+    if (opt_.error_feedback) unsupported_with_samples("error_feedback");
+    if (sets_.has_tensors()) unsupported_with_samples("ReduceOver groups (process sets)");
+    if (!sparse_.empty()) unsupported_with_samples("RowSparse gradients");
+    for (const Entry& e : registry_)
+      if (e.defer_scale)
+        unsupported_with_samples(impl::cat("a deferred local scale (tensor '", e.name, "', group ", e.group,
+                                           "; DistributedOptimizer::set_samples turns its fold off)"));
+    weighted_ = true;
+    plan_.set_weighted();
+  }
+  [[noreturn]] void unsupported_with_samples(const std::string& what) const {
+    throw ConfigError(impl::cat("set_samples() and ", what, " on rank ", backend_.rank(),
+                                ": sample weights are not supported there yet (issue 31)"));
+  }
+
+  // The next pass needs a count of its own; a step's end also starts a new cycle.
+  void end_counted_pass(bool step_closed) {
+    if (!weighted_) return;
+    cycle_samples_ = step_closed ? 0 : cycle_samples_ + pass_samples_;
+    if (step_closed) {
+      stats_.samples = std::uint64_t(step_samples_);
+      stats_.empty_steps += step_samples_ == 0;
+    }
+    pass_samples_ = 0;
+    counted_ = samples_agreed_ = false;
+  }
+
+  // A weighted sync's pass: its count was given (set_samples), on every rank.
+  void require_counted() const {
+    if (weighted_ && !counted_)
+      throw Error(impl::cat("set_samples() was not called for pass ", step_.pass() + 1, " of synchronize() call ",
+                            stats_.passes + 1, " on rank ", backend_.rank(),
+                            ": a weighted sync needs a count from every rank on every pass (0 for none)"));
+  }
+
+  // A weighted sync's factors for this pass (SyncPlan::set_step_factors): this rank's samples go
+  // before the sum; on the reducing pass the step's samples over every rank divide the average.
+  void apply_weights(bool reducing) {
+    if (!weighted_) return;
+    const double n = double(pass_samples_);
+    double post = opt_.postscale_factor, mult = 1;
+    if (reducing) {
+      if (!samples_agreed_) agree_on_samples();
+      mult = step_samples_ > 0 ? 1.0 / double(step_samples_) : 0.0;
+      if (opt_.op == ReduceOp::average) post *= mult;
+    }
+    plan_.set_step_factors(value_type(opt_.prescale_factor * n), value_type(post), value_type(n), value_type(mult));
+  }
+
+  // The step's samples where no arrival round carried them (a backend without a side channel
+  // after its first call): one small collective, the weighted flags compared with it.
+  void agree_on_samples() {
+    Context cx = ctx();
+    const std::int64_t call = std::int64_t(stats_.passes);
+    std::int64_t v[3] = {1, -1, cycle_samples_ + pass_samples_};
+    ctl_.template allreduce_min_sum<2, 1>(backend_, v, opt_, impl::WaitSite{"agreement on samples", call, -1, 0});
+    step_samples_ = v[2];
+    samples_agreed_ = true;
   }
 
   // Registrations change between steps only (SyncStep::require_between_steps, checked by the
@@ -715,6 +820,7 @@ class GradientSync {
     if (step_.open()) return;
     if (plan_.dirty()) build_plan();
     engine_.open_step();
+    apply_weights(true);
     step_.opened();
   }
 
@@ -738,9 +844,11 @@ class GradientSync {
     ++stats_.passes;
     const int n_passes = opt_.backward_passes_per_step;
     if (step_.pass() + 1 < n_passes) {
+      apply_weights(false);
       engine_.accumulate(cx, plan_, step_.pass() == 0);
       impl::fence(exec_, impl::label_fence_sync());
       step_.pass_accumulated();
+      end_counted_pass(false);
       if (timeline_) timeline_->step_span(t_begin, stats_.passes);
       return false;
     }
@@ -749,7 +857,7 @@ class GradientSync {
       engine_.reduce(cx, plan_, n_passes > 1, finite_scan());
     else
       engine_.reduce(cx, plan_, n_passes > 1);
-    engine_.finish_local(cx, n_passes > 1);
+    engine_.finish_local(cx, plan_, n_passes > 1);
     if constexpr (sets_supported) {
       if (sets_.has_tensors()) sets_.reduce(exec_, opt_, ctl_, backend_.size(), std::int64_t(stats_.passes), stats_);
     }
@@ -764,6 +872,7 @@ class GradientSync {
           seconds, [&](double* v, std::size_t n) { allreduce_max_watched(v, n); }, stats_, timeline_.get());
     }
     step_.closed();
+    end_counted_pass(true);
     if (timeline_) timeline_->step_span(t_begin, stats_.passes);
     return true;
   }
@@ -847,7 +956,11 @@ class GradientSync {
   Checks checks_;      // the cross-rank agreements
   Engine engine_;      // the buffers and the step in progress
 
-  impl::SyncStep step_;         // the step's state: idle, accumulating, open, failed (impl/sync_step.hpp)
+  impl::SyncStep step_;          // the step's state: idle, accumulating, open, failed (impl/sync_step.hpp)
+  bool weighted_ = false;        // set_samples() was called: the factors follow the samples
+  bool counted_ = false;         // this pass's count was given
+  bool samples_agreed_ = false;  // this pass's arrival round carried the samples
+  std::int64_t pass_samples_ = 0, cycle_samples_ = 0, step_samples_ = 0;  // this pass, earlier passes, every rank
   std::int64_t call_ = 1;       // the synchronize() call the current (or next) collective phase belongs to
   bool pending_ = false;        // deferred local scales not yet applied (local_scale_pending)
   impl::Control<Backend> ctl_;  // side channel: consistency check, stall reports, peer failures

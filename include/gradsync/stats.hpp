@@ -17,6 +17,8 @@ struct Stats {
   std::uint64_t bytes_in_place = 0;       ///< of bytes_allreduced, those reduced in the gradients' own memory
   std::uint64_t passes = 0;               ///< synchronize() calls
   std::uint64_t steps = 0;                ///< synchronize() calls that returned true
+  std::uint64_t samples = 0;              ///< set_samples(): the last step's samples over every rank and pass
+  std::uint64_t empty_steps = 0;          ///< set_samples(): steps with no sample on any rank (zero gradients)
   std::uint64_t plan_builds = 0;          ///< times the fusion plan was (re)built
   std::uint64_t allocations = 0;          ///< buffer allocations (fusion, accumulators, tables)
   std::uint64_t buffer_bytes = 0;         ///< bytes held in fusion buffer and accumulators now

@@ -49,7 +49,11 @@ using Sync = gradsync::GradientSync<gradsync::MpiBackend, View>;
 
 // Median seconds per synchronize() of each configuration. The syncs are built side by side and
 // their steps interleaved (rotating order), so the noise of a shared machine hits all alike.
-std::vector<double> step_times(const std::vector<View>& grads, std::vector<gradsync::Options> configs, int steps) {
+// Config `weighted` gives set_samples() counts (rank r: r + 1) before each of its steps.
+std::vector<double> step_times(const std::vector<View>& grads, std::vector<gradsync::Options> configs, int steps,
+                               std::size_t weighted = std::size_t(-1)) {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   std::vector<std::unique_ptr<Sync>> syncs;
   for (auto& o : configs) {
     o.tuning.read_environment = false;
@@ -62,6 +66,7 @@ std::vector<double> step_times(const std::vector<View>& grads, std::vector<grads
       const std::size_t c = (k + std::size_t(s)) % syncs.size();
       MPI_Barrier(MPI_COMM_WORLD);
       const double t0 = MPI_Wtime();
+      if (c == weighted) syncs[c]->set_samples(rank + 1);
       (void)syncs[c]->synchronize();
       if (s >= 2) t[c].push_back(MPI_Wtime() - t0);
     }
@@ -109,8 +114,8 @@ int main(int argc, char** argv) {
     every.tuning.consistency_check = gradsync::CheckMode::every_step;
     gradsync::Options finite = base;
     finite.check_finite = true;
-    const std::vector<double> t = step_times(grads, {base, no_watch, every, finite}, steps);
-    const double t_default = t[0], t_nowatch = t[1], t_every = t[2], t_finite = t[3];
+    const std::vector<double> t = step_times(grads, {base, no_watch, every, finite, base}, steps, 4);
+    const double t_default = t[0], t_nowatch = t[1], t_every = t[2], t_finite = t[3], t_weighted = t[4];
 
     // One consistency check on its own (what on_change pays once per registration change).
     std::vector<gradsync::impl::RegDesc> regs;
@@ -151,10 +156,12 @@ int main(int argc, char** argv) {
       std::printf("%-52s %10.4f\n", "default (check on change, watchdog 300 s)", t_default * 1e3);
       std::printf("%-52s %10.4f\n", "no deadline (stall_timeout = 0)", t_nowatch * 1e3);
       std::printf("%-52s %10.4f\n", "consistency_check = every_step", t_every * 1e3);
+      std::printf("%-52s %10.4f\n", "set_samples (weighted by samples)", t_weighted * 1e3);
       std::printf("%-52s %10.4f\n", "check_finite = true", t_finite * 1e3);
       std::printf("one consistency check alone (%zu tensors): %.1f us\n", numel.size(), t_check * 1e6);
-      std::printf("deadline vs none: %+.1f%%; every_step: %+.1f%%; check_finite: %+.1f%%\n",
-                  100 * (t_default / t_nowatch - 1), 100 * (t_every / t_default - 1), 100 * (t_finite / t_default - 1));
+      std::printf("deadline vs none: %+.1f%%; every_step: %+.1f%%; check_finite: %+.1f%%; set_samples: %+.1f%%\n",
+                  100 * (t_default / t_nowatch - 1), 100 * (t_every / t_default - 1), 100 * (t_finite / t_default - 1),
+                  100 * (t_weighted / t_default - 1));
     }
   }
   Kokkos::finalize();

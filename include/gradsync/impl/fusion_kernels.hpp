@@ -293,6 +293,43 @@ struct LocalKernel {
   }
 };
 
+/// set_samples(): local tensors weighted by this rank's samples of each pass (weight) and divided by
+/// the step's samples over every rank (mult), as LocalKernel's modes otherwise.
+template <class T, class ExecutionSpace, class MemorySpace>
+struct WeightedLocalKernel {
+  using member_type = team_member_t<ExecutionSpace>;
+  SegmentView<T, MemorySpace> segs;
+  BufferView<T, MemorySpace> acc;
+  LocalMode mode;
+  T weight, mult;
+
+  KOKKOS_INLINE_FUNCTION void apply(const Segment<T>& s, std::int64_t i) const {
+    T* const g = s.ptr;
+    switch (mode) {
+      case LocalMode::scale:
+        g[i] = mult * (weight * g[i]);
+        break;
+      case LocalMode::store:
+        acc.data()[s.off + i] = weight * g[i];
+        break;
+      case LocalMode::accumulate:
+        acc.data()[s.off + i] += weight * g[i];
+        break;
+      case LocalMode::finish:
+        g[i] = mult * (acc.data()[s.off + i] + weight * g[i]);
+        break;
+    }
+  }
+  KOKKOS_INLINE_FUNCTION void operator()(const member_type& team) const {
+    const Segment<T> s = segs(team.league_rank());
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, s.count), [&](std::int64_t i) { apply(s, i); });
+  }
+  KOKKOS_INLINE_FUNCTION void operator()(const std::int64_t k) const {
+    const Segment<T> s = segs(k);
+    for (std::int64_t i = 0; i < s.count; ++i) apply(s, i);
+  }
+};
+
 /// Whether an execution space runs on the host: there a RangePolicy over segments with plain loops
 /// costs less than a team per segment; on GPUs a team per segment spreads the elements.
 template <class ExecutionSpace, class = void>

@@ -93,6 +93,27 @@ struct WaitSite {
 
 enum class ErrorKind : std::int64_t { error = 0, mismatch = 1, stall = 2, config = 3 };
 
+// The reduction of Control::allreduce_min_sum: one element of Min + Sum int64 words, the first Min
+// reduced by MIN, the others by SUM. MPI may hand the function several elements at once.
+template <int Min, int Sum>
+struct MinSumOp {
+  MPI_Datatype type = MPI_DATATYPE_NULL;
+  MPI_Op op = MPI_OP_NULL;
+  MinSumOp() {
+    MPI_Type_contiguous(Min + Sum, MPI_INT64_T, &type);
+    MPI_Type_commit(&type);
+    MPI_Op_create(&combine, 1, &op);
+  }
+  static void combine(void* in, void* inout, int* len, MPI_Datatype*) {
+    const auto* a = static_cast<const std::int64_t*>(in);
+    auto* b = static_cast<std::int64_t*>(inout);
+    for (int e = 0; e < *len; ++e, a += Min + Sum, b += Min + Sum) {
+      for (int i = 0; i < Min; ++i) b[i] = std::min(a[i], b[i]);
+      for (int i = Min; i < Min + Sum; ++i) b[i] += a[i];
+    }
+  }
+};
+
 // The kind of an exception, as throw_kind() rethrows it on another rank (ErrorKind::error for
 // anything not a gradsync::Error subclass).
 inline ErrorKind kind_of(const std::exception& e) {
@@ -167,6 +188,30 @@ class Control {
       std::memcpy(buf, s, std::size_t(n) * sizeof(std::int64_t));
     } else {
       b.allreduce_min(buf, std::size_t(n));
+    }
+  }
+
+  /// In place over ranks: MIN of buf[0, Min), SUM of buf[Min, Min + Sum) (sample counts: each
+  /// rank's below 2^53, so that a backend without a side channel may sum them as doubles). One
+  /// collective for both (a user-defined MPI op on one Min + Sum word element).
+  template <int Min, int Sum>
+  void allreduce_min_sum(const Backend& b, std::int64_t* buf, const Options& o, const WaitSite& site) {
+    if (size_ == 1) return;
+    if constexpr (mpi) {
+      ready(o, site);
+      static const MinSumOp<Min, Sum> op;  // created at first use, kept for the process's lifetime
+      auto* s = scratch(std::size_t(Min + Sum) * sizeof(std::int64_t));  // see allreduce_min
+      std::memcpy(s, buf, std::size_t(Min + Sum) * sizeof(std::int64_t));
+      MPI_Request r = MPI_REQUEST_NULL;
+      check(MPI_Iallreduce(MPI_IN_PLACE, s, 1, op.type, op.op, *state_->comm, &r), "MPI_Iallreduce");
+      wait_request(r, o, site);
+      std::memcpy(buf, s, std::size_t(Min + Sum) * sizeof(std::int64_t));
+    } else {
+      b.allreduce_min(buf, std::size_t(Min));
+      double sums[Sum];
+      for (int i = 0; i < Sum; ++i) sums[i] = double(buf[Min + i]);
+      b.allreduce_sum(sums, std::size_t(Sum));
+      for (int i = 0; i < Sum; ++i) buf[Min + i] = std::int64_t(sums[i]);
     }
   }
 

@@ -14,6 +14,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -44,6 +45,15 @@ class SyncChecks {
   struct Arrival {
     bool registrations_changed = false;  // on some rank: every rank compares them
     bool options_differ = false;         // every rank knows: the comparison names the option
+    std::int64_t samples = 0;            // the sum over ranks of the samples given (set_samples)
+  };
+
+  // What a rank brings to the arrival round about set_samples(): whether its sync is weighted, and
+  // its samples in the aggregation cycle so far (prepare(): neither, `neutral`).
+  struct Samples {
+    bool neutral = true;
+    bool weighted = false;
+    std::int64_t cycle = 0;
   };
 
   // `blocking`, `staged` and `plan` (SyncPlan::candidates_hash) as this rank resolved them: they
@@ -95,14 +105,19 @@ class SyncChecks {
   // themselves and need no commit. One or two small allreduces of latency per call. Backends
   // without a side channel run round 1 on the first call only (their collectives block).
   // prepare() sends its call number negated, so a rank in prepare() never matches one in synchronize().
-  Arrival arrive(Context& cx, bool preparing) {
+  // The samples (set_samples) ride along: whether each rank is weighted (MIN of the flag and of its
+  // negation) and their sum, one more word summed in the same collective.
+  Arrival arrive(Context& cx, bool preparing, const Samples& samples = {}) {
     const std::int64_t call = std::int64_t(cx.stats.passes) + 1;
     const std::int64_t sent = preparing ? -call : call;
     const std::uint64_t h = option_hash(cx);
     const std::int64_t hi = std::int64_t(h >> 32), lo = std::int64_t(h & 0xffffffffu);
-    std::int64_t v[7] = {-std::int64_t(need_check_), sent, -sent, hi, -hi, lo, -lo};
+    constexpr std::int64_t none = std::numeric_limits<std::int64_t>::max();
+    const std::int64_t w = samples.neutral ? none : std::int64_t(samples.weighted);
+    std::int64_t v[10] = {-std::int64_t(need_check_),  sent,         -sent, hi, -hi, lo, -lo, w,
+                          samples.neutral ? none : -w, samples.cycle};
     try {
-      cx.ctl.allreduce_min(cx.backend, v, 7, cx.opt, WaitSite{"arrival check", call, -1, 0});
+      cx.ctl.template allreduce_min_sum<9, 1>(cx.backend, v, cx.opt, WaitSite{"arrival check", call, -1, 0});
     } catch (const StallError& e) {
       cx.ctl.tell_peers(ErrorKind::stall, e.what());  // late ranks stop at their next wait (round 2, a chunk)
       throw;
@@ -118,7 +133,24 @@ class SyncChecks {
                   cat("the ranks reached the exchange in different synchronize() calls (", v[1] < 0 ? v[2] : v[1],
                       " to ", v[1] < 0 ? -v[1] : -v[2], "): a rank called synchronize() more often than the others"),
                   cx.opt);
-    return Arrival{v[0] < 0, v[3] != -v[4] || v[5] != -v[6]};
+    if (v[7] != none && v[8] != none && v[7] != -v[8]) name_unweighted(cx, samples, call);
+    return Arrival{v[0] < 0, v[3] != -v[4] || v[5] != -v[6], v[9]};
+  }
+
+  // Some ranks gave set_samples() counts, others did not: every rank learns which (one allgather,
+  // on this failure only) and throws the same MismatchError.
+  [[noreturn]] void name_unweighted(Context& cx, const Samples& samples, std::int64_t call) {
+    const int n = cx.backend.size();
+    std::vector<unsigned char> all(static_cast<std::size_t>(n));
+    const unsigned char mine = samples.weighted ? 1 : 0;
+    cx.ctl.allgather(cx.backend, &mine, all.data(), 1, cx.opt, WaitSite{"arrival check (samples)", call, -1, 0});
+    std::vector<int> with, without;
+    for (int r = 0; r < n; ++r) (all[std::size_t(r)] ? with : without).push_back(r);
+    const auto ranks = [](const std::vector<int>& r) {
+      return r.size() == 1 ? cat("rank ", r[0]) : cat("ranks ", rank_list(r));
+    };
+    throw AgreedMismatch(cat("set_samples(): ", ranks(with), " gave sample counts for synchronize() call ", call, ", ",
+                             ranks(without), " did not: a weighted sync needs a count from every rank on every pass"));
   }
 
   // The blocking path's second round (see arrive()).

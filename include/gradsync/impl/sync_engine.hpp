@@ -71,6 +71,8 @@ class SyncEngine {
     n_deferred_segs_ = std::int64_t(L.deferred_segments.size());
     n_dp_segs_ = std::int64_t(L.segments.size());
     n_local_segs_ = std::int64_t(L.local_segments.size());
+    upload(cx, L.weighted_segments, weighted_segs_, "gradsync::weighted_segments");
+    n_weighted_segs_ = std::int64_t(L.weighted_segments.size());
     cx.stats.buffer_bytes =
         (buffer_.extent(0) + local_acc_.extent(0) + staging_.extent(0) + residual_.extent(0)) * sizeof(V) +
         (wire_.extent(0) + wire_staging_.extent(0)) * sizeof(std::uint16_t);
@@ -93,6 +95,11 @@ class SyncEngine {
     launch_segments(label_local(), cx.exec, n_local_segs_,
                     LocalKernel<V, ExecutionSpace, MemorySpace>{local_segs_, local_acc_,
                                                                 first ? LocalMode::store : LocalMode::accumulate});
+    if (n_weighted_segs_ > 0)
+      launch_segments(label_local(), cx.exec, n_weighted_segs_,
+                      WeightedLocalKernel<V, ExecutionSpace, MemorySpace>{
+                          weighted_segs_, local_acc_, first ? LocalMode::store : LocalMode::accumulate,
+                          plan.local_weight(), plan.local_mult()});
   }
 
   // --- The step in progress ---
@@ -132,12 +139,17 @@ class SyncEngine {
   }
 
   // Local tensors: their factor (and the sums of an aggregation cycle), in place.
-  void finish_local(Context& cx, bool aggregated) {
+  void finish_local(Context& cx, const Plan& plan, bool aggregated) {
     TimelineScope span(n_local_segs_ ? cx.timeline : nullptr, Timeline::Kind::local, "local scaling", n_local_segs_);
     ProfileRegion region(Region::local_scale, n_local_segs_ > 0);
     launch_segments(label_local(), cx.exec, n_local_segs_,
                     LocalKernel<V, ExecutionSpace, MemorySpace>{local_segs_, local_acc_,
                                                                 aggregated ? LocalMode::finish : LocalMode::scale});
+    if (n_weighted_segs_ > 0)
+      launch_segments(label_local(), cx.exec, n_weighted_segs_,
+                      WeightedLocalKernel<V, ExecutionSpace, MemorySpace>{
+                          weighted_segs_, local_acc_, aggregated ? LocalMode::finish : LocalMode::scale,
+                          plan.local_weight(), plan.local_mult()});
   }
 
   // Deferred local scales (defer_local_scale): whether there are any, and their pass.
@@ -388,7 +400,8 @@ class SyncEngine {
 
   // Whether the factors of chunk c go into the backend's reduction (see launch_chunk).
   static bool folds(Context& cx, const Plan& plan, std::size_t c, std::size_t bytes) {
-    return plan.reduced_in_place(c) && !plan.blocking() && !plan.hierarchical() && folds_factor(cx.backend, bytes);
+    return plan.reduced_in_place(c) && !plan.blocking() && !plan.hierarchical() && !plan.weighted() &&
+           folds_factor(cx.backend, bytes);
   }
 
   // Waits for chunk c's reduction and unpacks it into the gradients.
@@ -447,8 +460,8 @@ class SyncEngine {
 
   Buffer buffer_, local_acc_;
   BufferView<V, staging_space_t<MemorySpace>> staging_;
-  SegView dp_segs_, local_segs_, deferred_segs_;
-  std::int64_t n_dp_segs_ = 0, n_local_segs_ = 0, n_deferred_segs_ = 0;
+  SegView dp_segs_, local_segs_, deferred_segs_, weighted_segs_;
+  std::int64_t n_dp_segs_ = 0, n_local_segs_ = 0, n_deferred_segs_ = 0, n_weighted_segs_ = 0;
   // Compression (plan_wire): the 16-bit chunks, their host staging, this rank's rounding residuals
   // (error feedback, by fused position), the fp16 overflow flag and the segments, to find a tensor.
   WireBuffer wire_;

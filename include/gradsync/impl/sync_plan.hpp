@@ -45,13 +45,14 @@ class SyncPlan {
 
   // What build() hands the engine to provision: the segments to upload and the sizes to allocate.
   struct Layout {
-    std::vector<FusedTensor> data_parallel;                            // in fused order
-    std::vector<Seg> segments;                                         // data-parallel, split at chunk boundaries
-    std::vector<Seg> local_segments;                                   // local tensors scaled (or accumulated) in place
-    std::vector<Seg> deferred_segments;                                // local tensors whose scale the caller applies
-    std::int64_t capacity = 0;                                         // fusion buffer elements
-    std::int64_t total = 0;                                            // data-parallel elements
-    std::int64_t local_total = 0;                                      // local accumulator elements (N > 1)
+    std::vector<FusedTensor> data_parallel;  // in fused order
+    std::vector<Seg> segments;               // data-parallel, split at chunk boundaries
+    std::vector<Seg> local_segments;         // local tensors scaled (or accumulated) in place
+    std::vector<Seg> deferred_segments;      // local tensors whose scale the caller applies
+    std::vector<Seg> weighted_segments;      // set_samples: local tensors weighted by samples (factor at run time)
+    std::int64_t capacity = 0;               // fusion buffer elements
+    std::int64_t total = 0;                  // data-parallel elements
+    std::int64_t local_total = 0;            // local accumulator elements (N > 1)
     std::vector<std::pair<std::int64_t, std::int64_t>> tensor_chunks;  // per fused tensor
   };
 
@@ -192,6 +193,13 @@ class SyncPlan {
         for_each_segment(e.size, [&](std::int64_t off, std::int64_t len) {
           L.deferred_segments.push_back(Seg{e.data + off, 0, len, s});
         });
+      if (weighted_ && SyncRegistry<V>::scales_by_world(e, opt)) {  // n_rk per pass, 1/N per step
+        for_each_segment(e.size, [&, base = L.local_total](std::int64_t off, std::int64_t len) {
+          L.weighted_segments.push_back(Seg{e.data + off, base + off, len, V(1)});
+        });
+        L.local_total += std::int64_t(e.size);
+        continue;
+      }
       const V applied = e.defer_scale ? V(1) : s;
       if (N == 1 && applied == V(1)) continue;  // nothing to do for this tensor
       for_each_segment(e.size, [&, base = L.local_total](std::int64_t off, std::int64_t len) {
@@ -217,6 +225,25 @@ class SyncPlan {
   bool in_place() const { return in_place_; }
   V pre_factor() const { return pre_factor_; }
   V post_factor() const { return post_factor_; }
+
+  // set_samples(): the weighted sync's factors change every pass. Weighted, a rank's samples go
+  // before the sum (pre_factor), so in-place chunks never fold the factors into the reduction.
+  bool weighted() const { return weighted_; }
+  void set_weighted() {
+    weighted_ = true;
+    dirty_ = true;
+  }
+  // This pass: the data-parallel factors (pre: prescale x this rank's samples; post: postscale,
+  // divided by the step's samples for an average) and the weighted local tensors' (weight: this
+  // rank's samples in this pass; mult: 1 / the step's samples).
+  void set_step_factors(V pre, V post, V local_weight, V local_mult) {
+    pre_factor_ = pre;
+    post_factor_ = post;
+    local_weight_ = local_weight;
+    local_mult_ = local_mult;
+  }
+  V local_weight() const { return local_weight_; }
+  V local_mult() const { return local_mult_; }
 
   // Where chunk c lives in the buffer: its slot when windowed, its own place otherwise.
   std::int64_t buffer_pos(std::size_t c) const { return windowed_ ? slot_of_[c] * slot_size_ : chunks_[c].begin; }
@@ -310,6 +337,8 @@ class SyncPlan {
   std::int64_t slots_ = pipeline_depth;
   std::vector<std::int64_t> slot_of_, prev_in_slot_;  // per chunk: its slot (-1: in place), the slot's previous chunk
   V pre_factor_ = 1, post_factor_ = 1;
+  bool weighted_ = false;
+  V local_weight_ = 1, local_mult_ = 1;
 };
 
 }  // namespace gradsync::impl

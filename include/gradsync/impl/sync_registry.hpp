@@ -179,8 +179,12 @@ class SyncRegistry {
     if (!e.local()) return V(1);
     const int N = opt.backward_passes_per_step;
     const V inv_agg = opt.average_aggregated_gradients ? V(1) / V(N) : V(1);
-    const bool by_world = e.policy_local ? e.policy_scale == LocalScale::world_size : opt.scale_local_gradients;
-    return (by_world ? V(1) / V(ranks) : V(1)) * inv_agg;
+    return (scales_by_world(e, opt) ? V(1) / V(ranks) : V(1)) * inv_agg;
+  }
+  // A local tensor divided by the world size (its policy's LocalScale::world_size, or a runtime
+  // local var with scale_local_gradients); with set_samples(), weighted by samples instead.
+  static bool scales_by_world(const Entry& e, const Options& opt) {
+    return e.local() && (e.policy_local ? e.policy_scale == LocalScale::world_size : opt.scale_local_gradients);
   }
   static V deferred_factor(const Entry& e, const Options& opt, int ranks) {
     return e.defer_scale && e.local() ? local_factor(e, opt, ranks) : V(1);

@@ -1,0 +1,254 @@
+// Uneven data per rank (issue 31): set_samples() weights each rank's gradient by its samples, so
+// that data-parallel gradients are the gradient of the mean loss over every sample of the step and
+// local ones (scaled by the world size) their rank's share of it. Every value is checked against
+// the analytic per-rank expectation, at 1 to 4 ranks, on every path: blocking and nonblocking
+// collectives, mark_ready, chunks in place and packed, 1 to 3 passes, compression.
+#include <cmath>
+#include <cstdint>
+#include <gradsync/gradsync.hpp>
+#include <string>
+#include <vector>
+
+#include "gradsync_test.hpp"
+
+using gradsync_test::error_of;
+using gradsync_test::fill_host;
+using gradsync_test::has;
+using gradsync_test::host_values;
+using gradsync_test::world_rank;
+using gradsync_test::world_size;
+
+namespace {
+struct Dense {};
+struct Table {};
+struct Tower {};
+}  // namespace
+template <>
+struct gradsync::LocalVarPolicy<Table> : gradsync::KeepLocal<gradsync::LocalScale::world_size> {};
+template <>
+struct gradsync::LocalVarPolicy<Tower> : gradsync::KeepLocal<gradsync::LocalScale::none> {};
+
+namespace {
+
+// Rank r's samples in pass k of step s: uneven, and 0 on some ranks and passes (rank 0, pass 0).
+std::int64_t samples_of(int r, int s, int k) { return (3 * r + 2 * s + k) % 5; }
+
+// Rank r's gradient value in pass k of step s at element i: small integers, so that every product
+// with a count and every sum is exact in fp32 and in bf16 (8 significant bits).
+double grad_of(int r, int s, int k, std::size_t t, std::size_t i) {
+  return double(int((i + 3 * t + std::size_t(r) + std::size_t(s) + 2 * std::size_t(k)) % 7) - 3);
+}
+
+const gradsync::Compression none = gradsync::Compression::none;
+const gradsync::ReduceOp average = gradsync::ReduceOp::average;
+
+struct Case {
+  const char* name;
+  gradsync::Collectives collectives;
+  int passes;
+  bool mark_ready;
+  gradsync::ReduceOp op;
+  gradsync::Compression compression;
+};
+
+template <class T>
+void run_case(const Case& c) {
+  const std::string name = c.name;
+  CAPTURE(name);
+  CAPTURE(c.passes);
+  const int n = world_size(), me = world_rank();
+  using View = Kokkos::View<T*>;
+  gradsync::Options o;
+  o.op = c.op;
+  o.backward_passes_per_step = c.passes;
+  o.compression = c.compression;
+  o.prescale_factor = 2.0;
+  o.postscale_factor = 0.5;
+  o.tuning.collectives = c.collectives;
+  o.tuning.fusion_threshold_bytes = 64 << 10;
+  o.tuning.read_environment = false;
+  // Sizes: one tensor reduced in place (64 KiB and more), small ones fused, locals of both scales.
+  const std::vector<std::size_t> dense_sizes = {20000, 37, 1000};
+  std::vector<View> dense, table, tower;
+  for (std::size_t k = 0; k < dense_sizes.size(); ++k) dense.emplace_back("dense", dense_sizes[k]);
+  table.emplace_back("table", 500 + 10 * std::size_t(me));
+  tower.emplace_back("tower", 300);
+  gradsync::GradientSync<gradsync::MpiBackend, View> sync(gradsync::MpiBackend(MPI_COMM_WORLD), o);
+  for (auto& v : dense) sync.template add<Dense>(v);
+  sync.template add<Table>(table[0]);
+  sync.template add<Tower>(tower[0]);
+  const auto fill = [&](int r, int s, int k) {
+    for (std::size_t t = 0; t < dense.size(); ++t) fill_host(dense[t], [&](std::size_t i) { return grad_of(r, s, k, t, i); });
+    fill_host(table[0], [&](std::size_t i) { return grad_of(r, s, k, 10, i); });
+    fill_host(tower[0], [&](std::size_t i) { return grad_of(r, s, k, 11, i); });
+  };
+  const double tol = c.compression != gradsync::Compression::none ? 1e-5 : gradsync_test::tol<T>();
+  double worst = 0;
+  bool returns_right = true;
+  for (int s = 0; s < 3; ++s) {
+    std::int64_t N = 0;
+    for (int r = 0; r < n; ++r)
+      for (int k = 0; k < c.passes; ++k) N += samples_of(r, s, k);
+    for (int k = 0; k < c.passes; ++k) {
+      sync.set_samples(samples_of(me, s, k));
+      fill(me, s, k);
+      if (c.mark_ready)
+        for (auto it = dense.rbegin(); it != dense.rend(); ++it) sync.mark_ready(*it);
+      returns_right = returns_right && sync.synchronize() == (k + 1 == c.passes);
+    }
+    // The analytic values.
+    for (std::size_t t = 0; t < dense.size(); ++t) {
+      const auto h = host_values(dense[t]);
+      for (std::size_t i = 0; i < h.size(); ++i) {
+        double sum = 0;
+        for (int r = 0; r < n; ++r)
+          for (int k = 0; k < c.passes; ++k) sum += double(samples_of(r, s, k)) * grad_of(r, s, k, t, i);
+        double want = 2.0 * 0.5 * sum;
+        if (c.op == gradsync::ReduceOp::average) want = N > 0 ? want / double(N) : 0.0;
+        worst = std::max(worst, gradsync_test::rel_err(double(h[i]), want));
+      }
+    }
+    const auto ht = host_values(table[0]);
+    for (std::size_t i = 0; i < ht.size(); ++i) {
+      double sum = 0;
+      for (int k = 0; k < c.passes; ++k) sum += double(samples_of(me, s, k)) * grad_of(me, s, k, 10, i);
+      worst = std::max(worst, gradsync_test::rel_err(double(ht[i]), N > 0 ? sum / double(N) : 0.0));
+    }
+    const auto hw = host_values(tower[0]);
+    for (std::size_t i = 0; i < hw.size(); ++i) {
+      double sum = 0;
+      for (int k = 0; k < c.passes; ++k) sum += grad_of(me, s, k, 11, i);  // LocalScale::none: unweighted
+      worst = std::max(worst, gradsync_test::rel_err(double(hw[i]), sum));
+    }
+    GRADSYNC_CHECK_ALL(sync.stats().samples == std::uint64_t(N));
+  }
+  CAPTURE(worst);
+  GRADSYNC_CHECK_ALL(returns_right);
+  GRADSYNC_CHECK_ALL(worst <= tol);
+  GRADSYNC_CHECK_ALL(sync.weighted() && sync.stats().steps == 3);
+  // Without aggregation and compression the large tensor is reduced in place: the weights then go
+  // in before the sum there too.
+  if (c.passes == 1 && c.compression == none) GRADSYNC_CHECK_ALL(sync.stats().bytes_in_place > 0);
+}
+
+}  // namespace
+
+TEST_CASE("set_samples: data-parallel and local values weighted by samples, every path") {
+  using C = gradsync::Collectives;
+  const Case cases[] = {
+      {"nonblocking", C::nonblocking, 1, false, average, none},
+      {"blocking", C::blocking, 1, false, average, none},
+      {"mark_ready", C::nonblocking, 1, true, average, none},
+      {"2 passes", C::nonblocking, 2, false, average, none},
+      {"3 passes, mark_ready", C::nonblocking, 3, true, average, none},
+      {"3 passes, blocking", C::blocking, 3, false, average, none},
+      {"op = sum", C::nonblocking, 2, false, gradsync::ReduceOp::sum, none},
+      {"bf16", C::nonblocking, 1, false, average, gradsync::Compression::bf16},
+      {"bf16, 2 passes", C::nonblocking, 2, true, average, gradsync::Compression::bf16},
+  };
+  for (const Case& c : cases) {
+    run_case<double>(c);
+    run_case<float>(c);
+  }
+}
+
+TEST_CASE("set_samples: no sample on any rank gives zero gradients and counts an empty step") {
+  const int me = world_rank();
+  using View = Kokkos::View<double*>;
+  gradsync::Options o;
+  o.tuning.read_environment = false;
+  View a("a", 100), t("t", 50);
+  gradsync::GradientSync<gradsync::MpiBackend, View> sync(gradsync::MpiBackend(MPI_COMM_WORLD), o);
+  sync.add<Dense>(a);
+  sync.add<Table>(t);
+  Kokkos::deep_copy(a, 1.0 + me);
+  Kokkos::deep_copy(t, 2.0 + me);
+  sync.set_samples(0);
+  GRADSYNC_CHECK_ALL(sync.synchronize());
+  bool zero = true;
+  for (double x : host_values(a)) zero = zero && x == 0.0;
+  for (double x : host_values(t)) zero = zero && x == 0.0;
+  GRADSYNC_CHECK_ALL(zero && sync.stats().empty_steps == 1 && sync.stats().samples == 0);
+}
+
+TEST_CASE("set_samples on some ranks only: a MismatchError on every rank naming them") {
+  if (world_size() < 2) return;
+  const int me = world_rank(), n = world_size();
+  using View = Kokkos::View<double*>;
+  gradsync::Options o;
+  o.tuning.read_environment = false;
+  o.stall_timeout = 20;
+  View a("a", 100);
+  gradsync::GradientSync<gradsync::MpiBackend, View> sync(gradsync::MpiBackend(MPI_COMM_WORLD), o);
+  sync.add<Dense>(a);
+  if (me != n - 1) sync.set_samples(3);
+  const std::string e = error_of<gradsync::MismatchError>([&] { (void)sync.synchronize(); });
+  CAPTURE(e);
+  const std::string last = std::to_string(n - 1);
+  GRADSYNC_CHECK_ALL(has(e, "set_samples(): rank") && has(e, "did not: a weighted sync needs a count") &&
+                     has(e, "rank " + last + " did not"));
+}
+
+TEST_CASE("a weighted sync's count forgotten on one rank: every rank stops, naming it") {
+  if (world_size() < 2) return;
+  const int me = world_rank();
+  using View = Kokkos::View<double*>;
+  gradsync::Options o;
+  o.tuning.read_environment = false;
+  o.stall_timeout = 20;
+  View a("a", 100);
+  gradsync::GradientSync<gradsync::MpiBackend, View> sync(gradsync::MpiBackend(MPI_COMM_WORLD), o);
+  sync.add<Dense>(a);
+  sync.set_samples(2);
+  GRADSYNC_CHECK_ALL(sync.synchronize());
+  if (me != 0) sync.set_samples(2);  // rank 0 forgets the second step's count
+  const std::string e = error_of([&] { (void)sync.synchronize(); });
+  CAPTURE(e);
+  GRADSYNC_CHECK_ALL(has(e, "set_samples() was not called for pass 1 of synchronize() call 2 on rank 0"));
+}
+
+TEST_CASE("set_samples: bad counts and the combinations not weighted yet are refused clearly") {
+  using View = Kokkos::View<double*>;
+  gradsync::Options o;
+  o.tuning.read_environment = false;
+  View a("a", 10);
+  gradsync::GradientSync<gradsync::MpiBackend, View> sync(gradsync::MpiBackend(MPI_COMM_WORLD), o);
+  sync.add<Dense>(a);
+  CHECK(has(error_of([&] { sync.set_samples(-1); }), "a sample count is 0 or more"));
+  o.average_aggregated_gradients = true;
+  o.backward_passes_per_step = 2;
+  gradsync::GradientSync<gradsync::MpiBackend, View> agg(gradsync::MpiBackend(MPI_COMM_WORLD), o);
+  agg.add<Dense>(a);
+  CHECK(has(error_of<gradsync::ConfigError>([&] { agg.set_samples(1); }),
+            "average_aggregated_gradients has nothing left to do"));
+}
+
+TEST_CASE("DistributedOptimizer::set_samples: SGD follows the weighted gradient") {
+  const int n = world_size(), me = world_rank();
+  using View = Kokkos::View<double*>;
+  using Sync = gradsync::GradientSync<gradsync::MpiBackend, View>;
+  using Opt = gradsync::Sgd<View>;
+  gradsync::Options o;
+  o.tuning.read_environment = false;
+  gradsync::SgdOptions so;
+  so.lr = 0.5;
+  gradsync::DistributedOptimizer<Opt, Sync> dopt(Opt(so), Sync(gradsync::MpiBackend(MPI_COMM_WORLD), o));
+  View w("w", 8), gw("gw", 8), t("t", 4), gt("gt", 4);
+  Kokkos::deep_copy(w, 1.0);
+  Kokkos::deep_copy(t, 1.0);
+  dopt.add<Dense>(w, gw);
+  dopt.add<Table>(t, gt);
+  const std::int64_t mine = me + 1;  // rank r: r + 1 samples
+  const double N = double(n) * double(n + 1) / 2;
+  Kokkos::deep_copy(gw, double(me + 1));
+  Kokkos::deep_copy(gt, double(me + 1));
+  dopt.set_samples(mine);
+  GRADSYNC_CHECK_ALL(dopt.step());
+  double sum = 0;
+  for (int r = 0; r < n; ++r) sum += double(r + 1) * double(r + 1);
+  const double want_w = 1.0 - 0.5 * sum / N, want_t = 1.0 - 0.5 * double(mine) * double(me + 1) / N;
+  bool ok = true;
+  for (double x : host_values(w)) ok = ok && std::abs(x - want_w) < 1e-14;
+  for (double x : host_values(t)) ok = ok && std::abs(x - want_t) < 1e-14;
+  GRADSYNC_CHECK_ALL(ok);
+}
