@@ -78,7 +78,8 @@ void run_case(const Case& c) {
   sync.template add<Table>(table[0]);
   sync.template add<Tower>(tower[0]);
   const auto fill = [&](int r, int s, int k) {
-    for (std::size_t t = 0; t < dense.size(); ++t) fill_host(dense[t], [&](std::size_t i) { return grad_of(r, s, k, t, i); });
+    for (std::size_t t = 0; t < dense.size(); ++t)
+      fill_host(dense[t], [&](std::size_t i) { return grad_of(r, s, k, t, i); });
     fill_host(table[0], [&](std::size_t i) { return grad_of(r, s, k, 10, i); });
     fill_host(tower[0], [&](std::size_t i) { return grad_of(r, s, k, 11, i); });
   };

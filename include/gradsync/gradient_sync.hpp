@@ -761,7 +761,6 @@ class GradientSync {
   // The step's samples where no arrival round carried them (a backend without a side channel
   // after its first call): one small collective, the weighted flags compared with it.
   void agree_on_samples() {
-    Context cx = ctx();
     const std::int64_t call = std::int64_t(stats_.passes);
     std::int64_t v[3] = {1, -1, cycle_samples_ + pass_samples_};
     ctl_.template allreduce_min_sum<2, 1>(backend_, v, opt_, impl::WaitSite{"agreement on samples", call, -1, 0});
