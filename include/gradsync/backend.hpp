@@ -81,6 +81,10 @@
 //       Local: whether a nonblocking sum of `bytes` can multiply by a factor inside the reduction;
 //       if so the sync calls the second, collective and nonblocking: buf = factor * sum. Without
 //       them: never, the sync scales in its own kernels.
+//   template <class T> Request iallreduce_sum(T* buf, std::size_t n, T factor, T pre) const;
+//       [has_weighted_fold] Collective, nonblocking, where folds_factor(bytes): buf = factor * sum
+//       over ranks of (pre * buf), each rank's own pre (set_samples' weights). Without it: a
+//       weighted sync scales such chunks in a pass of its own before the sum.
 //   bool cuda_aware() const;  [has_cuda_aware]
 //       Local: whether device memory goes to the collectives, decided at run time; the ranks check
 //       that they agree, since it changes the collectives. Without it: nothing to agree on.
@@ -337,6 +341,12 @@ struct has_folds_factor : std::false_type {};
 template <class B>
 struct has_folds_factor<B, std::void_t<decltype(std::declval<const B&>().folds_factor(std::size_t()))>>
     : std::true_type {};
+
+template <class B, class = void>
+struct has_weighted_fold : std::false_type {};
+template <class B>
+struct has_weighted_fold<B, std::void_t<decltype(std::declval<const B&>().iallreduce_sum(
+                                static_cast<float*>(nullptr), std::size_t(), 1.0f, 1.0f))>> : std::true_type {};
 
 template <class B, class = void>
 struct has_cuda_aware : std::false_type {};

@@ -239,6 +239,12 @@ class MpiBackend {
   Request iallreduce_sum(T* buf, std::size_t n, T factor) const {
     return start_sum(buf, n, double(factor));
   }
+  /// The same with each rank's values multiplied by its own `pre` first (set_samples' weights),
+  /// inside the ring's reduce-scatter: buf = factor * sum over ranks of pre * buf. Ring sums only.
+  template <class T>
+  Request iallreduce_sum(T* buf, std::size_t n, T factor, T pre) const {
+    return start_sum(buf, n, double(factor), double(pre));
+  }
   /// The sync's automatic choice (gradsync::prefers_blocking_allreduce): nonblocking, so that
   /// chunks pipeline and overlap backward, unless MPI is CUDA-aware. Then sums go to libnbc, whose
   /// MPI_Iallreduce reduces to a root and broadcasts back for fewer than 4 ranks or in place.
@@ -477,14 +483,15 @@ class MpiBackend {
   }
 
   template <class T>
-  Request start_sum(T* buf, std::size_t n, double factor) const {
+  Request start_sum(T* buf, std::size_t n, double factor, double pre = 1.0) const {
     Request r;
     const int count = checked_count(n);
     if (folds_factor(n * sizeof(T))) {
-      r.ring = comm_->rings.start(buf, count, factor, impl::mpi_type<T>(), impl::mpi_sum_op<T>(), comm(), rank_, size_);
+      r.ring =
+          comm_->rings.start(buf, count, factor, impl::mpi_type<T>(), impl::mpi_sum_op<T>(), comm(), rank_, size_, pre);
       return r;
     }
-    if (factor != 1.0)
+    if (factor != 1.0 || pre != 1.0)
       throw Error(impl::cat("MpiBackend::iallreduce_sum: a factor is folded only into ring sums (", n * sizeof(T),
                             " bytes given; see folds_factor)"));
     impl::mpi_check(

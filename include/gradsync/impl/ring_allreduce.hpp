@@ -38,6 +38,12 @@ template <class T>
 GRADSYNC_IMPL_VECTOR_CLONES void sum_scale_loop(T* __restrict v, const T* __restrict w, std::size_t n, T f) {
   for (std::size_t i = 0; i < n; ++i) v[i] = (v[i] + w[i]) * f;
 }
+// The same with this rank's values weighted first (set_samples): (pre * ours + received) * factor.
+template <class T>
+GRADSYNC_IMPL_VECTOR_CLONES void weighted_sum_scale_loop(T* __restrict v, const T* __restrict w, std::size_t n, T f,
+                                                         T pre) {
+  for (std::size_t i = 0; i < n; ++i) v[i] = (pre * v[i] + w[i]) * f;
+}
 
 inline void check_ring_call(int rc, const char* what) {
   if (rc != MPI_SUCCESS) throw Error(cat(what, " in the ring allreduce failed (code ", rc, ")"));
@@ -49,11 +55,13 @@ class RingAllreduce {
   /// abandoned unfinished (after a stall its messages may still arrive into its buffer).
   bool busy() const { return busy_; }
 
-  /// Starts buf[0, count) = factor * (sum over ranks of buf[0, count)). The reduce-scatter receives
+  /// Starts buf[0, count) = factor * (sum over ranks of pre * buf[0, count)), `pre` this rank's own
+  /// (float and double only where it is not 1): each value of this rank meets it once, in the
+  /// reduce-scatter's first send or in the addition that takes it. The reduce-scatter receives
   /// wait for a buffer from RingPool::lend; `order` ranks this sum among those waiting.
   template <class T>
   void start(T* buf, int count, double factor, MPI_Datatype type, MPI_Op op, MPI_Comm comm, int rank, int size, int tag,
-             std::uint64_t order) {
+             std::uint64_t order, double pre = 1.0) {
     busy_ = true;
     buf_ = reinterpret_cast<unsigned char*>(buf);
     n_ = std::size_t(count);
@@ -63,11 +71,16 @@ class RingAllreduce {
     factor_ = factor;
     wire_ = nullptr;
     non_finite_ = -1;
-    if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>)
-      sum_scale_ = factor == 1.0 ? nullptr : &sum_scale<T>;
-    else
+    pre_ = pre;
+    weigh_ = nullptr;
+    if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+      sum_scale_ = factor == 1.0 && pre == 1.0 ? nullptr : &sum_scale<T>;
+      if (pre != 1.0) weigh_ = &weighted_add<T>;
+    } else {
       sum_scale_ = nullptr;  // 16-bit wire values (op adds them in fp32): never scaled here
+    }
     begin_on(comm, rank, size, tag, order);
+    if (pre != 1.0 && size > 1) scale_own(rank);  // the first send's segment
     post();
   }
 
@@ -142,7 +155,9 @@ class RingAllreduce {
         const int seg = mod(rank_ - step_ - 1);
         unsigned char* at = buf_ + begin(seg) * elem_;
         if (step_ == size_ - 2 && sum_scale_ != nullptr)  // the last addition: the segment is ours
-          sum_scale_(at, tmp_.data(), std::size_t(len(seg)), factor_);
+          sum_scale_(at, tmp_.data(), std::size_t(len(seg)), factor_, pre_);
+        else if (weigh_ != nullptr)
+          weigh_(at, tmp_.data(), std::size_t(len(seg)), pre_);
         else if (len(seg) > 0)
           check_ring_call(MPI_Reduce_local(tmp_.data(), at, len(seg), type_, op_), "MPI_Reduce_local");
         reduced_ = true;
@@ -251,9 +266,31 @@ class RingAllreduce {
   // The last addition and the factor in one pass: (ours + received) * factor. The same bits as
   // MPI_SUM followed by the multiplication (IEEE addition is commutative), one memory pass fewer.
   template <class T>
-  static void sum_scale(unsigned char* ours, const unsigned char* received, std::size_t n, double factor) {
-    // exact: factor came from a T
-    sum_scale_loop(reinterpret_cast<T*>(ours), reinterpret_cast<const T*>(received), n, T(factor));
+  static void sum_scale(unsigned char* ours, const unsigned char* received, std::size_t n, double factor, double pre) {
+    // exact: factor and pre came from a T
+    if (pre == 1.0)
+      sum_scale_loop(reinterpret_cast<T*>(ours), reinterpret_cast<const T*>(received), n, T(factor));
+    else
+      weighted_sum_scale_loop(reinterpret_cast<T*>(ours), reinterpret_cast<const T*>(received), n, T(factor), T(pre));
+  }
+  // An addition before the last, this rank's values weighted: ours = pre * ours + received.
+  template <class T>
+  static void weighted_add(unsigned char* ours, const unsigned char* received, std::size_t n, double pre) {
+    T* v = reinterpret_cast<T*>(ours);
+    const T* w = reinterpret_cast<const T*>(received);
+    const T p = T(pre);
+    for (std::size_t i = 0; i < n; ++i) v[i] = p * v[i] + w[i];
+  }
+  // The reduce-scatter's first send goes straight from the values: its segment is weighted in place.
+  void scale_own(int seg) {
+    if (elem_ == sizeof(float))
+      scale_loop(reinterpret_cast<float*>(buf_) + begin(seg), std::size_t(len(seg)), float(pre_));
+    else
+      scale_loop(reinterpret_cast<double*>(buf_) + begin(seg), std::size_t(len(seg)), pre_);
+  }
+  template <class T>
+  static void scale_loop(T* v, std::size_t n, T f) {
+    for (std::size_t i = 0; i < n; ++i) v[i] *= f;
   }
 
   bool busy_ = false, has_buffer_ = false, reduced_ = false;
@@ -263,7 +300,8 @@ class RingAllreduce {
   double factor_ = 1, pre_ = 1;
   const WireRingOps* wire_ = nullptr;  // compressed: the conversions; null for a sum of T's
   std::int64_t non_finite_ = -1;
-  void (*sum_scale_)(unsigned char*, const unsigned char*, std::size_t, double) = nullptr;
+  void (*sum_scale_)(unsigned char*, const unsigned char*, std::size_t, double, double) = nullptr;
+  void (*weigh_)(unsigned char*, const unsigned char*, std::size_t, double) = nullptr;  // pre != 1
   MPI_Datatype type_ = MPI_DATATYPE_NULL;
   MPI_Op op_ = MPI_SUM;
   MPI_Comm comm_ = MPI_COMM_NULL;
@@ -289,9 +327,9 @@ class RingPool {
   /// tested) and not busy.
   template <class T>
   std::shared_ptr<RingAllreduce> start(T* buf, int count, double factor, MPI_Datatype type, MPI_Op op, MPI_Comm comm,
-                                       int rank, int size) {
+                                       int rank, int size, double pre = 1.0) {
     std::shared_ptr<RingAllreduce> s = idle_state();
-    s->start(buf, count, factor, type, op, comm, rank, size, next_tag(), ++started_);
+    s->start(buf, count, factor, type, op, comm, rank, size, next_tag(), ++started_, pre);
     lend();
     return s;
   }

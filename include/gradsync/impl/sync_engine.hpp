@@ -393,6 +393,8 @@ class SyncEngine {
   }
 
   typename Backend::Request start_sum(Context& cx, const Plan& plan, V* data, std::size_t n, bool fold) {
+    if constexpr (has_weighted_fold<Backend>::value)
+      if (fold && plan.weighted()) return cx.backend.iallreduce_sum(data, n, plan.post_factor(), plan.pre_factor());
     if constexpr (has_folds_factor<Backend>::value)
       if (fold) return cx.backend.iallreduce_sum(data, n, V(plan.pre_factor() * plan.post_factor()));
     return cx.backend.iallreduce_sum(data, n);
@@ -400,8 +402,9 @@ class SyncEngine {
 
   // Whether the factors of chunk c go into the backend's reduction (see launch_chunk).
   static bool folds(Context& cx, const Plan& plan, std::size_t c, std::size_t bytes) {
-    return plan.reduced_in_place(c) && !plan.blocking() && !plan.hierarchical() && !plan.weighted() &&
-           folds_factor(cx.backend, bytes);
+    // Weighted (set_samples), this rank's factor must meet its values before the sum.
+    return plan.reduced_in_place(c) && !plan.blocking() && !plan.hierarchical() &&
+           (!plan.weighted() || has_weighted_fold<Backend>::value) && folds_factor(cx.backend, bytes);
   }
 
   // Waits for chunk c's reduction and unpacks it into the gradients.
