@@ -132,6 +132,14 @@ void run_case(const Case& c) {
   if (c.passes == 1 && c.compression == none) GRADSYNC_CHECK_ALL(sync.stats().bytes_in_place > 0);
 }
 
+// The options of the small cases: no environment, a 20 s deadline so that a hang fails fast.
+gradsync::Options small_options() {
+  gradsync::Options o;
+  o.tuning.read_environment = false;
+  o.stall_timeout = 20;
+  return o;
+}
+
 }  // namespace
 
 TEST_CASE("set_samples: data-parallel and local values weighted by samples, every path") {
@@ -156,8 +164,7 @@ TEST_CASE("set_samples: data-parallel and local values weighted by samples, ever
 TEST_CASE("set_samples: no sample on any rank gives zero gradients and counts an empty step") {
   const int me = world_rank();
   using View = Kokkos::View<double*>;
-  gradsync::Options o;
-  o.tuning.read_environment = false;
+  gradsync::Options o = small_options();
   View a("a", 100), t("t", 50);
   gradsync::GradientSync<gradsync::MpiBackend, View> sync(gradsync::MpiBackend(MPI_COMM_WORLD), o);
   sync.add<Dense>(a);
@@ -176,9 +183,7 @@ TEST_CASE("set_samples on some ranks only: a MismatchError on every rank naming 
   if (world_size() < 2) return;
   const int me = world_rank(), n = world_size();
   using View = Kokkos::View<double*>;
-  gradsync::Options o;
-  o.tuning.read_environment = false;
-  o.stall_timeout = 20;
+  gradsync::Options o = small_options();
   View a("a", 100);
   gradsync::GradientSync<gradsync::MpiBackend, View> sync(gradsync::MpiBackend(MPI_COMM_WORLD), o);
   sync.add<Dense>(a);
@@ -194,9 +199,7 @@ TEST_CASE("a weighted sync's count forgotten on one rank: every rank stops, nami
   if (world_size() < 2) return;
   const int me = world_rank();
   using View = Kokkos::View<double*>;
-  gradsync::Options o;
-  o.tuning.read_environment = false;
-  o.stall_timeout = 20;
+  gradsync::Options o = small_options();
   View a("a", 100);
   gradsync::GradientSync<gradsync::MpiBackend, View> sync(gradsync::MpiBackend(MPI_COMM_WORLD), o);
   sync.add<Dense>(a);
@@ -210,8 +213,7 @@ TEST_CASE("a weighted sync's count forgotten on one rank: every rank stops, nami
 
 TEST_CASE("set_samples: bad counts and the combinations not weighted yet are refused clearly") {
   using View = Kokkos::View<double*>;
-  gradsync::Options o;
-  o.tuning.read_environment = false;
+  gradsync::Options o = small_options();
   View a("a", 10);
   gradsync::GradientSync<gradsync::MpiBackend, View> sync(gradsync::MpiBackend(MPI_COMM_WORLD), o);
   sync.add<Dense>(a);
@@ -229,8 +231,7 @@ TEST_CASE("DistributedOptimizer::set_samples: SGD follows the weighted gradient"
   using View = Kokkos::View<double*>;
   using Sync = gradsync::GradientSync<gradsync::MpiBackend, View>;
   using Opt = gradsync::Sgd<View>;
-  gradsync::Options o;
-  o.tuning.read_environment = false;
+  gradsync::Options o = small_options();
   gradsync::SgdOptions so;
   so.lr = 0.5;
   gradsync::DistributedOptimizer<Opt, Sync> dopt(Opt(so), Sync(gradsync::MpiBackend(MPI_COMM_WORLD), o));

@@ -227,40 +227,16 @@ __global__ void unpack(const Segment<T>* segs, const T* buf, std::int64_t first_
 }
 
 template <class T>
-__global__ void local(const Segment<T>* segs, T* acc, LocalMode mode) {
+__global__ void local(const Segment<T>* segs, T* acc, LocalMode mode, T weight, T mult) {
   const Segment<T> s = segs[blockIdx.x];
   T* const g = s.ptr;
   T* const a = mode == LocalMode::scale ? nullptr : acc + s.off;
+  const T f = s.scale * mult;
   const std::int64_t stride = std::int64_t(gridDim.y) * blockDim.x;
   for (std::int64_t i = std::int64_t(blockIdx.y) * blockDim.x + threadIdx.x; i < s.count; i += stride) {
     switch (mode) {
       case LocalMode::scale:
-        g[i] *= s.scale;
-        break;
-      case LocalMode::store:
-        a[i] = g[i];
-        break;
-      case LocalMode::accumulate:
-        a[i] += g[i];
-        break;
-      case LocalMode::finish:
-        g[i] = s.scale * (a[i] + g[i]);
-        break;
-    }
-  }
-}
-
-// set_samples(): the local tensors weighted by samples (gradsync's WeightedLocalKernel).
-template <class T>
-__global__ void weighted_local(const Segment<T>* segs, T* acc, LocalMode mode, T weight, T mult) {
-  const Segment<T> s = segs[blockIdx.x];
-  T* const g = s.ptr;
-  T* const a = mode == LocalMode::scale ? nullptr : acc + s.off;
-  const std::int64_t stride = std::int64_t(gridDim.y) * blockDim.x;
-  for (std::int64_t i = std::int64_t(blockIdx.y) * blockDim.x + threadIdx.x; i < s.count; i += stride) {
-    switch (mode) {
-      case LocalMode::scale:
-        g[i] = mult * (weight * g[i]);
+        g[i] = f * (weight * g[i]);
         break;
       case LocalMode::store:
         a[i] = weight * g[i];
@@ -269,7 +245,7 @@ __global__ void weighted_local(const Segment<T>* segs, T* acc, LocalMode mode, T
         a[i] += weight * g[i];
         break;
       case LocalMode::finish:
-        g[i] = mult * (a[i] + weight * g[i]);
+        g[i] = f * (a[i] + weight * g[i]);
         break;
     }
   }
@@ -340,11 +316,7 @@ void launch(cudaStream_t s, std::int64_t nsegs, const UnpackKernel<T, CudaStream
 }
 template <class T, class M>
 void launch(cudaStream_t s, std::int64_t nsegs, const LocalKernel<T, CudaStream, M>& k) {
-  local<T><<<grid(nsegs), threads_per_block, 0, s>>>(k.segs.data(), k.acc.data(), k.mode);
-}
-template <class T, class M>
-void launch(cudaStream_t s, std::int64_t nsegs, const WeightedLocalKernel<T, CudaStream, M>& k) {
-  weighted_local<T><<<grid(nsegs), threads_per_block, 0, s>>>(k.segs.data(), k.acc.data(), k.mode, k.weight, k.mult);
+  local<T><<<grid(nsegs), threads_per_block, 0, s>>>(k.segs.data(), k.acc.data(), k.mode, k.weight, k.mult);
 }
 template <class T, class M>
 void launch(cudaStream_t s, std::int64_t nsegs, const InPlaceScaleKernel<T, CudaStream, M>& k) {

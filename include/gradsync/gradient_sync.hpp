@@ -185,7 +185,7 @@ class GradientSync {
                               "' (group ", og, ") already registered"));
     });
     if constexpr (is_set_reduced_v<Group>)
-      if (weighted_) unsupported_with_samples(impl::cat("tensor '", e.name, "' (group ", e.group, ", ReduceOver)"));
+      if (weighted()) unsupported_with_samples(impl::cat("tensor '", e.name, "' (group ", e.group, ", ReduceOver)"));
     begin_change();
     if constexpr (is_set_reduced_v<Group>)
       sets_.add(impl::type_name<typename LocalVarPolicy<Group>::set_tag>(), e.data, e.size, e.name, e.group,
@@ -221,7 +221,7 @@ class GradientSync {
                   "gradsync::GradientSync::bind_process_set: the backend cannot split its communicator "
                   "(MpiBackend and SelfBackend can)");
     step_.require_between_steps("bind_process_set()", opt_.backward_passes_per_step);
-    if (weighted_) unsupported_with_samples("bind_process_set()");
+    if (weighted()) unsupported_with_samples("bind_process_set()");
     begin_change();
     sets_.bind(impl::type_name<Tag>(), std::move(ranks), backend_.rank(), backend_.size());
   }
@@ -291,7 +291,7 @@ class GradientSync {
       throw Error(impl::cat("set_samples() called while a step is open on rank ", backend_.rank(),
                             " (mark_ready() started its exchange): give the pass's count before its first "
                             "mark_ready()"));
-    if (!weighted_) become_weighted();
+    if (!weighted()) become_weighted();
     pass_samples_ = n;
     counted_ = true;
   }
@@ -413,7 +413,7 @@ class GradientSync {
   /// Dense tensors registered with add<Group>() (row-sparse gradients not counted).
   std::size_t num_tensors() const { return registry_.size(); }
   /// Whether set_samples() made this sync weighted.
-  bool weighted() const { return weighted_; }
+  bool weighted() const { return plan_.weighted(); }
 
   /// Bytes of data-parallel gradient one synchronize() hands to the backend.
   std::size_t data_parallel_bytes() const { return registry_.data_parallel_elements() * sizeof(value_type); }
@@ -670,9 +670,9 @@ class GradientSync {
     impl::ProfileRegion region(impl::Region::arrival_check);
     Context cx = ctx();
     typename Checks::Samples samples;
-    if (!preparing) samples = {false, weighted_, cycle_samples_ + pass_samples_};
+    if (!preparing) samples = {false, weighted(), cycle_samples_ + pass_samples_};
     const typename Checks::Arrival a = checks_.arrive(cx, preparing, samples);
-    if (weighted_ && !preparing) {
+    if (weighted() && !preparing) {
       step_samples_ = a.samples;
       samples_agreed_ = true;
     }
@@ -716,7 +716,6 @@ class GradientSync {
       if (e.defer_scale)
         unsupported_with_samples(impl::cat("a deferred local scale (tensor '", e.name, "', group ", e.group,
                                            "; DistributedOptimizer::set_samples turns its fold off)"));
-    weighted_ = true;
     plan_.set_weighted();
   }
   [[noreturn]] void unsupported_with_samples(const std::string& what) const {
@@ -726,7 +725,7 @@ class GradientSync {
 
   // The next pass needs a count of its own; a step's end also starts a new cycle.
   void end_counted_pass(bool step_closed) {
-    if (!weighted_) return;
+    if (!weighted()) return;
     cycle_samples_ = step_closed ? 0 : cycle_samples_ + pass_samples_;
     if (step_closed) {
       stats_.samples = std::uint64_t(step_samples_);
@@ -738,7 +737,7 @@ class GradientSync {
 
   // A weighted sync's pass: its count was given (set_samples), on every rank.
   void require_counted() const {
-    if (weighted_ && !counted_)
+    if (weighted() && !counted_)
       throw Error(impl::cat("set_samples() was not called for pass ", step_.pass() + 1, " of synchronize() call ",
                             stats_.passes + 1, " on rank ", backend_.rank(),
                             ": a weighted sync needs a count from every rank on every pass (0 for none)"));
@@ -747,7 +746,7 @@ class GradientSync {
   // A weighted sync's factors for this pass (SyncPlan::set_step_factors): this rank's samples go
   // before the sum; on the reducing pass the step's samples over every rank divide the average.
   void apply_weights(bool reducing) {
-    if (!weighted_) return;
+    if (!weighted()) return;
     const double n = double(pass_samples_);
     double post = opt_.postscale_factor, mult = 1;
     if (reducing) {
@@ -759,12 +758,12 @@ class GradientSync {
   }
 
   // The step's samples where no arrival round carried them (a backend without a side channel
-  // after its first call): one small collective, the weighted flags compared with it.
+  // after its first call): one small collective.
   void agree_on_samples() {
     const std::int64_t call = std::int64_t(stats_.passes);
-    std::int64_t v[3] = {1, -1, cycle_samples_ + pass_samples_};
-    ctl_.template allreduce_min_sum<2, 1>(backend_, v, opt_, impl::WaitSite{"agreement on samples", call, -1, 0});
-    step_samples_ = v[2];
+    std::int64_t v[1] = {cycle_samples_ + pass_samples_};
+    ctl_.template allreduce_min_sum<0, 1>(backend_, v, opt_, impl::WaitSite{"agreement on samples", call, -1, 0});
+    step_samples_ = v[0];
     samples_agreed_ = true;
   }
 
@@ -956,7 +955,6 @@ class GradientSync {
   Engine engine_;      // the buffers and the step in progress
 
   impl::SyncStep step_;          // the step's state: idle, accumulating, open, failed (impl/sync_step.hpp)
-  bool weighted_ = false;        // set_samples() was called: the factors follow the samples
   bool counted_ = false;         // this pass's count was given
   bool samples_agreed_ = false;  // this pass's arrival round carried the samples
   std::int64_t pass_samples_ = 0, cycle_samples_ = 0, step_samples_ = 0;  // this pass, earlier passes, every rank

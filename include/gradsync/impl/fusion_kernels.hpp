@@ -234,12 +234,13 @@ struct InPlaceScaleKernel {
   }
 };
 
-/// What the local kernel does to each local segment.
+/// What the local kernel does to each local segment (w: the pass's weight, m: the step's
+/// multiplier, both 1 but for set_samples' weighted segments).
 enum class LocalMode {
-  scale,       // ptr *= scale                      (N == 1)
-  store,       // acc  = ptr                        (first pass of N > 1)
-  accumulate,  // acc += ptr                        (passes 2 .. N-1)
-  finish,      // ptr  = (acc + ptr) * scale        (pass N)
+  scale,       // ptr  = scale * m * (w * ptr)           (N == 1)
+  store,       // acc  = w * ptr                         (first pass of N > 1)
+  accumulate,  // acc += w * ptr                         (passes 2 .. N-1)
+  finish,      // ptr  = scale * m * (acc + w * ptr)     (pass N)
 };
 
 template <class T, class ExecutionSpace, class MemorySpace>
@@ -248,85 +249,36 @@ struct LocalKernel {
   SegmentView<T, MemorySpace> segs;
   BufferView<T, MemorySpace> acc;
   LocalMode mode;
+  T weight = T(1), mult = T(1);  // set_samples(): this pass's samples, 1 / the step's (exact when 1)
 
+  KOKKOS_INLINE_FUNCTION void apply(T* g, T* a, T f, std::int64_t i) const {
+    switch (mode) {
+      case LocalMode::scale:
+        g[i] = f * (weight * g[i]);
+        break;
+      case LocalMode::store:
+        a[i] = weight * g[i];
+        break;
+      case LocalMode::accumulate:
+        a[i] += weight * g[i];
+        break;
+      case LocalMode::finish:
+        g[i] = f * (a[i] + weight * g[i]);
+        break;
+    }
+  }
   KOKKOS_INLINE_FUNCTION void operator()(const member_type& team) const {
     const Segment<T> s = segs(team.league_rank());
-    T* const g = s.ptr;
     // acc is empty in scale mode: form the pointer only where it is used.
     T* const a = mode == LocalMode::scale ? nullptr : acc.data() + s.off;
-    const T f = s.scale;
-    switch (mode) {
-      case LocalMode::scale:
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, s.count), [&](std::int64_t i) { g[i] *= f; });
-        break;
-      case LocalMode::store:
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, s.count), [&](std::int64_t i) { a[i] = g[i]; });
-        break;
-      case LocalMode::accumulate:
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, s.count), [&](std::int64_t i) { a[i] += g[i]; });
-        break;
-      case LocalMode::finish:
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, s.count), [&](std::int64_t i) { g[i] = f * (a[i] + g[i]); });
-        break;
-    }
+    const T f = s.scale * mult;
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, s.count), [&](std::int64_t i) { apply(s.ptr, a, f, i); });
   }
-
   KOKKOS_INLINE_FUNCTION void operator()(const std::int64_t k) const {
     const Segment<T> s = segs(k);
-    T* const g = s.ptr;
     T* const a = mode == LocalMode::scale ? nullptr : acc.data() + s.off;
-    const T f = s.scale;
-    switch (mode) {
-      case LocalMode::scale:
-        for (std::int64_t i = 0; i < s.count; ++i) g[i] *= f;
-        break;
-      case LocalMode::store:
-        for (std::int64_t i = 0; i < s.count; ++i) a[i] = g[i];
-        break;
-      case LocalMode::accumulate:
-        for (std::int64_t i = 0; i < s.count; ++i) a[i] += g[i];
-        break;
-      case LocalMode::finish:
-        for (std::int64_t i = 0; i < s.count; ++i) g[i] = f * (a[i] + g[i]);
-        break;
-    }
-  }
-};
-
-/// set_samples(): local tensors weighted by this rank's samples of each pass (weight) and divided by
-/// the step's samples over every rank (mult), as LocalKernel's modes otherwise.
-template <class T, class ExecutionSpace, class MemorySpace>
-struct WeightedLocalKernel {
-  using member_type = team_member_t<ExecutionSpace>;
-  SegmentView<T, MemorySpace> segs;
-  BufferView<T, MemorySpace> acc;
-  LocalMode mode;
-  T weight, mult;
-
-  KOKKOS_INLINE_FUNCTION void apply(const Segment<T>& s, std::int64_t i) const {
-    T* const g = s.ptr;
-    switch (mode) {
-      case LocalMode::scale:
-        g[i] = mult * (weight * g[i]);
-        break;
-      case LocalMode::store:
-        acc.data()[s.off + i] = weight * g[i];
-        break;
-      case LocalMode::accumulate:
-        acc.data()[s.off + i] += weight * g[i];
-        break;
-      case LocalMode::finish:
-        g[i] = mult * (acc.data()[s.off + i] + weight * g[i]);
-        break;
-    }
-  }
-  KOKKOS_INLINE_FUNCTION void operator()(const member_type& team) const {
-    const Segment<T> s = segs(team.league_rank());
-    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, s.count), [&](std::int64_t i) { apply(s, i); });
-  }
-  KOKKOS_INLINE_FUNCTION void operator()(const std::int64_t k) const {
-    const Segment<T> s = segs(k);
-    for (std::int64_t i = 0; i < s.count; ++i) apply(s, i);
+    const T f = s.scale * mult;
+    for (std::int64_t i = 0; i < s.count; ++i) apply(s.ptr, a, f, i);
   }
 };
 

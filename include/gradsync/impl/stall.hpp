@@ -177,15 +177,7 @@ class Control {
   void allreduce_min(const Backend& b, std::int64_t* buf, int n, const Options& o, const WaitSite& site) {
     if (size_ == 1) return;
     if constexpr (mpi) {
-      ready(o, site);
-      // MPI works in a buffer of the Control's own, not the caller's (often on the stack): a peer
-      // that arrives after this rank gave up still writes its contribution there.
-      auto* s = scratch(std::size_t(n) * sizeof(std::int64_t));
-      std::memcpy(s, buf, std::size_t(n) * sizeof(std::int64_t));
-      MPI_Request r = MPI_REQUEST_NULL;
-      check(MPI_Iallreduce(MPI_IN_PLACE, s, n, MPI_INT64_T, MPI_MIN, *state_->comm, &r), "MPI_Iallreduce");
-      wait_request(r, o, site);
-      std::memcpy(buf, s, std::size_t(n) * sizeof(std::int64_t));
+      watched_allreduce(buf, std::size_t(n), n, MPI_INT64_T, MPI_MIN, o, site);
     } else {
       b.allreduce_min(buf, std::size_t(n));
     }
@@ -198,16 +190,10 @@ class Control {
   void allreduce_min_sum(const Backend& b, std::int64_t* buf, const Options& o, const WaitSite& site) {
     if (size_ == 1) return;
     if constexpr (mpi) {
-      ready(o, site);
       static const MinSumOp<Min, Sum> op;  // created at first use, kept for the process's lifetime
-      auto* s = scratch(std::size_t(Min + Sum) * sizeof(std::int64_t));  // see allreduce_min
-      std::memcpy(s, buf, std::size_t(Min + Sum) * sizeof(std::int64_t));
-      MPI_Request r = MPI_REQUEST_NULL;
-      check(MPI_Iallreduce(MPI_IN_PLACE, s, 1, op.type, op.op, *state_->comm, &r), "MPI_Iallreduce");
-      wait_request(r, o, site);
-      std::memcpy(buf, s, std::size_t(Min + Sum) * sizeof(std::int64_t));
+      watched_allreduce(buf, std::size_t(Min + Sum), 1, op.type, op.op, o, site);
     } else {
-      b.allreduce_min(buf, std::size_t(Min));
+      if constexpr (Min > 0) b.allreduce_min(buf, std::size_t(Min));
       double sums[Sum];
       for (int i = 0; i < Sum; ++i) sums[i] = double(buf[Min + i]);
       b.allreduce_sum(sums, std::size_t(Sum));
@@ -224,7 +210,7 @@ class Control {
     }
     if constexpr (mpi) {
       ready(o, site);
-      auto* s = scratch(std::size_t(size_ + 1) * std::size_t(bytes));  // [recv | send], see allreduce_min
+      auto* s = scratch(std::size_t(size_ + 1) * std::size_t(bytes));  // [recv | send], see watched_allreduce
       unsigned char* own = s + std::size_t(size_) * std::size_t(bytes);
       std::memcpy(own, send, std::size_t(bytes));
       MPI_Request r = MPI_REQUEST_NULL;
@@ -442,6 +428,20 @@ class Control {
     keep_.clear();
     if (state_) graveyard().push_back(state_);
     if (scratch_) graveyard().push_back(std::move(scratch_));
+  }
+
+  // An allreduce of `words` int64 values (`count` elements of `type`) on the side channel, waited
+  // under the deadline. MPI works in a buffer of the Control's own, not the caller's (often on the
+  // stack): a peer that arrives after this rank gave up still writes its contribution there.
+  void watched_allreduce(std::int64_t* buf, std::size_t words, int count, MPI_Datatype type, MPI_Op op,
+                         const Options& o, const WaitSite& site) {
+    ready(o, site);
+    auto* s = scratch(words * sizeof(std::int64_t));
+    std::memcpy(s, buf, words * sizeof(std::int64_t));
+    MPI_Request r = MPI_REQUEST_NULL;
+    check(MPI_Iallreduce(MPI_IN_PLACE, s, count, type, op, *state_->comm, &r), "MPI_Iallreduce");
+    wait_request(r, o, site);
+    std::memcpy(buf, s, words * sizeof(std::int64_t));
   }
 
   // The side channel's own buffer: allocated once (grown by the consistency check only), so the

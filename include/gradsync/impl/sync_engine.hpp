@@ -97,9 +97,9 @@ class SyncEngine {
                                                                 first ? LocalMode::store : LocalMode::accumulate});
     if (n_weighted_segs_ > 0)
       launch_segments(label_local(), cx.exec, n_weighted_segs_,
-                      WeightedLocalKernel<V, ExecutionSpace, MemorySpace>{
-                          weighted_segs_, local_acc_, first ? LocalMode::store : LocalMode::accumulate,
-                          plan.local_weight(), plan.local_mult()});
+                      LocalKernel<V, ExecutionSpace, MemorySpace>{weighted_segs_, local_acc_,
+                                                                  first ? LocalMode::store : LocalMode::accumulate,
+                                                                  plan.local_weight(), plan.local_mult()});
   }
 
   // --- The step in progress ---
@@ -147,9 +147,9 @@ class SyncEngine {
                                                                 aggregated ? LocalMode::finish : LocalMode::scale});
     if (n_weighted_segs_ > 0)
       launch_segments(label_local(), cx.exec, n_weighted_segs_,
-                      WeightedLocalKernel<V, ExecutionSpace, MemorySpace>{
-                          weighted_segs_, local_acc_, aggregated ? LocalMode::finish : LocalMode::scale,
-                          plan.local_weight(), plan.local_mult()});
+                      LocalKernel<V, ExecutionSpace, MemorySpace>{weighted_segs_, local_acc_,
+                                                                  aggregated ? LocalMode::finish : LocalMode::scale,
+                                                                  plan.local_weight(), plan.local_mult()});
   }
 
   // Deferred local scales (defer_local_scale): whether there are any, and their pass.
