@@ -42,6 +42,8 @@ struct Config {
   double min_loss_drop = -1;         // --min-loss-drop F: fail unless the loss fell by the fraction F
   double clip = 0;                   // --clip MAX: gradients clipped to global norm MAX before each step (0: off)
   std::string compression = "none";  // --compression none | fp16 | bf16: the MLP gradients on the wire
+  bool uneven = false;               // --uneven: rank p holds a share of the batch proportional to p
+  bool weights = true;               // --weights on | off: with --uneven, set_samples() (off: plain average)
 
   int num_tables() const { return int(table_rows.size()); }
   int dense_features() const { return bottom.front(); }
@@ -70,6 +72,10 @@ inline void usage(const char* argv0) {
       "                     before each step (default 0: off)\n"
       "  --min-loss-drop F  exit 1 unless the held-out loss fell by the fraction F\n"
       "  --compression C    none (default), fp16 or bf16: the MLP gradients' format on the wire\n"
+      "  --uneven           rank p holds a share of each batch proportional to p (rank 0 none); each rank\n"
+      "                     differentiates its own mean loss and gives its count to set_samples()\n"
+      "  --weights W        on (default) or off: with --uneven, off drops set_samples() (a plain average:\n"
+      "                     what --check then shows is wrong)\n"
       "  --bottom-mlp L     e.g. 13-512-256-64-16 (first = 13 dense features, last = dim)\n"
       "  --top-mlp L        e.g. 367-512-256-1 (first = interaction width, last = 1)\n"
       "  --config FILE      read table_rows, embedding_dim, bottom_mlp, top_mlp from a DLRM JSON\n",
@@ -140,6 +146,8 @@ inline void validate(const Config& c) {
   if (c.log_every < 1) fail("--log-every must be >= 1");
   if (c.replicas < 0) fail("--replicas must be >= 1");
   if (c.replicas > 0 && !c.scale_tables) fail("--replicas takes the default --table-scale world_size");
+  if (c.uneven && !c.scale_tables) fail("--uneven takes the default --table-scale world_size");
+  if (!c.weights && !c.uneven) fail("--weights off goes with --uneven");
   if (!(c.clip >= 0)) fail("--clip must be >= 0");
 }
 
@@ -170,6 +178,12 @@ inline bool parse(Config& c, int argc, char** argv, bool print = true) {
       c.compression = value();
       if (c.compression != "none" && c.compression != "fp16" && c.compression != "bf16")
         throw std::runtime_error("--compression takes none, fp16 or bf16, not " + c.compression);
+    } else if (o == "--uneven") {
+      c.uneven = true;
+    } else if (o == "--weights") {
+      const std::string w = value();
+      if (w != "on" && w != "off") throw std::runtime_error("--weights takes on or off, not " + w);
+      c.weights = w == "on";
     } else if (o == "--clip")
       c.clip = std::stod(value());
     else if (o == "--min-loss-drop")

@@ -203,13 +203,14 @@ struct EmbeddingBlocks {
   Cube e;
   int tables, dim;
   bool to_buffer;
+  Real scale = 1;  // to the buffer: --uneven sends each sample's own gradient (b x its share of the mean)
   KOKKOS_INLINE_FUNCTION void operator()(Index idx) const {
     const Index s = idx / (Index(tables) * dim);
     const int t = int((idx / dim) % tables);
     const int d = int(idx % dim);
     const Index at = table_offset(t) + s * dim + d;
     if (to_buffer)
-      buf(at) = e(s, t, d);
+      buf(at) = scale * e(s, t, d);
     else
       e(s, t, d) = buf(at);
   }

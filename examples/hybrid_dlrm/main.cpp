@@ -4,6 +4,7 @@
 //   mpirun -np 4 hybrid_dlrm --check         # prove: n ranks == 1 process, to 1e-10 (exit 1 if not)
 //   mpirun -np 4 hybrid_dlrm --check --table-scale none   # the bug local groups prevent: factor n
 //   mpirun -np 6 hybrid_dlrm --check --replicas 3 --clip 0.05   # 2-D, clipped by the global norm
+//   mpirun -np 4 hybrid_dlrm --check --uneven    # uneven batches (rank 0 none), weighted by set_samples
 //
 // Embedding tables are model-parallel (whole tables spread over the ranks, a gradsync local group
 // with KeepLocal<LocalScale::world_size>); the MLPs are data-parallel (a GradientSync group).
@@ -25,14 +26,21 @@
 // trait of the group type.
 struct Tables {};
 struct TablesUnscaled {};
-struct Replicas {};          // a kind of process set: the replicas of one table shard
-struct TablesReplicated {};  // --replicas R: summed over the shard's replicas, / world size
+struct Replicas {};                // a kind of process set: the replicas of one table shard
+struct TablesReplicated {};        // --replicas R: summed over the shard's replicas, / world size
+struct TablesSummed {};            // --uneven: the owner's sum over every sample, / the batch's samples
+struct TablesReplicatedSummed {};  // --uneven --replicas R: that, summed over the shard's replicas
 template <>
 struct gradsync::LocalVarPolicy<Tables> : gradsync::KeepLocal<gradsync::LocalScale::world_size> {};
 template <>
 struct gradsync::LocalVarPolicy<TablesUnscaled> : gradsync::KeepLocal<gradsync::LocalScale::none> {};
 template <>
 struct gradsync::LocalVarPolicy<TablesReplicated> : gradsync::ReduceOver<Replicas> {};
+template <>
+struct gradsync::LocalVarPolicy<TablesSummed> : gradsync::KeepLocal<gradsync::LocalScale::samples> {};
+template <>
+struct gradsync::LocalVarPolicy<TablesReplicatedSummed> : gradsync::ReduceOver<Replicas, gradsync::SetScale::samples> {
+};
 
 namespace {
 
@@ -56,10 +64,14 @@ std::string mib(double bytes) {
 template <class Group>
 const char* scale_name() {
   if constexpr (gradsync::is_set_reduced_v<Group>)
-    return "ReduceOver<Replicas> (summed over each shard's replicas, / world size)";
+    return gradsync::LocalVarPolicy<Group>::set_scale == gradsync::SetScale::samples
+               ? "ReduceOver<Replicas, SetScale::samples> (summed over each shard's replicas, / the batch's samples)"
+               : "ReduceOver<Replicas> (summed over each shard's replicas, / world size)";
   else
     return gradsync::local_scale_v<Group> == gradsync::LocalScale::world_size ? "LocalScale::world_size"
-                                                                              : "LocalScale::none";
+           : gradsync::local_scale_v<Group> == gradsync::LocalScale::samples
+               ? "LocalScale::samples (each owner's sum over every sample, / the batch's samples)"
+               : "LocalScale::none";
 }
 
 // The distributed trainer: tables over every rank, or (--replicas R) sharded within groups of n/R
@@ -183,6 +195,16 @@ int run_check(const Config& c) {
   if (me == 0 && c.clip > 0)
     std::printf("       gradients clipped to a global norm of %g before each step (gradsync::GlobalNorm::clip)\n",
                 c.clip);
+  if (c.uneven) {
+    std::vector<double> counts(static_cast<std::size_t>(n), 0.0);
+    counts[std::size_t(me)] = double(dist.local_samples());
+    MPI_Allreduce(MPI_IN_PLACE, counts.data(), n, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+    std::string list;
+    for (int p = 0; p < n; ++p) list += (p ? ", " : "") + std::to_string(std::int64_t(counts[std::size_t(p)]));
+    if (me == 0)
+      std::printf("       uneven batches: samples per rank %s; each rank differentiates its own mean loss, %s\n",
+                  list.c_str(), c.weights ? "weighted by set_samples()" : "averaged unweighted (--weights off)");
+  }
   const double tol = 1e-10;
   Worst overall;
   if (c.replicas > 1) {
@@ -273,7 +295,13 @@ int run_check(const Config& c) {
     else {
       std::printf("check FAILED: max relative difference %.3e > %.0e (worst: %s)\n", worst_all, tol,
                   worst_what.c_str());
-      if (std::abs(ratio0 - 1) > 1e-6)
+      if (c.uneven && !c.weights)
+        std::printf(
+            "  UNWEIGHTED: each rank differentiates its own mean loss and the sync averages the ranks with equal\n"
+            "  weights 1/%d, whatever their share of the batch (the tables' owners likewise); set_samples(b_r)\n"
+            "  weights them b_r / B (run without --weights off)\n",
+            n);
+      else if (std::abs(ratio0 - 1) > 1e-6)
         std::printf(
             "  MISMATCH: table gradients are %.6f x the single-process ones at step 0, factor n = %d ranks:\n"
             "  each owner sums dL_r/dE over all %d ranks (the gradient of n x the mean loss); "
@@ -388,6 +416,8 @@ int main(int argc, char** argv) {
   return examples::mpi_main(
       "hybrid_dlrm", argc, argv, [&](bool print) { return dlrm::parse(c, argc, argv, print); },
       [&] {
-        return c.replicas > 0 ? run<TablesReplicated>(c) : c.scale_tables ? run<Tables>(c) : run<TablesUnscaled>(c);
+        const bool summed = c.uneven && c.weights;  // tables fed each sample's own gradient
+        if (c.replicas > 0) return summed ? run<TablesReplicatedSummed>(c) : run<TablesReplicated>(c);
+        return summed ? run<TablesSummed>(c) : c.scale_tables ? run<Tables>(c) : run<TablesUnscaled>(c);
       });
 }

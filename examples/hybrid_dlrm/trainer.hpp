@@ -15,6 +15,14 @@
 // KeepLocal<LocalScale::world_size>. Each table's gradient is a gradsync::RowSparse (the rows the
 // batch touched and their row numbers), so that scale costs the rows touched, never the table's
 // size. With SelfBackend the same code is the single-process model.
+//
+// --uneven: rank p holds a share of the batch proportional to p (rank 0 none), and differentiates
+// what a rank naturally knows, the mean loss over its own b_r samples, giving b_r to
+// set_samples(): the sync then averages the MLP gradients with weights b_r / B. A table's owner
+// sums gradients that arrived from every rank, which no weight can fix after the fact; so each
+// rank sends its samples' own gradients (b_r x its mean's) through the backward all-to-all, the
+// owner's sum is then B dL/dE, and the table group's LocalScale::samples (SetScale::samples with
+// replicas) divides it by B = sum_r b_r.
 #pragma once
 
 #include <algorithm>
@@ -102,20 +110,26 @@ class Trainer {
     T_ = cfg_.num_tables();
     B_ = cfg_.batch;
     dim_ = cfg_.dim;
-    if (B_ < n_)
+    if (B_ < n_ && !cfg_.uneven)
       throw std::runtime_error("the global batch (" + std::to_string(B_) +
                                ") must hold at least one sample per rank (" + std::to_string(n_) + " ranks)");
     if (n_ % gn_ != 0 || r_ % gn_ != gr_)
       throw std::runtime_error("a replica group must be " + std::to_string(gn_) + " consecutive ranks of the " +
                                std::to_string(n_));
-    std::vector<Index> lo;  // the global batch over every rank; the group's part, from its first sample
-    for (int p = 0; p <= n_; ++p) lo.push_back(Index(B_) * p / n_);
+    std::vector<Index> lo;         // the global batch over every rank; the group's part, from its first sample
+    for (int p = 0; p <= n_; ++p)  // --uneven: rank p's share proportional to p, sum_{q<p} q = p(p-1)/2
+      lo.push_back(!cfg_.uneven ? Index(B_) * p / n_
+                   : n_ == 1    ? Index(B_) * p
+                                : Index(B_) * (Index(p) * (p - 1) / 2) / (Index(n_) * (n_ - 1) / 2));
     const int first = r_ - gr_;
     for (int p = 0; p <= gn_; ++p) lo_.push_back(lo[std::size_t(first + p)] - lo[std::size_t(first)]);
     for (int p = 0; p < gn_; ++p) cnt_.push_back(lo_[std::size_t(p) + 1] - lo_[std::size_t(p)]);
     GB_ = lo_[std::size_t(gn_)];
     sample0_ = lo[std::size_t(r_)];
     b_ = cnt_[std::size_t(gr_)];
+    // dL_r/dz per sample: L_r = (n/B) x its losses' sum, or with --uneven its own mean loss.
+    loss_scale_ = !cfg_.uneven ? Real(n_) / Real(B_) : b_ > 0 ? Real(1) / Real(b_) : Real(0);
+    weighted_ = cfg_.uneven && cfg_.weights;
     if constexpr (gradsync::is_set_reduced_v<TableGroup>)
       sync_.template bind_process_set<typename gradsync::LocalVarPolicy<TableGroup>::set_tag>(
           table_set.empty() ? std::vector<int>{r_} : table_set);
@@ -151,7 +165,7 @@ class Trainer {
                          InteractionForward{h, inter_, emb_, pair_i_, pair_j_, dim_, cfg_.interaction_width()});
     forward(top_, inter_);
     Kokkos::parallel_reduce("dlrm::sigmoid_bce", range(b_),
-                            SigmoidBce{top_.back().y, top_.back().dy, label_, Real(n_) / Real(B_)}, sums[0]);
+                            SigmoidBce{top_.back().y, top_.back().dy, label_, loss_scale_}, sums[0]);
 
     backward(top_, dinter_);
     Kokkos::parallel_for(
@@ -160,8 +174,9 @@ class Trainer {
     backward(bottom_, Matrix());
 
     // Backward all-to-all: each embedding gradient returns to its table's owner.
-    Kokkos::parallel_for("dlrm::pack_embedding_grads", range(b_ * T_ * dim_),
-                         EmbeddingBlocks{emb_recv_, table_offset_, demb_, T_, dim_, true});
+    Kokkos::parallel_for(
+        "dlrm::pack_embedding_grads", range(b_ * T_ * dim_),
+        EmbeddingBlocks{emb_recv_, table_offset_, demb_, T_, dim_, true, weighted_ ? Real(b_) : Real(1)});
     alltoallv(emb_recv_, emb_recv_h_, emb_rcount_, emb_rdispl_, emb_send_, emb_send_h_, emb_scount_, emb_sdispl_,
               stats_.gradients);
     Kokkos::parallel_for(
@@ -169,6 +184,7 @@ class Trainer {
         SparseRowGradient{emb_send_, pos_, uniq_first_, uniq_count_, csr_begin_, csr_sample_, table_grad_, GB_, dim_});
     Kokkos::fence();
     // Every call completes the step: RowSparse tables need backward_passes_per_step = 1 (add() refuses more).
+    if (weighted_) sync_.set_samples(std::int64_t(b_));
     (void)sync_.synchronize();
 
     // The global mean loss (and the teacher's), for reporting: (1/B) x the sums over every sample.
@@ -539,6 +555,8 @@ class Trainer {
   Generator gen_;
   int n_ = 1, r_ = 0, gn_ = 1, gr_ = 0, T_ = 0, dim_ = 0;
   Index B_ = 0, b_ = 0;
+  Real loss_scale_ = 1;          // dL_r / d(a sample's loss)
+  bool weighted_ = false;        // --uneven with set_samples() (--weights on)
   Index GB_ = 0;                 // the replica group's samples (B_ without replicas)
   Index sample0_ = 0;            // this rank's first sample in the global batch
   std::vector<Index> lo_, cnt_;  // per member of the replica group: first sample (from the group's), count

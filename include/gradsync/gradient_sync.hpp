@@ -165,6 +165,7 @@ class GradientSync {
     e.name = name.empty() ? impl::cat(e.group, "[", e.index_in_group, "]") : std::move(name);
     e.policy_local = is_local_v<Group>;
     e.policy_scale = local_scale_v<Group>;
+    e.weighting = impl::sample_weighting_of<Group>();
     e.compression = impl::group_compression<Group>();
     if (!UT::is_contiguous(tensor))
       throw Error(impl::cat("tensor '", e.name, "' (group ", e.group,
@@ -185,8 +186,11 @@ class GradientSync {
                               "' (group ", og, ") already registered"));
     });
     if constexpr (is_set_reduced_v<Group>)
-      if (weighted()) unsupported_with_samples(impl::cat("tensor '", e.name, "' (group ", e.group, ", ReduceOver)"));
+      if (weighted() && LocalVarPolicy<Group>::set_scale == SetScale::set_size)
+        unsupported_with_samples(impl::cat("tensor '", e.name, "' (group ", e.group, ", SetScale::set_size)"));
     begin_change();
+    if constexpr (impl::needs_samples<Group>())
+      note_needs_samples(impl::cat("tensor '", e.name, "' (group ", e.group, ")"));
     if constexpr (is_set_reduced_v<Group>)
       sets_.add(impl::type_name<typename LocalVarPolicy<Group>::set_tag>(), e.data, e.size, e.name, e.group,
                 LocalVarPolicy<Group>::set_scale, backend_.rank());
@@ -221,7 +225,6 @@ class GradientSync {
                   "gradsync::GradientSync::bind_process_set: the backend cannot split its communicator "
                   "(MpiBackend and SelfBackend can)");
     step_.require_between_steps("bind_process_set()", opt_.backward_passes_per_step);
-    if (weighted()) unsupported_with_samples("bind_process_set()");
     begin_change();
     sets_.bind(impl::type_name<Tag>(), std::move(ranks), backend_.rank(), backend_.size());
   }
@@ -249,9 +252,15 @@ class GradientSync {
       throw Error(impl::cat("row-sparse gradient '", shown, "' (group ", group, ") overlaps tensor '", o->name,
                             "' (group ", o->group, ") already registered"));
     if constexpr (is_set_reduced_v<Group>)
+      if (weighted() && LocalVarPolicy<Group>::set_scale == SetScale::set_size)
+        unsupported_with_samples(
+            impl::cat("row-sparse gradient '", shown, "' (group ", group, ", SetScale::set_size)"));
+    if constexpr (is_set_reduced_v<Group>)
       sets_.set_of(impl::type_name<typename LocalVarPolicy<Group>::set_tag>(), shown, group, backend_.rank())
           .sparse.push_back(rows.table_rows() * rows.row_width());
     begin_change();
+    if constexpr (impl::needs_samples<Group>())
+      note_needs_samples(impl::cat("row-sparse gradient '", shown, "' (group ", group, ")"));
     sparse_.template add<Group>(rows, std::move(name), index, backend_.size(), backend_.rank());
   }
 
@@ -278,11 +287,13 @@ class GradientSync {
   /// rank's counts over the step's passes, a data-parallel average is sum_r sum_k n_rk g_rk / N (the
   /// gradient of the mean loss over every sample), `op = sum` gives sum_r sum_k n_rk g_rk, and a
   /// local tensor scaled by the world size holds sum_k n_rk g_rk / N on rank r (LocalScale::none:
-  /// unweighted). N = 0 on every rank: zero gradients, counted in stats().empty_steps. The factors
-  /// go into the pack, unpack and local kernels; N crosses in the arrival round. Not yet with
-  /// ReduceOver groups, RowSparse gradients, error_feedback or average_aggregated_gradients (a
-  /// ConfigError). Local; call it before the pass's first mark_ready() or synchronize(); the first
-  /// call is legal between steps only.
+  /// unweighted; LocalScale::samples: sum_k g_rk / N, for gradients that already sum every
+  /// sample's contribution), ReduceOver sets sum the weighted gradients and divide by N
+  /// (SetScale::samples: unweighted, / N), RowSparse rows likewise. N = 0 on every rank: zero
+  /// gradients, counted in stats().empty_steps. The factors go into the pack, unpack and local
+  /// kernels; N crosses in the arrival round. A ConfigError with average_aggregated_gradients,
+  /// SetScale::set_size or a deferred local scale. Local; call it before the pass's first
+  /// mark_ready() or synchronize(); the first call is legal between steps only.
   void set_samples(std::int64_t n) {
     step_.require_usable("set_samples()");
     if (n < 0)
@@ -602,11 +613,16 @@ class GradientSync {
   void finish_row_sparse() {
     std::vector<std::string> tags;
     if constexpr (sets_supported) tags = sets_.tags_in_order();
+    // Weighted, the rows carry this rank's samples before the sum (pre_factor's share) and 1/N after.
+    const impl::SampleWeights<value_type>& w = plan_.weights();
+    const value_type dp_factor =
+        weighted() ? value_type(opt_.prescale_factor) * plan_.post_factor() : plan_.pre_factor() * plan_.post_factor();
     sparse_.finish(
-        backend_, exec_, value_type(plan_.pre_factor() * plan_.post_factor()), stats_, tags,
+        backend_, exec_, dp_factor, stats_, tags,
         [&](const std::string& tag, SetScale scale) -> std::pair<const set_backend_type*, value_type> {
           if constexpr (sets_supported)
-            return {&sets_.backend_of(tag), sets_.factor(scale, opt_, backend_.size(), sets_.set_size(tag))};
+            return {&sets_.backend_of(tag),
+                    sets_.factor(scale, opt_, backend_.size(), sets_.set_size(tag), weighted(), w.total)};
           else
             return {nullptr, value_type(1)};  // never asked: no sets without split()
         },
@@ -615,7 +631,8 @@ class GradientSync {
             return impl::Watched<Backend>(b, ctl_, opt_, std::int64_t(stats_.passes), "row-sparse exchange");
           else
             return (b);
-        });
+        },
+        w);
   }
 
   // Environment overrides applied, then validated, before anything collective starts.
@@ -709,9 +726,8 @@ class GradientSync {
       throw ConfigError(
           "set_samples(): average_aggregated_gradients has nothing left to do in a weighted sync "
           "(the weights average over every sample of the step's passes); turn it off");
-    if (opt_.error_feedback) unsupported_with_samples("error_feedback");
-    if (sets_.has_tensors()) unsupported_with_samples("ReduceOver groups (process sets)");
-    if (!sparse_.empty()) unsupported_with_samples("RowSparse gradients");
+    for (const std::string& t : {sets_.set_size_tensor(), sparse_.set_size_tensor()})
+      if (!t.empty()) unsupported_with_samples(impl::cat(t, ", SetScale::set_size"));
     for (const Entry& e : registry_)
       if (e.defer_scale)
         unsupported_with_samples(impl::cat("a deferred local scale (tensor '", e.name, "', group ", e.group,
@@ -720,7 +736,12 @@ class GradientSync {
   }
   [[noreturn]] void unsupported_with_samples(const std::string& what) const {
     throw ConfigError(impl::cat("set_samples() and ", what, " on rank ", backend_.rank(),
-                                ": sample weights are not supported there yet (issue 31)"));
+                                ": the weighted form would need each set's own samples, which nothing exchanges; "
+                                "use SetScale::world_size (the weighted sum over the set / N) or SetScale::samples"));
+  }
+  // A group whose policy divides by the step's samples (LocalScale::samples, SetScale::samples).
+  void note_needs_samples(std::string what) {
+    if (needs_samples_.empty()) needs_samples_ = std::move(what);
   }
 
   // The next pass needs a count of its own; a step's end also starts a new cycle.
@@ -737,6 +758,10 @@ class GradientSync {
 
   // A weighted sync's pass: its count was given (set_samples), on every rank.
   void require_counted() const {
+    if (!weighted() && !needs_samples_.empty())
+      throw ConfigError(impl::cat(needs_samples_, " on rank ", backend_.rank(),
+                                  " is divided by the step's samples (LocalScale::samples or SetScale::samples), "
+                                  "which set_samples() gives: call it on every rank before every pass"));
     if (weighted() && !counted_)
       throw Error(impl::cat("set_samples() was not called for pass ", step_.pass() + 1, " of synchronize() call ",
                             stats_.passes + 1, " on rank ", backend_.rank(),
@@ -753,8 +778,17 @@ class GradientSync {
       if (!samples_agreed_) agree_on_samples();
       mult = step_samples_ > 0 ? 1.0 / double(step_samples_) : 0.0;
       if (opt_.op == ReduceOp::average) post *= mult;
+      // Error feedback averaged: a residual is an error of the weighted sum, which 1/N scales.
+      if (opt_.error_feedback && opt_.op == ReduceOp::average && step_samples_ > 0) {
+        if (residual_samples_ > 0 && residual_samples_ != step_samples_) {
+          Context cx = ctx();
+          engine_.rescale_residuals(cx, value_type(double(step_samples_) / double(residual_samples_)));
+        }
+        residual_samples_ = step_samples_;
+      }
     }
-    plan_.set_step_factors(value_type(opt_.prescale_factor * n), value_type(post), value_type(n), value_type(mult));
+    plan_.set_step_factors(value_type(opt_.prescale_factor * n), value_type(post),
+                           impl::SampleWeights<value_type>{true, value_type(n), value_type(mult)});
   }
 
   // The step's samples where no arrival round carried them (a backend without a side channel
@@ -857,7 +891,9 @@ class GradientSync {
       engine_.reduce(cx, plan_, n_passes > 1);
     engine_.finish_local(cx, plan_, n_passes > 1);
     if constexpr (sets_supported) {
-      if (sets_.has_tensors()) sets_.reduce(exec_, opt_, ctl_, backend_.size(), std::int64_t(stats_.passes), stats_);
+      if (sets_.has_tensors())
+        sets_.reduce(exec_, opt_, ctl_, backend_.size(), std::int64_t(stats_.passes), stats_, weighted(),
+                     plan_.weights().total);
     }
     if (!sparse_.empty()) finish_row_sparse();
     impl::fence(exec_, impl::label_fence_sync());
@@ -958,9 +994,11 @@ class GradientSync {
   bool counted_ = false;         // this pass's count was given
   bool samples_agreed_ = false;  // this pass's arrival round carried the samples
   std::int64_t pass_samples_ = 0, cycle_samples_ = 0, step_samples_ = 0;  // this pass, earlier passes, every rank
-  std::int64_t call_ = 1;       // the synchronize() call the current (or next) collective phase belongs to
-  bool pending_ = false;        // deferred local scales not yet applied (local_scale_pending)
-  impl::Control<Backend> ctl_;  // side channel: consistency check, stall reports, peer failures
+  std::int64_t residual_samples_ = 0;  // error feedback: the N the residuals were kept for (0: none yet)
+  std::string needs_samples_;          // a tensor whose policy needs set_samples(), or empty
+  std::int64_t call_ = 1;              // the synchronize() call the current (or next) collective phase belongs to
+  bool pending_ = false;               // deferred local scales not yet applied (local_scale_pending)
+  impl::Control<Backend> ctl_;         // side channel: consistency check, stall reports, peer failures
   std::unique_ptr<impl::Timeline> timeline_;                                  // Options::tuning.timeline; null when off
   impl::row_sparse_set_t<value_type, memory_space, execution_space> sparse_;  // RowSparse gradients
   impl::ProcessSets<Backend, value_type, execution_space> sets_;              // ReduceOver groups' sets

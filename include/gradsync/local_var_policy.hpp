@@ -7,6 +7,9 @@ namespace gradsync {
 enum class LocalScale {
   none,        ///< left as computed: the gradient of this rank's own loss
   world_size,  ///< divided by the world size: the gradient of the global mean loss (DESIGN.md)
+  samples,     ///< divided by the step's samples over every rank (set_samples(), which it needs): for a
+               ///< gradient that already sums every sample's contribution, such as a table fed by an
+               ///< all-to-all (DESIGN.md, "Uneven data")
 };
 
 /// Policy of a data-parallel group: gradients are averaged (or summed) over all ranks.

@@ -18,6 +18,7 @@
 //
 //   SetScale::world_size (default): allreduce_S(g) · prescale · postscale / n   (n: the sync's ranks)
 //   SetScale::set_size:             allreduce_S(g) · prescale · postscale / |S| (Horovod's process sets)
+//   SetScale::samples:              allreduce_S(g) · prescale · postscale / N   (N: the step's samples)
 //   (no division with ReduceOp::sum), after aggregation as for any group (Σ_k g_k, / N if averaged).
 //
 // world_size is the gradient of the global mean loss L = (1/n) Σ_r L_r when each member of S holds
@@ -60,6 +61,8 @@ namespace gradsync {
 enum class SetScale {
   world_size,  ///< / n, the sync's ranks: the gradient of the global mean loss
   set_size,    ///< / |S|: the average over the set (Horovod's process sets)
+  samples,     ///< / N, the step's samples over every rank (set_samples(), which it needs): for members
+               ///< that hold sums over samples, such as replicated shards fed by an all-to-all
 };
 
 /// Policy: the group is summed over the process set bound for `Tag` (bind_process_set<Tag>).
@@ -182,9 +185,13 @@ class ProcessSets {
   const SetBackend& backend_of(const std::string& tag) const { return *find_const(tag)->backend; }
   std::size_t set_size(const std::string& tag) const { return find_const(tag)->ranks.size(); }
 
-  static T factor(SetScale scale, const Options& o, int world, std::size_t set) {
+  // The factor after the set's sum. Weighted (set_samples()), an average divides by the step's
+  // samples (`total`: 1 / N; world_size members weighed their own samples before the sum, and
+  // GradientSync refuses set_size there); SetScale::samples is refused unweighted.
+  static T factor(SetScale scale, const Options& o, int world, std::size_t set, bool weighted = false, T total = T(1)) {
     double f = o.prescale_factor * o.postscale_factor;
-    if (o.op == ReduceOp::average) f /= scale == SetScale::world_size ? double(world) : double(set);
+    if (o.op == ReduceOp::average)
+      f = weighted ? f * double(total) : f / (scale == SetScale::set_size ? double(set) : double(world));
     return T(f);
   }
 
@@ -279,7 +286,7 @@ class ProcessSets {
   /// property of the backend type, the sizes agree within a set), one allreduce per piece under
   /// the stall watchdog; then their factor.
   void reduce(const ExecutionSpace& exec, const Options& o, Control<Backend>& ctl, int world, std::int64_t call,
-              Stats& stats) {
+              Stats& stats, bool weighted = false, T total = T(1)) {
     fence(exec, label_fence_pack());
     for (Set& s : sets_) {
       if (!s.backend) throw Error(cat("process set ", s.tag, " has no communicator (internal: connect() did not run)"));
@@ -302,7 +309,7 @@ class ProcessSets {
           stats.process_set_bytes += count * sizeof(T);
           ++stats.process_set_calls;
         });
-        const T f = factor(t.scale, o, world, s.ranks.size());
+        const T f = factor(t.scale, o, world, s.ranks.size(), weighted, total);
         if (f != T(1) && t.size > 0)
           Kokkos::parallel_for(
               "gradsync::process_set_scale",
@@ -320,6 +327,15 @@ class ProcessSets {
 
   bool has_tensors() const {
     return std::any_of(sets_.begin(), sets_.end(), [](const Set& s) { return !s.tensors.empty(); });
+  }
+
+  // A dense tensor averaged over its set's size ("tensor 'x' (group G)"), or "": set_samples()
+  // refuses them (the weighted form would need each set's own samples, which nothing exchanges).
+  std::string set_size_tensor() const {
+    for (const Set& s : sets_)
+      for (const Tensor& t : s.tensors)
+        if (t.scale == SetScale::set_size) return cat("tensor '", t.name, "' (group ", t.group, ")");
+    return {};
   }
 
  private:

@@ -39,6 +39,7 @@
 #include "error.hpp"
 #include "impl/consistency.hpp"
 #include "impl/demangle.hpp"
+#include "impl/sample_weights.hpp"
 #include "local_var_policy.hpp"
 #include "process_set.hpp"
 #include "stats.hpp"
@@ -151,11 +152,12 @@ struct SparseReadIndices {  // dst[i] = idx[i] for i < n, -1 (padding) up to the
 };
 
 template <class T>
-struct SparseReadValues {  // dst[i] = src[i] for i < n, 0 (padding) up to the launch's end
+struct SparseReadValues {  // dst[i] = f * src[i] for i < n, 0 (padding) up to the launch's end
   const T* src;
   T* dst;
   std::int64_t n;
-  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t i) const { dst[i] = i < n ? src[i] : T(0); }
+  T f;  // set_samples(): this rank's weight, before the sum (1 otherwise)
+  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t i) const { dst[i] = i < n ? f * src[i] : T(0); }
 };
 
 template <class I>
@@ -199,9 +201,10 @@ struct SparseScatter {
   const T* v;
   T* dense;
   std::int64_t w;
+  T f;  // set_samples(): this rank's weight (the count column stays 1)
   KOKKOS_INLINE_FUNCTION void operator()(std::int64_t k) const {
     const std::int64_t r = k / (w + 1), j = k % (w + 1);
-    Kokkos::atomic_add(&dense[idx[r] * (w + 1) + j], j < w ? v[r * w + j] : T(1));
+    Kokkos::atomic_add(&dense[idx[r] * (w + 1) + j], j < w ? f * v[r * w + j] : T(1));
   }
 };
 
@@ -240,7 +243,8 @@ struct SparseTensorBase {
   std::size_t index_in_group = 0;
   bool named = false, local = false;
   T local_factor = T(1);
-  std::string set_tag;  // reduced over this process set (ReduceOver), else empty
+  SampleWeighting weighting = SampleWeighting::none;  // set_samples(): its group's weights
+  std::string set_tag;                                // reduced over this process set (ReduceOver), else empty
   SetScale set_scale = SetScale::world_size;
   std::int64_t capacity = 0, width = 0, table_rows = 0;
 
@@ -316,6 +320,7 @@ class RowSparseSet {
     t->name = name.empty() ? cat(t->group, "[", index_in_group, "]") : std::move(name);
     t->local = is_local_v<Group>;
     t->local_factor = local_scale_v<Group> == LocalScale::world_size ? T(1) / T(world_size) : T(1);
+    t->weighting = sample_weighting_of<Group>();
     if constexpr (is_set_reduced_v<Group>) {
       t->set_tag = type_name<typename LocalVarPolicy<Group>::set_tag>();
       t->set_scale = LocalVarPolicy<Group>::set_scale;
@@ -361,9 +366,12 @@ class RowSparseSet {
   /// multiplied by `dp_factor` (prescale, postscale, 1/n for average), then those over process sets,
   /// set by set in `tags` order: route(tag, scale) gives the set's backend and factor. watch(backend)
   /// gives the collectives to use on a backend (the sync's, waited under its watchdog: impl::Watched).
+  /// Weighted (`w`, set_samples()): a data-parallel or world_size set's rows are weighted by this
+  /// rank's samples before the sum (the factors then hold 1/N); local ones take their group's
+  /// weighting instead of local_factor.
   template <class Backend, class Route, class Watch>
   void finish(const Backend& b, const ExecutionSpace& exec, T dp_factor, Stats& stats,
-              const std::vector<std::string>& tags, Route&& route, Watch&& watch) {
+              const std::vector<std::string>& tags, Route&& route, Watch&& watch, const SampleWeights<T>& w = {}) {
     std::vector<const Base*> dp;
     for (const auto& t : all_) {
       if (!t->set_tag.empty()) continue;
@@ -372,14 +380,15 @@ class RowSparseSet {
         continue;
       }
       const std::int64_t n = t->rows() * t->width;
-      if (t->local_factor != T(1) && n > 0)
-        Kokkos::parallel_for("gradsync::row_sparse_scale", sparse_range(exec, n),
-                             SparseScale<T>{t->values(), t->local_factor});
+      const T f = w.weighted ? w.before(t->weighting) * w.after(t->weighting) : t->local_factor;
+      if (f != T(1) && n > 0)
+        Kokkos::parallel_for("gradsync::row_sparse_scale", sparse_range(exec, n), SparseScale<T>{t->values(), f});
     }
-    if (!dp.empty()) exchange(watch(b), exec, dp, std::vector<T>(dp.size(), dp_factor), stats);
+    if (!dp.empty())
+      exchange(watch(b), exec, dp, std::vector<T>(dp.size(), dp_factor), std::vector<T>(dp.size(), w.own), stats);
     for (const std::string& tag : tags) {
       std::vector<const Base*> in_set;
-      std::vector<T> factors;
+      std::vector<T> factors, weights;
       decltype(route(tag, SetScale::world_size).first) sb = nullptr;
       for (const auto& t : all_)
         if (t->set_tag == tag) {
@@ -387,10 +396,19 @@ class RowSparseSet {
           sb = backend;
           in_set.push_back(t.get());
           factors.push_back(f);
+          weights.push_back(w.before(t->weighting));
         }
-      if (!in_set.empty()) exchange(watch(*sb), exec, in_set, factors, stats);
+      if (!in_set.empty()) exchange(watch(*sb), exec, in_set, factors, weights, stats);
     }
     fence(exec, label_fence_sync());
+  }
+
+  // A row-sparse gradient averaged over its set's size, or "" (see ProcessSets::set_size_tensor).
+  std::string set_size_tensor() const {
+    for (const auto& t : all_)
+      if (!t->set_tag.empty() && t->set_scale == SetScale::set_size)
+        return cat("row-sparse gradient '", t->name, "' (group ", t->group, ")");
+    return {};
   }
 
  private:
@@ -415,7 +433,7 @@ class RowSparseSet {
 
   template <class Backend>
   void exchange(const Backend& b, const ExecutionSpace& exec, const std::vector<const Base*>& dp,
-                const std::vector<T>& factors, Stats& stats) {
+                const std::vector<T>& factors, const std::vector<T>& weights, Stats& stats) {
     const int n = b.size();
     const std::size_t S = dp.size(), rec = 3;
     // Every rank's row count, capacity and count of bad row numbers, for every tensor: one allgather.
@@ -462,14 +480,15 @@ class RowSparseSet {
       const double sparse_bytes = double(n) * double(widest) * double(t.width * std::int64_t(sizeof(T)) + 8);
       const double dense_bytes = 2.0 * double(t.table_rows) * double(t.width + 1) * double(sizeof(T));
       if (sparse_bytes <= dense_bytes)
-        gather(b, exec, t, widest, factors[s], stats);
+        gather(b, exec, t, widest, weights[s], factors[s], stats);
       else
-        densify(b, exec, t, factors[s], stats);
+        densify(b, exec, t, weights[s], factors[s], stats);
     }
   }
 
   template <class Backend>
-  void gather(const Backend& b, const ExecutionSpace& exec, const Base& t, std::int64_t widest, T f, Stats& stats) {
+  void gather(const Backend& b, const ExecutionSpace& exec, const Base& t, std::int64_t widest, T weight, T f,
+              Stats& stats) {
     const int n = b.size();
     const std::int64_t w = t.width, rows = t.rows();
     grow(idx_send_, std::size_t(widest), "gradsync::row_sparse_send");
@@ -478,7 +497,7 @@ class RowSparseSet {
     grow(val_recv_, std::size_t(widest * w) * std::size_t(n), "gradsync::row_sparse_recv");
     t.read_indices(exec, idx_send_, widest);
     Kokkos::parallel_for("gradsync::row_sparse_values", sparse_range(exec, widest * w),
-                         SparseReadValues<T>{t.values(), val_send_.data(), rows * w});
+                         SparseReadValues<T>{t.values(), val_send_.data(), rows * w, weight});
     fence(exec, label_fence_pack());
     reachable(b, idx_send_, idx_recv_,
               [&](const std::int64_t* s, std::int64_t* r) { b.allgather(s, r, std::size_t(widest)); });
@@ -519,14 +538,14 @@ class RowSparseSet {
   }
 
   template <class Backend>
-  void densify(const Backend& b, const ExecutionSpace& exec, const Base& t, T f, Stats& stats) {
+  void densify(const Backend& b, const ExecutionSpace& exec, const Base& t, T weight, T f, Stats& stats) {
     const std::int64_t w = t.width, rows = t.rows(), len = t.table_rows * (w + 1);
     grow(dense_, std::size_t(len), "gradsync::row_sparse_dense");
     grow(idx_send_, std::size_t(rows), "gradsync::row_sparse_send");
     Kokkos::parallel_for("gradsync::row_sparse_zero", sparse_range(exec, len), SparseZero<T>{dense_.data()});
     t.read_indices(exec, idx_send_, rows);
     Kokkos::parallel_for("gradsync::row_sparse_scatter", sparse_range(exec, rows * (w + 1)),
-                         SparseScatter<T>{idx_send_.data(), t.values(), dense_.data(), w});
+                         SparseScatter<T>{idx_send_.data(), t.values(), dense_.data(), w, weight});
     fence(exec, label_fence_pack());
     if (b.template can_access<MemorySpace>()) {
       b.allreduce_sum(dense_.data(), std::size_t(len));
@@ -557,8 +576,9 @@ struct NoRowSparse {
   template <class F>
   void for_each_norm_tensor(F&&) const {}
   void describe(std::vector<RegDesc>&) const {}
-  template <class Backend, class E, class T, class Route, class Watch>
-  void finish(const Backend&, const E&, T, Stats&, const std::vector<std::string>&, Route&&, Watch&&) {}
+  template <class Backend, class E, class T, class Route, class Watch, class W>
+  void finish(const Backend&, const E&, T, Stats&, const std::vector<std::string>&, Route&&, Watch&&, const W&) {}
+  std::string set_size_tensor() const { return {}; }
 };
 
 template <class T, class MemorySpace, class ExecutionSpace>

@@ -71,8 +71,10 @@ class SyncEngine {
     n_deferred_segs_ = std::int64_t(L.deferred_segments.size());
     n_dp_segs_ = std::int64_t(L.segments.size());
     n_local_segs_ = std::int64_t(L.local_segments.size());
-    upload(cx, L.weighted_segments, weighted_segs_, "gradsync::weighted_segments");
-    n_weighted_segs_ = std::int64_t(L.weighted_segments.size());
+    for (int k = 0; k < sample_weightings; ++k) {
+      upload(cx, L.weighted_segments[std::size_t(k)], weighted_segs_[std::size_t(k)], "gradsync::weighted_segments");
+      n_weighted_segs_[std::size_t(k)] = std::int64_t(L.weighted_segments[std::size_t(k)].size());
+    }
     cx.stats.buffer_bytes =
         (buffer_.extent(0) + local_acc_.extent(0) + staging_.extent(0) + residual_.extent(0)) * sizeof(V) +
         (wire_.extent(0) + wire_staging_.extent(0)) * sizeof(std::uint16_t);
@@ -95,11 +97,7 @@ class SyncEngine {
     launch_segments(label_local(), cx.exec, n_local_segs_,
                     LocalKernel<V, ExecutionSpace, MemorySpace>{local_segs_, local_acc_,
                                                                 first ? LocalMode::store : LocalMode::accumulate});
-    if (n_weighted_segs_ > 0)
-      launch_segments(label_local(), cx.exec, n_weighted_segs_,
-                      LocalKernel<V, ExecutionSpace, MemorySpace>{weighted_segs_, local_acc_,
-                                                                  first ? LocalMode::store : LocalMode::accumulate,
-                                                                  plan.local_weight(), plan.local_mult()});
+    launch_weighted(cx, plan, first ? LocalMode::store : LocalMode::accumulate);
   }
 
   // --- The step in progress ---
@@ -145,11 +143,16 @@ class SyncEngine {
     launch_segments(label_local(), cx.exec, n_local_segs_,
                     LocalKernel<V, ExecutionSpace, MemorySpace>{local_segs_, local_acc_,
                                                                 aggregated ? LocalMode::finish : LocalMode::scale});
-    if (n_weighted_segs_ > 0)
-      launch_segments(label_local(), cx.exec, n_weighted_segs_,
-                      LocalKernel<V, ExecutionSpace, MemorySpace>{weighted_segs_, local_acc_,
-                                                                  aggregated ? LocalMode::finish : LocalMode::scale,
-                                                                  plan.local_weight(), plan.local_mult()});
+    launch_weighted(cx, plan, aggregated ? LocalMode::finish : LocalMode::scale);
+  }
+
+  // set_samples() with error feedback: the residuals are rounding errors of the weighted sum,
+  // which the step's 1/N scales; a step with another N rescales them by N / N_prev, so that each
+  // carries the same error of the gradient.
+  void rescale_residuals(Context& cx, V f) {
+    if (n_residual_segs_ > 0 && f != V(1))
+      launch_segments(label_local(), cx.exec, n_residual_segs_,
+                      InPlaceScaleKernel<V, ExecutionSpace, MemorySpace>{residual_segs_, 0, f});
   }
 
   // Deferred local scales (defer_local_scale): whether there are any, and their pass.
@@ -180,6 +183,20 @@ class SyncEngine {
   }
 
  private:
+  static constexpr std::int64_t residual_piece = std::int64_t(1) << 20;
+
+  // The weighted local segments, a launch per kind with its own factors (SampleWeights).
+  void launch_weighted(Context& cx, const Plan& plan, LocalMode mode) {
+    for (int k = 0; k < sample_weightings; ++k) {
+      if (n_weighted_segs_[std::size_t(k)] == 0) continue;
+      const auto kind = SampleWeighting(k + 1);
+      launch_segments(
+          label_local(), cx.exec, n_weighted_segs_[std::size_t(k)],
+          LocalKernel<V, ExecutionSpace, MemorySpace>{weighted_segs_[std::size_t(k)], local_acc_, mode,
+                                                      plan.weights().before(kind), plan.weights().after(kind)});
+    }
+  }
+
   template <class View>
   void ensure(Context& cx, View& v, std::size_t n, const char* label) {
     if (v.extent(0) >= n) return;
@@ -238,6 +255,7 @@ class SyncEngine {
       wire_ = WireBuffer();
       wire_staging_ = {};
       residual_ = Buffer();
+      n_residual_segs_ = 0;
       overflow_ = {};
       return;
     }
@@ -255,6 +273,11 @@ class SyncEngine {
       ensure(cx, residual_, std::size_t(total), "gradsync::residual");
       const std::vector<V> zeros(residual_.extent(0), V(0));
       upload_buffer(residual_, zeros.data(), zeros.size());
+      std::vector<Seg> pieces;  // for rescale_residuals: the buffer in pieces (a team each on GPUs)
+      for (std::int64_t off = 0; off < total; off += residual_piece)
+        pieces.push_back(Seg{residual_.data() + off, off, std::min(residual_piece, total - off), V(1)});
+      upload(cx, pieces, residual_segs_, "gradsync::residual_segments");
+      n_residual_segs_ = std::int64_t(pieces.size());
     }
     if (fp16) {
       ensure(cx, overflow_, 1, "gradsync::overflow");
@@ -463,8 +486,10 @@ class SyncEngine {
 
   Buffer buffer_, local_acc_;
   BufferView<V, staging_space_t<MemorySpace>> staging_;
-  SegView dp_segs_, local_segs_, deferred_segs_, weighted_segs_;
-  std::int64_t n_dp_segs_ = 0, n_local_segs_ = 0, n_deferred_segs_ = 0, n_weighted_segs_ = 0;
+  SegView dp_segs_, local_segs_, deferred_segs_, residual_segs_;
+  std::int64_t n_dp_segs_ = 0, n_local_segs_ = 0, n_deferred_segs_ = 0, n_residual_segs_ = 0;
+  std::array<SegView, sample_weightings> weighted_segs_;  // set_samples: per SampleWeighting but none
+  std::array<std::int64_t, sample_weightings> n_weighted_segs_ = {};
   // Compression (plan_wire): the 16-bit chunks, their host staging, this rank's rounding residuals
   // (error feedback, by fused position), the fp16 overflow flag and the segments, to find a tensor.
   WireBuffer wire_;

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <climits>
 #include <cmath>
 #include <cstddef>
@@ -49,10 +50,12 @@ class SyncPlan {
     std::vector<Seg> segments;               // data-parallel, split at chunk boundaries
     std::vector<Seg> local_segments;         // local tensors scaled (or accumulated) in place
     std::vector<Seg> deferred_segments;      // local tensors whose scale the caller applies
-    std::vector<Seg> weighted_segments;      // set_samples: local tensors weighted by samples (factor at run time)
-    std::int64_t capacity = 0;               // fusion buffer elements
-    std::int64_t total = 0;                  // data-parallel elements
-    std::int64_t local_total = 0;            // local accumulator elements (N > 1)
+    // set_samples: local tensors weighted by samples, one list per SampleWeighting but none (its
+    // factors at run time: local_weights())
+    std::array<std::vector<Seg>, sample_weightings> weighted_segments;
+    std::int64_t capacity = 0;                                         // fusion buffer elements
+    std::int64_t total = 0;                                            // data-parallel elements
+    std::int64_t local_total = 0;                                      // local accumulator elements (N > 1)
     std::vector<std::pair<std::int64_t, std::int64_t>> tensor_chunks;  // per fused tensor
   };
 
@@ -193,9 +196,10 @@ class SyncPlan {
         for_each_segment(e.size, [&](std::int64_t off, std::int64_t len) {
           L.deferred_segments.push_back(Seg{e.data + off, 0, len, s});
         });
-      if (weighted_ && SyncRegistry<V>::scales_by_world(e, opt)) {  // n_rk per pass, 1/N per step
+      const SampleWeighting w = SyncRegistry<V>::weighting(e, opt);
+      if (weighted_ && w != SampleWeighting::none) {  // e.g. n_rk per pass, 1/N per step
         for_each_segment(e.size, [&, base = L.local_total](std::int64_t off, std::int64_t len) {
-          L.weighted_segments.push_back(Seg{e.data + off, base + off, len, V(1)});
+          L.weighted_segments[std::size_t(w) - 1].push_back(Seg{e.data + off, base + off, len, V(1)});
         });
         L.local_total += std::int64_t(e.size);
         continue;
@@ -234,16 +238,14 @@ class SyncPlan {
     dirty_ = true;
   }
   // This pass: the data-parallel factors (pre: prescale x this rank's samples; post: postscale,
-  // divided by the step's samples for an average) and the weighted local tensors' (weight: this
-  // rank's samples in this pass; mult: 1 / the step's samples).
-  void set_step_factors(V pre, V post, V local_weight, V local_mult) {
+  // divided by the step's samples for an average) and the weighted local tensors' (own: this
+  // rank's samples in this pass; total: 1 / the step's samples, 1 before the reducing pass).
+  void set_step_factors(V pre, V post, const SampleWeights<V>& w) {
     pre_factor_ = pre;
     post_factor_ = post;
-    local_weight_ = local_weight;
-    local_mult_ = local_mult;
+    weights_ = w;
   }
-  V local_weight() const { return local_weight_; }
-  V local_mult() const { return local_mult_; }
+  const SampleWeights<V>& weights() const { return weights_; }
 
   // Where chunk c lives in the buffer: its slot when windowed, its own place otherwise.
   std::int64_t buffer_pos(std::size_t c) const { return windowed_ ? slot_of_[c] * slot_size_ : chunks_[c].begin; }
@@ -338,7 +340,7 @@ class SyncPlan {
   std::vector<std::int64_t> slot_of_, prev_in_slot_;  // per chunk: its slot (-1: in place), the slot's previous chunk
   V pre_factor_ = 1, post_factor_ = 1;
   bool weighted_ = false;
-  V local_weight_ = 1, local_mult_ = 1;
+  SampleWeights<V> weights_;
 };
 
 }  // namespace gradsync::impl

@@ -24,6 +24,7 @@
 #include "consistency.hpp"
 #include "fusion_plan.hpp"
 #include "range_index.hpp"
+#include "sample_weights.hpp"
 
 namespace gradsync::impl {
 
@@ -37,8 +38,9 @@ struct Registration {
   bool policy_local = false;
   LocalScale policy_scale = LocalScale::none;
   bool runtime_local = false;
-  bool defer_scale = false;         // defer_local_scale: the caller applies the local factor
-  bool named = false;               // the name was given to add()
+  bool defer_scale = false;                           // defer_local_scale: the caller applies the local factor
+  SampleWeighting weighting = SampleWeighting::none;  // set_samples(): its policy's (sample_weighting_of)
+  bool named = false;                                 // the name was given to add()
   int compression = -1;             // its group's wire format (int(Compression)); -1: Options::compression
   std::shared_ptr<void> keepalive;  // a copy of a registered View keeps its memory alive
   std::function<std::pair<V*, std::size_t>()> requery;  // vectors: current data and size
@@ -185,6 +187,12 @@ class SyncRegistry {
   // local var with scale_local_gradients); with set_samples(), weighted by samples instead.
   static bool scales_by_world(const Entry& e, const Options& opt) {
     return e.local() && (e.policy_local ? e.policy_scale == LocalScale::world_size : opt.scale_local_gradients);
+  }
+  // set_samples()' weighting of a local tensor: its policy's, or a runtime local var's.
+  static SampleWeighting weighting(const Entry& e, const Options& opt) {
+    if (!e.local()) return SampleWeighting::none;
+    if (e.policy_local) return e.weighting;
+    return opt.scale_local_gradients ? SampleWeighting::own_total : SampleWeighting::none;
   }
   static V deferred_factor(const Entry& e, const Options& opt, int ranks) {
     return e.defer_scale && e.local() ? local_factor(e, opt, ranks) : V(1);
