@@ -33,10 +33,15 @@ struct Config {
   int log_every = 250;
   bool check = false;
   bool scale_local = true;  // --local-scale world_size (default) | none
-  double max_ratio = -1;    // --max-ratio F: exit 1 unless the final one-step error ratio <= F
-  std::string plot;         // --plot FILE.png
+  // --select-steep F: train on the cells where the coarse state is steep, |du/dx| >= F times its
+  // global max (every rank's own mean loss, weighted by set_samples()); < 0: every cell.
+  double select_steep = -1;
+  bool sample_weights = true;  // --sample-weights off: no set_samples(), the plain average (wrong)
+  double max_ratio = -1;       // --max-ratio F: exit 1 unless the final one-step error ratio <= F
+  std::string plot;            // --plot FILE.png
 
   double fine_dt() const { return dt / substeps; }
+  bool selecting() const { return select_steep >= 0; }
 };
 
 inline void usage(const char* argv0) {
@@ -57,6 +62,10 @@ inline void usage(const char* argv0) {
       "  --seed S           seed of the initial model (default 1)\n"
       "  --check            prove n ranks == 1 process on the same global problem (exit 1 if not)\n"
       "  --local-scale M    world_size (default) or none: the LocalScale of the per-subdomain heads\n"
+      "  --select-steep F   train only on the cells where |du/dx| of the coarse state is >= F times its\n"
+      "                     max over the domain (0 <= F <= 1): a sample count per rank and pass, set_samples()\n"
+      "  --sample-weights M on (default) or off: with --select-steep, off drops set_samples() (each rank's\n"
+      "                     mean loss, plain average: the check fails)\n"
       "  --max-ratio F      exit 1 unless the last window's corrected/plain one-step error is <= F\n"
       "  --plot FILE.png    write FILE.csv files and plot them with python3 and matplotlib\n",
       argv0, "3 optimizer steps");
@@ -75,6 +84,13 @@ inline void validate(const Config& c) {
   if (c.rollout < 0) fail("--rollout must be >= 0");
   if (c.eval_windows < 0) fail("--eval-windows must be >= 0");
   if (c.log_every < 1) fail("--log-every must be >= 1");
+  if (c.select_steep != -1 && !(c.select_steep >= 0 && c.select_steep <= 1))
+    fail("--select-steep takes a fraction of the steepest cell's |du/dx|, 0 to 1");
+  if (!c.sample_weights && !c.selecting()) fail("--sample-weights off needs --select-steep");
+  if (c.selecting() && !c.scale_local)
+    fail(
+        "--select-steep with --local-scale none: the heads' weights are the sample counts' (set_samples needs "
+        "LocalScale::world_size)");
   if (!c.plot.empty() && (c.rollout < 1 || c.eval_windows < 1))
     fail("--plot draws the end of a free-running window: it needs --rollout and --eval-windows >= 1");
   // Forward Euler on the diffusion term is stable for nu dt / dx^2 <= 1/2 (less with advection).
@@ -83,6 +99,12 @@ inline void validate(const Config& c) {
     fail(
         "the time step is unstable for the viscosity: nu dt / dx^2 must stay <= 0.4 on both grids "
         "(raise --substeps or lower --dt)");
+}
+
+inline bool parse_on_off(const std::string& option, const std::string& m) {
+  if (m == "on") return true;
+  if (m == "off") return false;
+  throw std::runtime_error(option + " takes on or off, not " + m);
 }
 
 /// Parses the command line, skipping Kokkos' --kokkos-* options; false for --help (after printing
@@ -119,6 +141,10 @@ inline bool parse(Config& c, int argc, char** argv, bool print) {
       c.check = true;
     else if (o == "--local-scale")
       c.scale_local = examples::parse_scale(o, value());
+    else if (o == "--select-steep")
+      c.select_steep = std::stod(value());
+    else if (o == "--sample-weights")
+      c.sample_weights = parse_on_off(o, value());
     else if (o == "--max-ratio")
       c.max_ratio = std::stod(value());
     else if (o == "--plot")

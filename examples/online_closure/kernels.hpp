@@ -210,11 +210,54 @@ struct FluxCorrection {
   }
 };
 
-/// dc_i = dL/dpred_i * dt/dx for L = weight * sum_i (pred_i - target_i)^2 / 2.
+using Mask = Kokkos::View<int*, Kokkos::LayoutRight, Mem>;  // 1: the cell is a training sample
+
+/// dc_i = dL/dpred_i * dt/dx for L = weight * sum over the selected cells of (pred_i - target_i)^2 / 2.
 struct LossSeed {
   View1 pred, target, dc;
+  Mask selected;
   Real weight, dt_dx;
-  KOKKOS_INLINE_FUNCTION void operator()(Index i) const { dc(i) = weight * (pred(i) - target(i)) * dt_dx; }
+  KOKKOS_INLINE_FUNCTION void operator()(Index i) const {
+    dc(i) = selected(i) ? weight * (pred(i) - target(i)) * dt_dx : Real(0);
+  }
+};
+
+/// max_i |u_{i+1} - u_{i-1}|: the steepest cell (|du/dx| times 2 dx, which cancels in a threshold
+/// relative to it). u has a halo >= 1.
+struct Steepness {
+  View1 u;
+  int halo;
+  KOKKOS_INLINE_FUNCTION Real at(Index i) const {
+    const Real d = u(halo + i + 1) - u(halo + i - 1);
+    return d < 0 ? -d : d;
+  }
+  KOKKOS_INLINE_FUNCTION void operator()(Index i, Real& m) const {
+    const Real s = at(i);
+    if (s > m) m = s;
+  }
+};
+
+/// selected_i = (steepness_i >= threshold), and their count. The state is the same bits on every
+/// decomposition and the threshold a max (exact in any order), so every decomposition selects the
+/// same cells.
+struct SelectSteep {
+  Steepness steep;
+  Mask selected;
+  Real threshold;
+  KOKKOS_INLINE_FUNCTION void operator()(Index i, Index& count) const {
+    selected(i) = steep.at(i) >= threshold ? 1 : 0;
+    count += selected(i);
+  }
+};
+
+/// sum over the selected cells of (a_i - b_i)^2 (no halos).
+struct SelectedSquaredDistance {
+  View1 a, b;
+  Mask selected;
+  KOKKOS_INLINE_FUNCTION void operator()(Index i, Real& sum) const {
+    const Real d = a(i) - b(i);
+    if (selected(i)) sum += d * d;
+  }
 };
 
 /// sum_i (a_i - b_i)^2 over the interiors (halos a_halo, b_halo).

@@ -4,6 +4,8 @@
 //   mpirun -np 4 online_closure --plot closure.png    # ... and plot the field and the error curves
 //   mpirun -np 4 online_closure --check               # prove: n ranks == 1 process, to 1e-10
 //   mpirun -np 4 online_closure --check --local-scale none   # the bug local groups prevent: factor n
+//   mpirun -np 4 online_closure --check --select-steep 0.7   # uneven samples per rank: set_samples()
+//   ... --select-steep 0.7 --sample-weights off              # the plain average instead: fails
 //
 // Viscous Burgers on a periodic domain, finite volumes, decomposed over the ranks with halo
 // exchange. A coarse solver runs next to a fine one (the reference, computed on the fly); a small
@@ -104,6 +106,13 @@ void print_problem(const Config& c, int n) {
       "  training: Adam lr %g, backward_passes_per_step %d (one pass per solver step)\n",
       c.nu, n, n == 1 ? "" : "s", c.cells, c.dt, c.cells * c.refine, c.substeps, c.fine_dt(), closure::face_stencil,
       c.hidden, c.hidden, c.hidden, c.lr, c.passes);
+  if (c.selecting())
+    std::printf(
+        "  samples: the cells with |du/dx| >= %g x its max over the domain, each rank's mean loss over its own;\n"
+        "  %s\n",
+        c.select_steep,
+        c.sample_weights ? "set_samples(count) every pass: the sync weighs rank r by n_r / N"
+                         : "--sample-weights off: no set_samples(), the plain average of the ranks' means");
 }
 
 /// The hand-written backward pass against central finite differences of the loss, on the
@@ -113,6 +122,7 @@ void print_problem(const Config& c, int n) {
 template <class Group>
 double gradient_check(Config c, int subdomains, std::string& worst) {
   c.passes = 1;
+  c.sample_weights = true;
   closure::Simulation<gradsync::SelfBackend, Group> sim(c, gradsync::SelfBackend(), MPI_COMM_SELF, subdomains, 0,
                                                         subdomains);
   for (int k = 0; k < 3; ++k) sim.step(false);  // a state with some structure
@@ -161,8 +171,11 @@ int run_check(const Config& c) {
   const int n = world_size(), me = world_rank();
   Dist dist(c, gradsync::MpiBackend(MPI_COMM_WORLD), MPI_COMM_WORLD, n, me, 1);
   // The reference: every rank also runs the single-process model (the whole domain, all n
-  // subdomains and their n heads, SelfBackend, no MPI) from the same seed, in this process.
-  Ref ref(c, gradsync::SelfBackend(), MPI_COMM_SELF, n, 0, n);
+  // subdomains and their n heads, SelfBackend, no MPI) from the same seed, in this process. With
+  // --select-steep it is always weighted: the mean over every selected cell, whatever the n ranks do.
+  Config rc = c;
+  rc.sample_weights = true;
+  Ref ref(rc, gradsync::SelfBackend(), MPI_COMM_SELF, n, 0, n);
   print_problem(c, n);
   if (me == 0)
     std::printf(
@@ -179,6 +192,8 @@ int run_check(const Config& c) {
   double ratio0 = 1;
   bool have_ratio = false;
   Worst overall;
+  long long fewest = std::numeric_limits<long long>::max(), most = 0, empty = 0;  // samples per rank and pass
+  long long pass_min = std::numeric_limits<long long>::max(), pass_max = 0;       // ... over all ranks
   for (int step = 0; step < c.steps; ++step) {
     const bool synced_d = dist.step(true), synced_r = ref.step(true);
     Worst state, grads, params;
@@ -187,6 +202,19 @@ int run_check(const Config& c) {
       const auto a = dist.field("target"), b = ref.field("target");
       const std::vector<Real> mine(b.begin() + dist.first_cell(), b.begin() + dist.first_cell() + dist.local_cells());
       state.add(rel_diff(a, mine), "fine state");
+    }
+    long long lo = 0, hi = 0;
+    if (c.selecting()) {  // the same cells as the single process's, not only as many
+      const auto a = dist.selection(), b = ref.selection();
+      const bool same = std::equal(a.begin(), a.end(), b.begin() + dist.first_cell());
+      state.add(same ? 0 : std::numeric_limits<double>::infinity(), "selected cells");
+      long long v[3] = {dist.selected(), -dist.selected(), dist.selected() == 0};
+      MPI_Allreduce(MPI_IN_PLACE, v, 2, MPI_LONG_LONG, MPI_MIN, MPI_COMM_WORLD);
+      MPI_Allreduce(MPI_IN_PLACE, v + 2, 1, MPI_LONG_LONG, MPI_SUM, MPI_COMM_WORLD);
+      lo = v[0], hi = -v[1];
+      fewest = std::min(fewest, lo), most = std::max(most, hi), empty += v[2];
+      pass_min = std::min<long long>(pass_min, ref.selected_total());
+      pass_max = std::max<long long>(pass_max, ref.selected_total());
     }
     if (synced_d != synced_r) state.add(std::numeric_limits<double>::infinity(), "synchronize() result");
     double ratio = 1;
@@ -218,12 +246,18 @@ int run_check(const Config& c) {
       if (synced_d)
         std::printf(", gradients %.1e (heads n-rank / 1-process = %.6f), parameters after the update %.1e", mg, ratio,
                     mp);
+      if (c.selecting()) std::printf("; samples %lld, per rank %lld to %lld", (long long)ref.selected_total(), lo, hi);
       std::printf("\n");
     }
   }
   const Worst worst = worst_over_ranks(overall);
   const bool fd_ok = fd <= fd_tol;  // the same on every rank: the same computation
   const bool ok = worst.value <= tol && fd_ok;
+  if (me == 0 && c.selecting())
+    std::printf(
+        "samples: %lld to %lld of %d cells per pass, %lld to %lld per rank and pass; %lld of %d (rank, pass) pairs "
+        "had none\n",
+        pass_min, pass_max, c.cells, fewest, most, empty, n * c.steps);
   if (me == 0) {
     if (!fd_ok)
       std::printf("check FAILED: the backward pass differs from finite differences by %.3e > %.0e (worst: %s)\n", fd,
@@ -236,7 +270,13 @@ int run_check(const Config& c) {
     else {
       std::printf("check FAILED: max relative difference %.3e > %.0e (worst: %s)\n", worst.value, tol,
                   worst.what.c_str());
-      if (std::abs(ratio0 - 1) > 1e-6)
+      if (c.selecting() && !c.sample_weights)
+        std::printf(
+            "  UNWEIGHTED: without set_samples() the plain average weighs every rank's mean gradient equally,\n"
+            "  1/(n x passes) per rank and pass, whatever its sample count (here %lld to %lld, %lld of %d empty);\n"
+            "  the mean over every selected cell of the step weighs rank r's pass k by n_rk / N\n",
+            fewest, most, empty, n * c.steps);
+      else if (std::abs(ratio0 - 1) > 1e-6)
         std::printf(
             "  MISMATCH: head gradients are %.6f x the single-process ones at the first update, factor n = %d ranks:\n"
             "  each rank differentiates its own subdomain's loss L_r = n x its share of the global mean loss;\n"

@@ -18,6 +18,12 @@
 // cells, so L = (1/n) sum_r L_r: the trunk's average is dL/dW, and the head's gradient dL_r/dv_r =
 // n dL/dv_r is exact after KeepLocal<LocalScale::world_size> divides it by n.
 //
+// With --select-steep F the samples are the steep cells only, |u_{i+1} - u_{i-1}| >= F times its
+// max over the whole domain: n_r of them on rank r, a number that changes every step (0 on some
+// ranks). Rank r differentiates its own mean, (1/n_r) sum over its selected cells (zero with
+// none), and gives n_r to set_samples(): the sync weighs each rank's gradient by n_r / N, which
+// is the mean over every selected cell of the step (N = the sum over ranks and passes).
+//
 // The same class is the single-process reference: one process holding all P subdomains (and all
 // P heads) with SelfBackend and a halo that wraps around in memory.
 #pragma once
@@ -136,6 +142,7 @@ class Simulation {
   Simulation(const Config& c, Backend backend, MPI_Comm halo_comm, int subdomains, int first_sub, int num_sub)
       : cfg_(c),
         backend_(backend),
+        comm_(halo_comm),
         opt_(ScheduledAdam(adam_options(c), c.steps / c.passes), Sync(std::move(backend), sync_options(c))),
         chalo_(halo_comm, coarse_halo, "closure::coarse_halo"),
         fhalo_(halo_comm, 1, "closure::fine_halo"),
@@ -190,31 +197,42 @@ class Simulation {
     Kokkos::parallel_for("closure::restrict", range(n_), Restrict{fine_, target_, 1, 0, cfg_.refine});
 
     forward(coarse_, ustar_, pred_);
-    double sums[2] = {0, 0};
+    double sums[3] = {0, 0, 0};
     Kokkos::parallel_reduce("closure::error", range(n_), SquaredDistance{pred_, target_, 0, 0}, sums[0]);
     Kokkos::parallel_reduce("closure::error", range(n_), SquaredDistance{ustar_, target_, 0, 0}, sums[1]);
     bool synced = false;
     if (train) {
+      if (cfg_.selecting()) select_samples();
       backward();
       Kokkos::fence();
+      // This pass's count, before its synchronize(); weights off, each rank's mean counts the same.
+      if (cfg_.selecting() && cfg_.sample_weights) opt_.set_samples(selected_);
       synced = opt_.synchronize();
     }
-    backend_.allreduce_sum(sums, 2);
+    sums[2] = double(train ? selected_ : 0);
+    backend_.allreduce_sum(sums, 3);
     last_ = StepErrors{std::sqrt(sums[0] / cfg_.cells), std::sqrt(sums[1] / cfg_.cells)};
     loss_ = Real(0.5) * sums[0] / cfg_.cells;
+    selected_total_ = Index(sums[2]);
     ++step_;
     if (rollout_ > 0 && --roll_left_ == 0) finish_rollout();
     return synced;
   }
 
-  /// The loss L of the last step's coarse state with the current parameters: the forward pass
-  /// alone, for finite-difference checks of the backward pass. Collective.
+  /// The loss L of the last step's coarse state with the current parameters (with --select-steep,
+  /// the mean over the last training pass's selected cells): the forward pass alone, for
+  /// finite-difference checks of the backward pass. Collective.
   Real loss_now() {
     forward(coarse_, ustar_, pred_);
-    Real s = 0;
-    Kokkos::parallel_reduce("closure::error", range(n_), SquaredDistance{pred_, target_, 0, 0}, s);
-    backend_.allreduce_sum(&s, 1);
-    return Real(0.5) * s / cfg_.cells;
+    Real s[2] = {0, Real(selected_)};
+    if (cfg_.selecting())
+      Kokkos::parallel_reduce("closure::error", range(n_), SelectedSquaredDistance{pred_, target_, selected_cells_},
+                              s[0]);
+    else
+      Kokkos::parallel_reduce("closure::error", range(n_), SquaredDistance{pred_, target_, 0, 0}, s[0]);
+    backend_.allreduce_sum(s, 2);
+    if (!cfg_.selecting()) return Real(0.5) * s[0] / cfg_.cells;
+    return s[1] > 0 ? Real(0.5) * s[0] / s[1] : Real(0);
   }
 
   /// Adds delta to value i of a parameter.
@@ -239,6 +257,9 @@ class Simulation {
   // ---- inspection ----
   int step_count() const { return step_; }
   Real loss() const { return loss_; }  // the global loss L of the last step (before its update)
+  /// The training cells of the last pass (--select-steep; every cell without): this process's, all.
+  Index selected() const { return selected_; }
+  Index selected_total() const { return selected_total_; }
   const StepErrors& errors() const { return last_; }
   const std::vector<RolloutErrors>& rollouts() const { return windows_; }
   Index local_cells() const { return n_; }
@@ -261,6 +282,12 @@ class Simulation {
     return Kokkos::subview(grads ? ghead_ : head_, std::make_pair(k * h, (k + 1) * h));
   }
 
+  /// This process's selected cells in the last training pass (1: a sample), on the host.
+  std::vector<int> selection() const {
+    auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), selected_cells_);
+    return std::vector<int>(h.data(), h.data() + h.size());
+  }
+
   /// The interior of the named field on the host: "fine", "target" (the fine one restricted),
   /// "plain" and "corrected" (the rollouts).
   std::vector<Real> field(const std::string& which) const {
@@ -281,6 +308,9 @@ class Simulation {
   static gradsync::Options sync_options(const Config& c) {
     gradsync::Options o;
     o.backward_passes_per_step = c.passes;  // the gradient of `passes` solver steps per update
+    // Unweighted selection: the plain mean of the (rank, pass) means, 1/(n passes) each, the
+    // counterpart of the weighted mean over every sample of the step (which covers the passes).
+    o.average_aggregated_gradients = c.selecting() && !c.sample_weights;
     return o;
   }
 
@@ -316,6 +346,7 @@ class Simulation {
     ghead_ = View1("closure::head.grad", std::size_t(np_) * H);
     sub_ = Kokkos::View<int*, Kokkos::LayoutRight, Mem>("closure::subdomain", n);
     first_ = IndexView("closure::subdomain_first", std::size_t(np_) + 1);
+    selected_cells_ = Mask("closure::selected", n);
   }
 
   void initialise() {
@@ -327,6 +358,8 @@ class Simulation {
       for (Index i = first(k); i < first(k + 1); ++i) sub(i) = k;
     Kokkos::deep_copy(sub_, sub);
     Kokkos::deep_copy(first_, first);
+    Kokkos::deep_copy(selected_cells_, 1);  // without --select-steep every cell is a sample
+    selected_ = n_;
 
     Kokkos::parallel_for("closure::initial_state", range(nf_), InitialState{fine_, 1, lo_ * cfg_.refine, dxf_});
     // Glorot-uniform trunk, small heads: the untrained closure barely changes the coarse step.
@@ -350,10 +383,26 @@ class Simulation {
                          FluxCorrection{ustar, pred, head_, sub_, a2_, H_, cfg_.dt / dxc_});
   }
 
-  // dL_proc / d(every parameter), L_proc = weight * sum over this process's cells of e^2 / 2.
+  // --select-steep: this step's training cells, the steep ones of the coarse state u (its halo
+  // exchanged), and the weight of this process's mean loss over them. The max is the whole
+  // domain's (over the halo ring: every rank, or the one process holding every subdomain).
+  void select_samples() {
+    const Steepness steep{coarse_, coarse_halo};
+    Real max = 0;
+    Kokkos::parallel_reduce("closure::steepest", range(n_), steep, Kokkos::Max<Real>(max));
+    MPI_Allreduce(MPI_IN_PLACE, &max, 1, MPI_DOUBLE, MPI_MAX, comm_);
+    Index count = 0;
+    Kokkos::parallel_reduce("closure::select", range(n_),
+                            SelectSteep{steep, selected_cells_, Real(cfg_.select_steep) * max}, count);
+    selected_ = count;
+    weight_ = count > 0 ? Real(1) / Real(count) : Real(0);  // none selected: zero gradients
+  }
+
+  // dL_proc / d(every parameter), L_proc = weight * sum over this process's selected cells of e^2 / 2.
   void backward() {
     const Index faces = n_ + 1;
-    Kokkos::parallel_for("closure::loss_seed", range(n_), LossSeed{pred_, target_, dc_, weight_, cfg_.dt / dxc_});
+    Kokkos::parallel_for("closure::loss_seed", range(n_),
+                         LossSeed{pred_, target_, dc_, selected_cells_, weight_, cfg_.dt / dxc_});
     Kokkos::parallel_for("closure::head_gradient", range(Index(np_) * H_), HeadGradient{dc_, ghead_, a2_, first_, H_});
     Kokkos::parallel_for("closure::head_backward", range(faces * H_),
                          HeadBackward{dc_, head_, sub_, a2_, dz2_, n_, H_});
@@ -398,6 +447,7 @@ class Simulation {
 
   Config cfg_;
   Backend backend_;  // a copy for the error sums (MpiBackend copies share one communicator)
+  MPI_Comm comm_;    // the halo ring: the selection's max
   Optimizer opt_;
   Halo chalo_, fhalo_;
   int P_, p0_, np_, H_;
@@ -411,6 +461,8 @@ class Simulation {
   View1 w1_, b1_, w2_, b2_, head_, gw1_, gb1_, gw2_, gb2_, ghead_;
   Kokkos::View<int*, Kokkos::LayoutRight, Mem> sub_;
   IndexView first_;
+  Mask selected_cells_;
+  Index selected_ = 0, selected_total_ = 0;
 
   int step_ = 0, rollout_ = 0, roll_left_ = 0;
   Real loss_ = 0;
