@@ -10,10 +10,10 @@ namespace gradsync::impl {
 // rank's samples in the pass, applied before any sum (per pass when aggregating); `total`: 1 / the
 // step's samples over every rank, applied once at the step's end.
 enum class SampleWeighting {
-  none,        // as unweighted: LocalScale::none, SetScale::samples (its set divides, after the sum)
-  own_total,   // own / total: LocalScale::world_size, runtime local vars with scale_local_gradients
-  total,       // 1 / total: LocalScale::samples (the tensor already sums every sample's contribution)
-  own,         // own, before its set's sum (which then divides by the total): SetScale::world_size
+  none,       // as unweighted: LocalScale::none, SetScale::samples (its set divides, after the sum)
+  own_total,  // own / total: LocalScale::world_size, runtime local vars with scale_local_gradients
+  total,      // 1 / total: LocalScale::samples (the tensor already sums every sample's contribution)
+  own,        // own, before its set's sum (which then divides by the total): SetScale::world_size
 };
 inline constexpr int sample_weightings = 3;  // the kinds besides none, each with its own segment list
 
@@ -47,8 +47,12 @@ struct SampleWeights {
   T total = T(1);  // 1 / the step's samples over every rank (0 when there are none)
 
   // The weight before a sum and the factor after it, for a tensor weighted `w`.
-  T before(SampleWeighting w) const { return weighted && (w == SampleWeighting::own_total || w == SampleWeighting::own) ? own : T(1); }
-  T after(SampleWeighting w) const { return weighted && (w == SampleWeighting::own_total || w == SampleWeighting::total) ? total : T(1); }
+  T before(SampleWeighting w) const {
+    return weighted && (w == SampleWeighting::own_total || w == SampleWeighting::own) ? own : T(1);
+  }
+  T after(SampleWeighting w) const {
+    return weighted && (w == SampleWeighting::own_total || w == SampleWeighting::total) ? total : T(1);
+  }
 };
 
 }  // namespace gradsync::impl
