@@ -240,10 +240,11 @@ class MpiBackend {
     return start_sum(buf, n, double(factor));
   }
   /// The same with each rank's values multiplied by its own `pre` first (set_samples' weights),
-  /// inside the ring's reduce-scatter: buf = factor * sum over ranks of pre * buf. Ring sums only.
+  /// inside the ring's reduce-scatter: buf = factor * sum over ranks of pre * buf. Ring sums only;
+  /// every rank calls this form for the same sums (each sends its weight to its neighbour).
   template <class T>
   Request iallreduce_sum(T* buf, std::size_t n, T factor, T pre) const {
-    return start_sum(buf, n, double(factor), double(pre));
+    return start_sum(buf, n, double(factor), true, double(pre));
   }
   /// The sync's automatic choice (gradsync::prefers_blocking_allreduce): nonblocking, so that
   /// chunks pipeline and overlap backward, unless MPI is CUDA-aware. Then sums go to libnbc, whose
@@ -483,15 +484,15 @@ class MpiBackend {
   }
 
   template <class T>
-  Request start_sum(T* buf, std::size_t n, double factor, double pre = 1.0) const {
+  Request start_sum(T* buf, std::size_t n, double factor, bool weighted = false, double pre = 1.0) const {
     Request r;
     const int count = checked_count(n);
     if (folds_factor(n * sizeof(T))) {
-      r.ring =
-          comm_->rings.start(buf, count, factor, impl::mpi_type<T>(), impl::mpi_sum_op<T>(), comm(), rank_, size_, pre);
+      r.ring = comm_->rings.start(buf, count, factor, impl::mpi_type<T>(), impl::mpi_sum_op<T>(), comm(), rank_, size_,
+                                  weighted, pre);
       return r;
     }
-    if (factor != 1.0 || pre != 1.0)
+    if (factor != 1.0 || weighted)
       throw Error(impl::cat("MpiBackend::iallreduce_sum: a factor is folded only into ring sums (", n * sizeof(T),
                             " bytes given; see folds_factor)"));
     impl::mpi_check(

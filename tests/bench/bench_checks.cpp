@@ -2,7 +2,9 @@
 // when the registrations change; every step in CheckMode::every_step), the stall deadline against
 // none (stall_timeout = 0: the same arrival check and polling wait, without a deadline; before
 // issue 24 it skipped both), and the NaN/Inf scan (check_finite), on a real model's
-// gradient list. Usage: mpirun -np 2 bench_checks [models_dir/resnet50.csv | tiny] [steps]
+// gradient list. Usage: mpirun -np 2 bench_checks [models_dir/resnet50.csv | tiny] [steps] [samples]
+// ("samples": only the default against set_samples(), two syncs alternated, so that neither always
+// runs after the same other configuration: for small models, where that order shows).
 #include <gradsync/gradsync.hpp>
 
 #include <mpi.h>
@@ -114,6 +116,15 @@ int main(int argc, char** argv) {
     every.tuning.consistency_check = gradsync::CheckMode::every_step;
     gradsync::Options finite = base;
     finite.check_finite = true;
+    if (argc > 3 && std::string(argv[3]) == "samples") {
+      const std::vector<double> w = step_times(grads, {base, base}, steps, 1);
+      if (rank == 0)
+        std::printf("default %.4f ms/step, set_samples %.4f ms/step: %+.1f%%\n", w[0] * 1e3, w[1] * 1e3,
+                    100 * (w[1] / w[0] - 1));
+      Kokkos::finalize();
+      MPI_Finalize();
+      return 0;
+    }
     const std::vector<double> t = step_times(grads, {base, no_watch, every, finite, base}, steps, 4);
     const double t_default = t[0], t_nowatch = t[1], t_every = t[2], t_finite = t[3], t_weighted = t[4];
 

@@ -38,11 +38,12 @@ template <class T>
 GRADSYNC_IMPL_VECTOR_CLONES void sum_scale_loop(T* __restrict v, const T* __restrict w, std::size_t n, T f) {
   for (std::size_t i = 0; i < n; ++i) v[i] = (v[i] + w[i]) * f;
 }
-// The same with this rank's values weighted first (set_samples): (pre * ours + received) * factor.
+// The same with the values weighted (set_samples): (pre * ours + left * received) * factor, `left`
+// the left neighbour's weight where it sent its own values (the first step), else 1.
 template <class T>
 GRADSYNC_IMPL_VECTOR_CLONES void weighted_sum_scale_loop(T* __restrict v, const T* __restrict w, std::size_t n, T f,
-                                                         T pre) {
-  for (std::size_t i = 0; i < n; ++i) v[i] = (pre * v[i] + w[i]) * f;
+                                                         T pre, T left) {
+  for (std::size_t i = 0; i < n; ++i) v[i] = (pre * v[i] + left * w[i]) * f;
 }
 
 inline void check_ring_call(int rc, const char* what) {
@@ -55,13 +56,15 @@ class RingAllreduce {
   /// abandoned unfinished (after a stall its messages may still arrive into its buffer).
   bool busy() const { return busy_; }
 
-  /// Starts buf[0, count) = factor * (sum over ranks of pre * buf[0, count)), `pre` this rank's own
-  /// (float and double only where it is not 1): each value of this rank meets it once, in the
-  /// reduce-scatter's first send or in the addition that takes it. The reduce-scatter receives
-  /// wait for a buffer from RingPool::lend; `order` ranks this sum among those waiting.
+  /// Starts buf[0, count) = factor * sum over ranks of buf[0, count); `weighted` (every rank alike;
+  /// float and double): of pre * buf, `pre` this rank's own. Each value meets its rank's weight
+  /// once: in the addition that takes it, or for the segment a rank sends raw in the first step, in
+  /// its right neighbour's addition, which has the weight from an 8-byte message sent ahead on the
+  /// same tag (no pass over the values of its own). The reduce-scatter receives wait for a buffer
+  /// from RingPool::lend; `order` ranks this sum among those waiting.
   template <class T>
   void start(T* buf, int count, double factor, MPI_Datatype type, MPI_Op op, MPI_Comm comm, int rank, int size, int tag,
-             std::uint64_t order, double pre = 1.0) {
+             std::uint64_t order, bool weighted = false, double pre = 1.0) {
     busy_ = true;
     buf_ = reinterpret_cast<unsigned char*>(buf);
     n_ = std::size_t(count);
@@ -71,16 +74,21 @@ class RingAllreduce {
     factor_ = factor;
     wire_ = nullptr;
     non_finite_ = -1;
-    pre_ = pre;
+    pre_ = weighted ? pre : 1.0;
+    left_ = 1.0;
     weigh_ = nullptr;
+    weighted = weighted && size > 1 && (std::is_same_v<T, float> || std::is_same_v<T, double>);
     if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
-      sum_scale_ = factor == 1.0 && pre == 1.0 ? nullptr : &sum_scale<T>;
-      if (pre != 1.0) weigh_ = &weighted_add<T>;
+      sum_scale_ = factor == 1.0 && !weighted ? nullptr : &sum_scale<T>;
+      if (weighted) weigh_ = &weighted_add<T>;
     } else {
       sum_scale_ = nullptr;  // 16-bit wire values (op adds them in fp32): never scaled here
     }
     begin_on(comm, rank, size, tag, order);
-    if (pre != 1.0 && size > 1) scale_own(rank);  // the first send's segment
+    if (weighted) {  // posted before the values' messages: MPI keeps one sender's messages in order
+      check_ring_call(MPI_Irecv(&left_, 1, MPI_DOUBLE, mod(rank_ - 1), tag_, comm_, &weight_reqs_[0]), "MPI_Irecv");
+      check_ring_call(MPI_Isend(&pre_, 1, MPI_DOUBLE, mod(rank_ + 1), tag_, comm_, &weight_reqs_[1]), "MPI_Isend");
+    }
     post();
   }
 
@@ -154,20 +162,31 @@ class RingAllreduce {
         if (!has_buffer_ || reqs_[0] != MPI_REQUEST_NULL) return;
         const int seg = mod(rank_ - step_ - 1);
         unsigned char* at = buf_ + begin(seg) * elem_;
+        // Weighted, the first segment received is the neighbour's raw values: its weight, sent
+        // ahead of them on the same tag, is in (a completed receive, or one about to complete).
+        double left = 1.0;
+        if (step_ == 0 && weight_reqs_[0] != MPI_REQUEST_NULL) {
+          check_ring_call(MPI_Wait(&weight_reqs_[0], MPI_STATUS_IGNORE), "MPI_Wait (the neighbour's weight)");
+          left = left_;
+        }
         if (step_ == size_ - 2 && sum_scale_ != nullptr)  // the last addition: the segment is ours
-          sum_scale_(at, tmp_.data(), std::size_t(len(seg)), factor_, pre_);
+          sum_scale_(at, tmp_.data(), std::size_t(len(seg)), factor_, pre_, left);
         else if (weigh_ != nullptr)
-          weigh_(at, tmp_.data(), std::size_t(len(seg)), pre_);
+          weigh_(at, tmp_.data(), std::size_t(len(seg)), pre_, left);
         else if (len(seg) > 0)
           check_ring_call(MPI_Reduce_local(tmp_.data(), at, len(seg), type_, op_), "MPI_Reduce_local");
         reduced_ = true;
       }
       if (reqs_[0] != MPI_REQUEST_NULL || reqs_[1] != MPI_REQUEST_NULL) return;
       reduced_ = false;
-      if (++step_ == 2 * (size_ - 1))
+      if (++step_ == 2 * (size_ - 1)) {
+        // The weight's send: the right neighbour received the values sent after it long ago.
+        if (weight_reqs_[1] != MPI_REQUEST_NULL)
+          check_ring_call(MPI_Wait(&weight_reqs_[1], MPI_STATUS_IGNORE), "MPI_Wait (this rank's weight)");
         busy_ = false;
-      else
+      } else {
         post();
+      }
     }
   }
 
@@ -266,31 +285,22 @@ class RingAllreduce {
   // The last addition and the factor in one pass: (ours + received) * factor. The same bits as
   // MPI_SUM followed by the multiplication (IEEE addition is commutative), one memory pass fewer.
   template <class T>
-  static void sum_scale(unsigned char* ours, const unsigned char* received, std::size_t n, double factor, double pre) {
-    // exact: factor and pre came from a T
-    if (pre == 1.0)
+  static void sum_scale(unsigned char* ours, const unsigned char* received, std::size_t n, double factor, double pre,
+                        double left) {
+    // exact: factor and the weights came from a T
+    if (pre == 1.0 && left == 1.0)
       sum_scale_loop(reinterpret_cast<T*>(ours), reinterpret_cast<const T*>(received), n, T(factor));
     else
-      weighted_sum_scale_loop(reinterpret_cast<T*>(ours), reinterpret_cast<const T*>(received), n, T(factor), T(pre));
+      weighted_sum_scale_loop(reinterpret_cast<T*>(ours), reinterpret_cast<const T*>(received), n, T(factor), T(pre),
+                              T(left));
   }
-  // An addition before the last, this rank's values weighted: ours = pre * ours + received.
+  // An addition before the last, weighted: ours = pre * ours + left * received.
   template <class T>
-  static void weighted_add(unsigned char* ours, const unsigned char* received, std::size_t n, double pre) {
+  static void weighted_add(unsigned char* ours, const unsigned char* received, std::size_t n, double pre, double left) {
     T* v = reinterpret_cast<T*>(ours);
     const T* w = reinterpret_cast<const T*>(received);
-    const T p = T(pre);
-    for (std::size_t i = 0; i < n; ++i) v[i] = p * v[i] + w[i];
-  }
-  // The reduce-scatter's first send goes straight from the values: its segment is weighted in place.
-  void scale_own(int seg) {
-    if (elem_ == sizeof(float))
-      scale_loop(reinterpret_cast<float*>(buf_) + begin(seg), std::size_t(len(seg)), float(pre_));
-    else
-      scale_loop(reinterpret_cast<double*>(buf_) + begin(seg), std::size_t(len(seg)), pre_);
-  }
-  template <class T>
-  static void scale_loop(T* v, std::size_t n, T f) {
-    for (std::size_t i = 0; i < n; ++i) v[i] *= f;
+    const T p = T(pre), q = T(left);
+    for (std::size_t i = 0; i < n; ++i) v[i] = p * v[i] + q * w[i];
   }
 
   bool busy_ = false, has_buffer_ = false, reduced_ = false;
@@ -298,10 +308,12 @@ class RingAllreduce {
   unsigned char* res_ = nullptr;  // compressed: this rank's residuals (error feedback), or null
   std::size_t n_ = 0, elem_ = 0;
   double factor_ = 1, pre_ = 1;
+  double left_ = 1;  // weighted: the left neighbour's weight (received into it)
+  MPI_Request weight_reqs_[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};  // weighted: its receive, our send
   const WireRingOps* wire_ = nullptr;  // compressed: the conversions; null for a sum of T's
   std::int64_t non_finite_ = -1;
-  void (*sum_scale_)(unsigned char*, const unsigned char*, std::size_t, double, double) = nullptr;
-  void (*weigh_)(unsigned char*, const unsigned char*, std::size_t, double) = nullptr;  // pre != 1
+  void (*sum_scale_)(unsigned char*, const unsigned char*, std::size_t, double, double, double) = nullptr;
+  void (*weigh_)(unsigned char*, const unsigned char*, std::size_t, double, double) = nullptr;  // weighted
   MPI_Datatype type_ = MPI_DATATYPE_NULL;
   MPI_Op op_ = MPI_SUM;
   MPI_Comm comm_ = MPI_COMM_NULL;
@@ -327,9 +339,9 @@ class RingPool {
   /// tested) and not busy.
   template <class T>
   std::shared_ptr<RingAllreduce> start(T* buf, int count, double factor, MPI_Datatype type, MPI_Op op, MPI_Comm comm,
-                                       int rank, int size, double pre = 1.0) {
+                                       int rank, int size, bool weighted = false, double pre = 1.0) {
     std::shared_ptr<RingAllreduce> s = idle_state();
-    s->start(buf, count, factor, type, op, comm, rank, size, next_tag(), ++started_, pre);
+    s->start(buf, count, factor, type, op, comm, rank, size, next_tag(), ++started_, weighted, pre);
     lend();
     return s;
   }
