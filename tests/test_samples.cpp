@@ -456,3 +456,23 @@ TEST_CASE("set_samples with error feedback: residuals follow N, so the rounding 
   CAPTURE(largest);
   GRADSYNC_CHECK_ALL(worst <= largest / 256);
 }
+
+TEST_CASE("describe(sync) says how a weighted sync scales its local groups") {
+  using View = Kokkos::View<double*>;
+  View a("a", 10), t("t", 10), s("s", 10), w("w", 10);
+  gradsync::GradientSync<gradsync::MpiBackend, View> sync(gradsync::MpiBackend(MPI_COMM_WORLD), small_options());
+  sync.add<Dense>(a);
+  sync.add<Table>(t);
+  sync.add<Summed>(s);
+  sync.add<Tower>(w);
+  const std::string before = gradsync::describe(sync);
+  sync.set_samples(world_rank());
+  (void)sync.synchronize();
+  const std::string after = gradsync::describe(sync);
+  CAPTURE(before);
+  CAPTURE(after);
+  GRADSYNC_CHECK_ALL(has(before, "Table: 1 tensor, 80 bytes, local, scaled by 1/" + std::to_string(world_size())) &&
+                     has(after, "Table: 1 tensor, 80 bytes, local, weighted by this rank's samples / the step's") &&
+                     has(after, "Summed: 1 tensor, 80 bytes, local, divided by the step's samples") &&
+                     has(after, "Tower: 1 tensor, 80 bytes, local, not scaled"));
+}

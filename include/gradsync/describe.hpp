@@ -47,6 +47,7 @@ struct SyncSummary {
   std::size_t data_parallel_bytes = 0;    ///< their bytes
   std::size_t local_tensors = 0;          ///< tensors never sent
   std::size_t local_bytes = 0;            ///< their bytes
+  bool weighted = false;                  ///< set_samples() weighs the gradients by samples
 
   /// The plan is built: by prepare() or the first synchronize() (and rebuilt after registrations
   /// change). The plan's fields below are meaningful only then.
@@ -117,15 +118,21 @@ inline std::string describe_summary(const SyncSummary& s) {
   if (s.groups.empty()) os << " none registered";
   for (const SyncSummary::Group& g : s.groups) {
     os << "\n    " << g.name << ": " << plural(g.tensors, "tensor", "tensors") << ", " << bytes_text(g.bytes) << ", ";
+    // How a local group is scaled: by the world size, or weighted (set_samples) by samples.
+    const auto scaled = [&](bool by_world) -> std::string {
+      if (!by_world) return "not scaled";
+      return s.weighted ? "weighted by this rank's samples / the step's" : "scaled by 1/" + std::to_string(s.ranks);
+    };
     if (g.policy_local) {
-      os << "local, " << (g.scale == LocalScale::world_size ? "scaled by 1/" + std::to_string(s.ranks) : "not scaled");
+      os << "local, "
+         << (g.scale == LocalScale::samples ? std::string("divided by the step's samples")
+                                            : scaled(g.scale == LocalScale::world_size));
     } else {
       os << "data-parallel";
       if (g.compression != Compression::none) os << ", " << to_string(g.compression) << " on the wire";
       if (g.runtime_local_tensors > 0)
         os << " (" << plural(g.runtime_local_tensors, "tensor", "tensors") << ", " << bytes_text(g.runtime_local_bytes)
-           << " local by register_local_var, "
-           << (o.scale_local_gradients ? "scaled by 1/" + std::to_string(s.ranks) : std::string("not scaled")) << ")";
+           << " local by register_local_var, " << scaled(o.scale_local_gradients) << ")";
     }
   }
   os << "\n  data-parallel: " << plural(s.data_parallel_tensors, "tensor", "tensors") << ", "

@@ -439,6 +439,7 @@ class GradientSync {
     s.value_type = impl::type_name<value_type>();
     s.memory_space = memory_space::name();
     s.options = opt_;
+    s.weighted = weighted();
     for (const Entry& e : registry_) {
       auto g = std::find_if(s.groups.begin(), s.groups.end(),
                             [&](const SyncSummary::Group& x) { return x.name == e.group; });
