@@ -380,7 +380,10 @@ class Control {
     if (k == ErrorKind::stall && o.tuning.stall_action == StallAction::abort) {
       std::fprintf(stderr, "gradsync: %s\ngradsync: calling MPI_Abort (stall_action = abort)\n", msg.c_str());
       std::fflush(stderr);
-      if constexpr (mpi) MPI_Abort(comm_ready() ? *state_->comm : MPI_COMM_WORLD, 1);
+      // MPI_COMM_WORLD, not the sync's communicator: MPI_Abort on a communicator other than the
+      // world may end only its own processes, and MPICH ends only the calling one there (the
+      // others ran on into the deadline); the job is what abort promises to end.
+      if constexpr (mpi) MPI_Abort(MPI_COMM_WORLD, 1);
       std::abort();
     }
     if (k == ErrorKind::mismatch) throw AgreedMismatch(msg.rfind("gradsync: ", 0) == 0 ? msg.substr(10) : msg);
