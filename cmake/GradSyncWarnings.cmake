@@ -69,8 +69,9 @@ set(GRADSYNC_MPIEXEC_FLAGS "${_gradsync_flags}" CACHE STRING
     "Launcher flags for tests (default: chosen for the MPI implementation found)")
 set(_GRADSYNC_MPIEXEC_FLAGS_DEFAULT "${_gradsync_flags}" CACHE INTERNAL "")
 
-# gradsync_add_mpi_test(NAME <name> COMMAND <exe> [args...] RANKS <n...> [TIMEOUT <s>])
-# adds one ctest per rank count, named <name>.np<n>.
+# gradsync_add_mpi_test(NAME <name> COMMAND <exe> [args...] RANKS <n...> [TIMEOUT <s>]
+#                       [PROPERTIES ...]): one ctest per rank count, named <name>.np<n>; @NP@ in
+# PROPERTIES is that count (programs without GRADSYNC_TEST_RANKS's check print theirs).
 function(gradsync_add_mpi_test)
   cmake_parse_arguments(A "" "NAME;TIMEOUT" "COMMAND;RANKS;LABELS;PROPERTIES" ${ARGN})
   if(NOT A_TIMEOUT)
@@ -79,9 +80,13 @@ function(gradsync_add_mpi_test)
   separate_arguments(_flags UNIX_COMMAND "${GRADSYNC_MPIEXEC_FLAGS}")
   foreach(np IN LISTS A_RANKS)
     set(_t "${A_NAME}.np${np}")
+    string(REPLACE "@NP@" "${np}" _props "${A_PROPERTIES}")
     add_test(NAME "${_t}" COMMAND "${GRADSYNC_MPIEXEC}" ${MPIEXEC_NUMPROC_FLAG} ${np} ${_flags} ${A_COMMAND})
+    # GRADSYNC_TEST_RANKS: the world size the test was launched for; the test programs and the
+    # examples fail when MPI's differs (a launcher of another MPI starts n separate 1-rank processes).
     set_tests_properties("${_t}" PROPERTIES TIMEOUT ${A_TIMEOUT} PROCESSORS ${np}
-                         ENVIRONMENT "${GRADSYNC_MPI_ENV}" LABELS "mpi;${A_LABELS}" ${A_PROPERTIES})
+                         ENVIRONMENT "${GRADSYNC_MPI_ENV};GRADSYNC_TEST_RANKS=${np}" LABELS "mpi;${A_LABELS}"
+                         ${_props})
   endforeach()
 endfunction()
 
