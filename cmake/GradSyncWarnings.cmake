@@ -5,19 +5,73 @@ if(GRADSYNC_WERROR)
   list(APPEND GRADSYNC_WARNINGS -Werror)
 endif()
 
-# Launching MPI programs from ctest: root needs the allow-run-as-root pair, a 2-core machine
-# needs --oversubscribe for 3 and 4 ranks, and idle ranks should yield so oversubscription works.
+# Launching MPI programs from ctest. The flags and environment are the launcher's own, so they are
+# chosen for the MPI implementation CMake found (GRADSYNC_MPI_IMPL: openmpi, mpich or unknown):
+# - Open MPI: root needs the allow-run-as-root pair, a 2-core machine needs --oversubscribe for 3
+#   and 4 ranks, and idle ranks should yield (mpi_yield_when_idle) so oversubscription works.
+# - MPICH (Hydra, and its derivatives): oversubscribes without a flag and refuses Open MPI's. It has
+#   no yield setting that works here: MPIR_CVAR_POLLS_BEFORE_YIELD (ch3's) changed nothing measurable
+#   with Debian's MPICH 4.0.2 (ch4:ucx; test_checks on 4 ranks, 2 cores: 18.2-18.7 s without, 16.8-19.6 s
+#   with =1), so none is set; gradsync's own waits yield after 10 ms (impl/stall.hpp).
 # With a Kokkos OpenMP backend, idle OpenMP threads spin by default; with more ranks x threads than
 # cores they starve the ranks' MPI progress (gradient_sync.np3, 2 threads each, on 2 cores: over
 # 200 s spinning, 2.6 s passive), so the tests' threads sleep when idle and are not pinned.
 set(GRADSYNC_MPIEXEC "${MPIEXEC_EXECUTABLE}" CACHE STRING "MPI launcher for tests")
-set(GRADSYNC_MPIEXEC_FLAGS "--oversubscribe" CACHE STRING "Launcher flags for tests")
-set(GRADSYNC_MPI_ENV
-  "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMPI_MCA_mpi_yield_when_idle=1;OMPI_MCA_rmaps_base_oversubscribe=1"
-  "OMP_WAIT_POLICY=passive;OMP_PROC_BIND=false")
+function(_gradsync_detect_mpi out)
+  # The launcher says which implementation it belongs to; the header is the fallback (a launcher
+  # such as srun says nothing about MPI).
+  execute_process(COMMAND "${GRADSYNC_MPIEXEC}" --version OUTPUT_VARIABLE _v ERROR_VARIABLE _e
+                  RESULT_VARIABLE _rc TIMEOUT 20)
+  if("${_v}${_e}" MATCHES "Open MPI|OpenRTE|open-mpi")
+    set(${out} openmpi PARENT_SCOPE)
+    return()
+  elseif("${_v}${_e}" MATCHES "HYDRA|MPICH|Intel\(R\) MPI")
+    set(${out} mpich PARENT_SCOPE)
+    return()
+  endif()
+  find_file(_gradsync_mpi_h mpi.h PATHS ${MPI_CXX_INCLUDE_DIRS} ${MPI_CXX_COMPILER_INCLUDE_DIRS} NO_DEFAULT_PATH)
+  set(${out} unknown PARENT_SCOPE)
+  if(_gradsync_mpi_h)
+    file(STRINGS "${_gradsync_mpi_h}" _defs REGEX "#define (OPEN_MPI|MPICH_VERSION) ")
+    if(_defs MATCHES "OPEN_MPI")
+      set(${out} openmpi PARENT_SCOPE)
+    elseif(_defs MATCHES "MPICH_VERSION")
+      set(${out} mpich PARENT_SCOPE)
+    endif()
+  endif()
+  unset(_gradsync_mpi_h CACHE)
+endfunction()
+_gradsync_detect_mpi(GRADSYNC_MPI_IMPL)
+message(STATUS "gradsync: tests launched with ${GRADSYNC_MPIEXEC} (MPI implementation: ${GRADSYNC_MPI_IMPL})")
+if(GRADSYNC_MPI_IMPL STREQUAL "openmpi")
+  set(_gradsync_flags "--oversubscribe")
+  set(GRADSYNC_MPI_ENV
+    "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMPI_MCA_mpi_yield_when_idle=1;OMPI_MCA_rmaps_base_oversubscribe=1")
+elseif(GRADSYNC_MPI_IMPL STREQUAL "mpich")
+  set(_gradsync_flags "")
+  set(GRADSYNC_MPI_ENV "")
+else()
+  set(_gradsync_flags "")
+  set(GRADSYNC_MPI_ENV "")
+endif()
+list(APPEND GRADSYNC_MPI_ENV "OMP_WAIT_POLICY=passive;OMP_PROC_BIND=false")
+# Overridable; a value that is the default of another implementation (the cache of a build dir
+# reconfigured for another MPI, or made before the defaults depended on it: --oversubscribe)
+# follows the new default instead of breaking every launch.
+if(NOT DEFINED _GRADSYNC_MPIEXEC_FLAGS_DEFAULT)
+  set(_GRADSYNC_MPIEXEC_FLAGS_DEFAULT "--oversubscribe")
+endif()
+if(DEFINED CACHE{GRADSYNC_MPIEXEC_FLAGS} AND "${GRADSYNC_MPIEXEC_FLAGS}" STREQUAL "${_GRADSYNC_MPIEXEC_FLAGS_DEFAULT}"
+   AND NOT "${_gradsync_flags}" STREQUAL "${_GRADSYNC_MPIEXEC_FLAGS_DEFAULT}")
+  set_property(CACHE GRADSYNC_MPIEXEC_FLAGS PROPERTY VALUE "${_gradsync_flags}")
+endif()
+set(GRADSYNC_MPIEXEC_FLAGS "${_gradsync_flags}" CACHE STRING
+    "Launcher flags for tests (default: chosen for the MPI implementation found)")
+set(_GRADSYNC_MPIEXEC_FLAGS_DEFAULT "${_gradsync_flags}" CACHE INTERNAL "")
 
-# gradsync_add_mpi_test(NAME <name> COMMAND <exe> [args...] RANKS <n...> [TIMEOUT <s>])
-# adds one ctest per rank count, named <name>.np<n>.
+# gradsync_add_mpi_test(NAME <name> COMMAND <exe> [args...] RANKS <n...> [TIMEOUT <s>]
+#                       [PROPERTIES ...]): one ctest per rank count, named <name>.np<n>; @NP@ in
+# PROPERTIES is that count (programs without GRADSYNC_TEST_RANKS's check print theirs).
 function(gradsync_add_mpi_test)
   cmake_parse_arguments(A "" "NAME;TIMEOUT" "COMMAND;RANKS;LABELS;PROPERTIES" ${ARGN})
   if(NOT A_TIMEOUT)
@@ -26,9 +80,13 @@ function(gradsync_add_mpi_test)
   separate_arguments(_flags UNIX_COMMAND "${GRADSYNC_MPIEXEC_FLAGS}")
   foreach(np IN LISTS A_RANKS)
     set(_t "${A_NAME}.np${np}")
+    string(REPLACE "@NP@" "${np}" _props "${A_PROPERTIES}")
     add_test(NAME "${_t}" COMMAND "${GRADSYNC_MPIEXEC}" ${MPIEXEC_NUMPROC_FLAG} ${np} ${_flags} ${A_COMMAND})
+    # GRADSYNC_TEST_RANKS: the world size the test was launched for; the test programs and the
+    # examples fail when MPI's differs (a launcher of another MPI starts n separate 1-rank processes).
     set_tests_properties("${_t}" PROPERTIES TIMEOUT ${A_TIMEOUT} PROCESSORS ${np}
-                         ENVIRONMENT "${GRADSYNC_MPI_ENV}" LABELS "mpi;${A_LABELS}" ${A_PROPERTIES})
+                         ENVIRONMENT "${GRADSYNC_MPI_ENV};GRADSYNC_TEST_RANKS=${np}" LABELS "mpi;${A_LABELS}"
+                         ${_props})
   endforeach()
 endfunction()
 

@@ -346,10 +346,59 @@ TEST_CASE("a NaN or Inf in a gradient: every rank throws, naming the tensor and 
       GRADSYNC_CHECK_ALL(out.kind == "error");
       GRADSYNC_CHECK_ALL(
           has(out.what, "gradient 'w' (group Dense, 3000 values) holds NaN or Inf on rank " + std::to_string(last)));
+      // Nonblocking: a peer may hear the notice before its own arrival check completed locally (MPICH
+      // completes a nonblocking allreduce on the ranks at different times), else in the allreduce.
+      const std::string failed = "rank " + std::to_string(last) + " failed before the ";
       if (rank != last)
-        CHECK(has(out.what, "rank " + std::to_string(last) + " failed before the " +
-                                (coll == gradsync::Collectives::blocking ? "arrival check" : "allreduce")));
+        CHECK((has(out.what, failed + "arrival check") ||
+               (coll == gradsync::Collectives::nonblocking && has(out.what, failed + "allreduce"))));
     }
+}
+
+// A NaN on every rank: each rank fails on its own check and tells its peers, and no rank reads the
+// notices. MPI may give a later side channel the context of that one (MPICH does, once it is freed):
+// the syncs built next on the same communicator must not read those notices (issue 32). Their waits
+// listen to the side channel for a while after each collective completed (a test hook), so a stale
+// notice would be read; several rounds, so that contexts are reused.
+TEST_CASE("after a failure told by every rank, fresh syncs on the same communicator synchronize correctly") {
+  const int rank = world_rank();
+  struct Hold {
+    Hold() { gradsync::impl::completed_wait_delay_s() = 0.005; }
+    ~Hold() { gradsync::impl::completed_wait_delay_s() = 0; }
+  };
+  for (int round = 0; round < 4; ++round) {
+    {
+      gradsync::Options o = opts();
+      o.check_finite = true;
+      View a("a", 100);
+      Sync failing(gradsync::MpiBackend(MPI_COMM_WORLD), o);
+      failing.add<Dense>(a, "a");
+      fill(a, rank, 0);
+      gradsync_test::set_value(a, 7, std::numeric_limits<double>::quiet_NaN());
+      const Outcome out = outcome_of([&] { (void)failing.synchronize(); });
+      CAPTURE(out.what);
+      GRADSYNC_CHECK_ALL(out.kind == "error");
+    }
+    const Hold hold;
+    for (int fresh = 0; fresh < 3; ++fresh) {
+      View w("w", 3000);
+      bool exact = true;  // checked on every rank after the syncs, whether or not they threw
+      const Outcome out = outcome_of([&] {
+        Sync sync(gradsync::MpiBackend(MPI_COMM_WORLD), opts());
+        sync.add<Dense>(w, "w");
+        for (int step = 0; step < 2; ++step) {
+          fill(w, rank, step);
+          exact = sync.synchronize() && exact;
+          exact = exact && value_at(w, 2999) == summed(2999, step) / world_size() &&
+                  value_at(w, 3) == summed(3, step) / world_size();
+        }
+      });
+      CAPTURE(round);
+      CAPTURE(out.what);
+      GRADSYNC_CHECK_ALL(out.kind.empty());
+      GRADSYNC_CHECK_ALL(exact);
+    }
+  }
 }
 
 TEST_CASE("a std::vector resized after registration is refused (on the rank that resized it, and its peers)") {

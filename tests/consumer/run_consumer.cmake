@@ -3,6 +3,7 @@
 # a component this installation lacks (cuda, nccl, c, fortran, torch when not built) fails find_package
 # with a message naming it.
 #   cmake -DBUILD=<gradsync build dir> -DSRC=<consumer source> -DWORK=<scratch> -DMPIEXEC=...
+#         "-DMPIEXEC_FLAGS=-n 2 <the launcher's flags for this MPI: GRADSYNC_MPIEXEC_FLAGS>"
 #         -DVERSION=<project version> -DHAVE_CUDA=ON|OFF -DHAVE_NCCL=ON|OFF -DHAVE_C=ON|OFF -DHAVE_FORTRAN=ON|OFF -DHAVE_TORCH=ON|OFF
 #         -DKOKKOS_DIR=<Kokkos_DIR> -DCXX=<compiler> -DCXX_FLAGS=<flags> -P run_consumer.cmake
 file(REMOVE_RECURSE "${WORK}")
@@ -58,9 +59,10 @@ endforeach()
 step(${CMAKE_COMMAND} -S "${SRC}" -B "${WORK}/build" "-DCMAKE_PREFIX_PATH=${WORK}/prefix" -DCMAKE_BUILD_TYPE=Release
      ${same_toolchain} "-DREQUIRE=${have_csv}" "-DOPTIONAL=${lacking_csv}" "-DEXPECTED_VERSION=${VERSION}")
 step(${CMAKE_COMMAND} --build "${WORK}/build")
-step(${MPIEXEC} -np 2 --oversubscribe "${WORK}/build/consumer")
+separate_arguments(launch UNIX_COMMAND "${MPIEXEC_FLAGS}")
+step(${MPIEXEC} ${launch} "${WORK}/build/consumer")
 if(EXISTS "${WORK}/build/consumer_c")
-  step(${MPIEXEC} -np 2 --oversubscribe "${WORK}/build/consumer_c")
+  step(${MPIEXEC} ${launch} "${WORK}/build/consumer_c")
 endif()
 if(EXISTS "${WORK}/build/consumer_f")
   step("${WORK}/build/consumer_f")

@@ -11,11 +11,16 @@
 #include <vector>
 
 #include "cuda_test_util.hpp"
+#include "launch_check.hpp"
 
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (!gradsync_test::launched_world_size_ok()) {
+    MPI_Finalize();
+    return 2;
+  }
   std::vector<char*> args;
   bool skip_without_gpu = false;
   for (int i = 0; i < argc; ++i) {

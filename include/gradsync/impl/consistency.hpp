@@ -39,12 +39,6 @@ struct RegDesc {
   int compression = 0;         // its wire format (int(Compression)), resolved: compared
 };
 
-inline std::uint64_t fnv1a(const void* p, std::size_t n, std::uint64_t h = 1469598103934665603ull) {
-  const auto* b = static_cast<const unsigned char*>(p);
-  for (std::size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 1099511628211ull;
-  return h;
-}
-
 // What a rank decided beyond Options that shapes the plan or the collectives, so must agree too.
 struct ProtocolFacts {
   std::int64_t cuda_aware = -1;  // the backend hands device memory to MPI (MpiBackend); -1: no such setting

@@ -25,7 +25,10 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <map>
 #include <memory>
+#include <mutex>
+#include <numeric>
 #include <string>
 #include <thread>
 #include <type_traits>
@@ -38,6 +41,41 @@
 #include "test_hooks.hpp"
 
 namespace gradsync::impl {
+
+inline std::uint64_t fnv1a(const void* p, std::size_t n, std::uint64_t h = 1469598103934665603ull) {
+  const auto* b = static_cast<const unsigned char*>(p);
+  for (std::size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 1099511628211ull;
+  return h;
+}
+
+// The id of a new side channel over `comm`, the same on every rank without communication: the k-th
+// side channel over a group of processes (their ranks in MPI_COMM_WORLD) has id hash(group, k).
+// Every rank counts alike because a sync's construction completes only once every rank of the
+// group has started it (the MPI_Comm_idup), so the ranks build the syncs over one group in the
+// same order. Notices carry the id and a side channel ignores (drains) those of another: MPI may
+// give a freed side channel's context to a new one (MPICH does), and notices sent on the old one
+// that nobody received would otherwise be read by the new sync. (A construction that failed on
+// some ranks only leaves their counts apart, as it leaves their collectives.)
+inline std::uint64_t next_side_channel_id(MPI_Comm comm) {
+  MPI_Group group = MPI_GROUP_NULL, world = MPI_GROUP_NULL;
+  MPI_Comm_group(comm, &group);
+  MPI_Comm_group(MPI_COMM_WORLD, &world);
+  int n = 0;
+  MPI_Group_size(group, &n);
+  std::vector<int> ranks(static_cast<std::size_t>(n)), in_world(static_cast<std::size_t>(n));
+  std::iota(ranks.begin(), ranks.end(), 0);
+  MPI_Group_translate_ranks(group, n, ranks.data(), world, in_world.data());
+  MPI_Group_free(&group);
+  MPI_Group_free(&world);
+  static std::mutex m;
+  static auto* counts = new std::map<std::vector<int>, std::uint64_t>();  // leaked: used until exit
+  std::uint64_t k = 0;
+  {
+    std::lock_guard<std::mutex> lock(m);
+    k = ++(*counts)[in_world];
+  }
+  return fnv1a(&k, sizeof k, fnv1a(in_world.data(), in_world.size() * sizeof(int)));
+}
 
 // "[0, 2-4]" for ranks {0, 2, 3, 4}.
 inline std::string rank_list(const std::vector<int>& ranks) {
@@ -160,6 +198,7 @@ class Control {
     if constexpr (mpi) {
       state_ = std::make_shared<State>();
       if (size_ == 1) return;
+      id_ = next_side_channel_id(b.comm());
       check(MPI_Comm_idup(b.comm(), state_->comm, &state_->dup_req), "MPI_Comm_idup");
       try {
         ready(o, WaitSite{"creation of the side channel (MPI_Comm_idup) in the GradientSync constructor", 0, -1, 0});
@@ -298,6 +337,7 @@ class Control {
       told_ = true;
       auto* n = new Notice();  // leaked: the send may complete after this object is gone
       n->kind = std::int64_t(k) + kFailedBase;
+      n->sync = id_;
       std::strncpy(n->text, msg.c_str(), sizeof(n->text) - 1);
       for (int r = 0; r < size_; ++r) {
         if (r == rank_) continue;
@@ -340,7 +380,10 @@ class Control {
     if (k == ErrorKind::stall && o.tuning.stall_action == StallAction::abort) {
       std::fprintf(stderr, "gradsync: %s\ngradsync: calling MPI_Abort (stall_action = abort)\n", msg.c_str());
       std::fflush(stderr);
-      if constexpr (mpi) MPI_Abort(comm_ready() ? *state_->comm : MPI_COMM_WORLD, 1);
+      // MPI_COMM_WORLD, not the sync's communicator: MPI_Abort on a communicator other than the
+      // world may end only its own processes, and MPICH ends only the calling one there (the
+      // others ran on into the deadline); the job is what abort promises to end.
+      if constexpr (mpi) MPI_Abort(MPI_COMM_WORLD, 1);
       std::abort();
     }
     if (k == ErrorKind::mismatch) throw AgreedMismatch(msg.rfind("gradsync: ", 0) == 0 ? msg.substr(10) : msg);
@@ -352,6 +395,7 @@ class Control {
   static constexpr std::int64_t kArrived = 1, kFailedBase = 100;
   struct Notice {
     std::int64_t kind = 0, step = 0;
+    std::uint64_t sync = 0;  // the sender's side channel (next_side_channel_id)
     char text[496] = {};
   };
   struct State {
@@ -459,6 +503,7 @@ class Control {
     auto* n = new Notice();  // leaked on purpose, see tell_peers; one per stalled wait
     n->kind = kArrived;
     n->step = step;
+    n->sync = id_;
     std::strncpy(n->text, where.c_str(), sizeof(n->text) - 1);
     for (int r = 0; r < size_; ++r) {
       if (r == rank_) continue;
@@ -477,6 +522,7 @@ class Control {
       Notice n;
       MPI_Recv(&n, int(sizeof(Notice)), MPI_BYTE, st.MPI_SOURCE, kTag, *state_->comm, MPI_STATUS_IGNORE);
       n.text[sizeof(n.text) - 1] = '\0';
+      if (n.sync != id_) continue;  // an earlier side channel's, on a context MPI reused: drained
       if (n.kind == kArrived) {
         auto& s = seen_step_[std::size_t(st.MPI_SOURCE)];
         s = std::max(s, n.step);
@@ -541,6 +587,7 @@ class Control {
   }
 
   int rank_ = 0, size_ = 1;
+  std::uint64_t id_ = 0;  // this side channel's, in every notice (next_side_channel_id)
   std::shared_ptr<State> state_;
   std::vector<char> arrived_;
   std::vector<std::int64_t> seen_step_;
