@@ -62,7 +62,7 @@ set(_GRADSYNC_MPIEXEC_FLAGS_DEFAULT "${_gradsync_flags}" CACHE INTERNAL "")
 
 # gradsync_add_mpi_test(NAME <name> COMMAND <exe> [args...] RANKS <n...> [TIMEOUT <s>]
 #                       [PROPERTIES ...]): one ctest per rank count, named <name>.np<n>; @NP@ in
-# PROPERTIES is that count (programs without GRADSYNC_TEST_RANKS's check print theirs).
+# PROPERTIES is that count (programs without GSYNC_TEST_RANKS's check print theirs).
 function(gradsync_add_mpi_test)
   cmake_parse_arguments(A "" "NAME;TIMEOUT" "COMMAND;RANKS;LABELS;PROPERTIES" ${ARGN})
   if(NOT A_TIMEOUT)
@@ -73,10 +73,10 @@ function(gradsync_add_mpi_test)
     set(_t "${A_NAME}.np${np}")
     string(REPLACE "@NP@" "${np}" _props "${A_PROPERTIES}")
     add_test(NAME "${_t}" COMMAND "${GRADSYNC_MPIEXEC}" ${MPIEXEC_NUMPROC_FLAG} ${np} ${_flags} ${A_COMMAND})
-    # GRADSYNC_TEST_RANKS: the world size the test was launched for; the test programs and the
+    # GSYNC_TEST_RANKS: the world size the test was launched for; the test programs and the
     # examples fail when MPI's differs (a launcher of another MPI starts n separate 1-rank processes).
     set_tests_properties("${_t}" PROPERTIES TIMEOUT ${A_TIMEOUT} PROCESSORS ${np}
-                         ENVIRONMENT "${GRADSYNC_MPI_ENV};GRADSYNC_TEST_RANKS=${np}" LABELS "mpi;${A_LABELS}"
+                         ENVIRONMENT "${GRADSYNC_MPI_ENV};GSYNC_TEST_RANKS=${np}" LABELS "mpi;${A_LABELS}"
                          ${_props})
   endforeach()
 endfunction()

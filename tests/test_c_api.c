@@ -239,9 +239,9 @@ int main(int argc, char** argv) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
   MPI_Comm_size(MPI_COMM_WORLD, &size_);
   /* The world size ctest launched it for (tests/launch_check.hpp says why). */
-  const char* want = getenv("GRADSYNC_TEST_RANKS");
+  const char* want = getenv("GSYNC_TEST_RANKS");
   if (want && *want && atoi(want) != size_) {
-    fprintf(stderr, "test_c_api: launched for %s ranks (GRADSYNC_TEST_RANKS) but MPI_COMM_WORLD has %d\n", want, size_);
+    fprintf(stderr, "test_c_api: launched for %s ranks (GSYNC_TEST_RANKS) but MPI_COMM_WORLD has %d\n", want, size_);
     MPI_Finalize();
     return 2;
   }

@@ -102,10 +102,10 @@ inline double sum_over_ranks(double x) {
 template <class Parse, class Run>
 int mpi_main(const char* name, int& argc, char**& argv, Parse&& parse, Run&& run) {
   MPI_Init(&argc, &argv);
-  // The test suite names the world size it launched (GRADSYNC_TEST_RANKS): a launcher of another
+  // The test suite names the world size it launched (GSYNC_TEST_RANKS): a launcher of another
   // MPI starts separate 1-rank processes, whose checks would all pass alone.
-  if (const char* want = std::getenv("GRADSYNC_TEST_RANKS"); want && *want && std::atoi(want) != world_size()) {
-    std::fprintf(stderr, "%s: launched for %s ranks (GRADSYNC_TEST_RANKS) but MPI_COMM_WORLD has %d\n", name, want,
+  if (const char* want = std::getenv("GSYNC_TEST_RANKS"); want && *want && std::atoi(want) != world_size()) {
+    std::fprintf(stderr, "%s: launched for %s ranks (GSYNC_TEST_RANKS) but MPI_COMM_WORLD has %d\n", name, want,
                  world_size());
     MPI_Finalize();
     return 2;
