@@ -288,3 +288,14 @@ TEST_CASE("a checkpoint for h5py: the data-parallel weights and the towers as te
   }
   CHECK(all_ranks(bool(out)));
 }
+
+TEST_CASE("a save that cannot create its file: an error on every rank, the sync usable") {
+  Model<gradsync::Sgd<View>> a(gradsync::Sgd<View>(), 0.0);
+  const std::string path = "no_such_directory/run.h5";
+  const std::string e = error_of<gradsync::CheckpointError>([&] { gradsync::save_checkpoint(a.dopt, path); });
+  CHECK(all_ranks(
+      has(e, "save_checkpoint(\"no_such_directory/run.h5\"): cannot create 'no_such_directory/run.h5.partial'")));
+  const std::vector<double> before = a.snapshot();
+  a.train(1);
+  CHECK(all_ranks(a.snapshot() != before));
+}
