@@ -29,6 +29,10 @@ struct Mlp {};
 struct Tower {};
 template <>
 struct gradsync::LocalVarPolicy<Tower> : gradsync::KeepLocal<gradsync::LocalScale::world_size> {};
+struct Everyone {};    // a process set of every rank
+struct Replicated {};  // reduced over it: not in checkpoints yet
+template <>
+struct gradsync::LocalVarPolicy<Replicated> : gradsync::ReduceOver<Everyone> {};
 
 namespace {
 
@@ -298,4 +302,19 @@ TEST_CASE("a save that cannot create its file: an error on every rank, the sync 
   const std::vector<double> before = a.snapshot();
   a.train(1);
   CHECK(all_ranks(a.snapshot() != before));
+}
+
+TEST_CASE("ReduceOver parameters are refused for now, on every rank, before any file exists") {
+  using Opt = gradsync::Sgd<View>;
+  View w("w", 3), gw("gw", 3), r("r", 2), gr("gr", 2);
+  gradsync::DistributedOptimizer<Opt, Sync> dopt(Opt(), Sync(gradsync::MpiBackend(MPI_COMM_WORLD)));
+  std::vector<int> everyone;
+  for (int k = 0; k < world_size(); ++k) everyone.push_back(k);
+  dopt.sync().bind_process_set<Everyone>(everyone);
+  dopt.add<Mlp>(w, gw, "w");
+  dopt.add<Replicated>(r, gr, "replicated");
+  const std::string path = file_name("reduce_over");
+  const std::string e = error_of<gradsync::CheckpointError>([&] { gradsync::save_checkpoint(dopt, path); });
+  CHECK(all_ranks(has(e, "parameter 'replicated' (group Replicated) on rank 0 is reduced over a process set")));
+  CHECK(all_ranks(!exists(path) && !exists(path + ".partial")));
 }
