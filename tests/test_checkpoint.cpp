@@ -11,6 +11,7 @@
 #include <fstream>
 #include <gradsync/checkpoint.hpp>
 #include <gradsync/gradsync.hpp>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -317,4 +318,38 @@ TEST_CASE("ReduceOver parameters are refused for now, on every rank, before any 
   const std::string e = error_of<gradsync::CheckpointError>([&] { gradsync::save_checkpoint(dopt, path); });
   CHECK(all_ranks(has(e, "parameter 'replicated' (group Replicated) on rank 0 is reduced over a process set")));
   CHECK(all_ranks(!exists(path) && !exists(path + ".partial")));
+}
+
+TEST_CASE("float parameters, an optimizer without state; another optimizer's file is refused") {
+  using FView = Kokkos::View<float*>;
+  using FSync = gradsync::GradientSync<gradsync::MpiBackend, FView>;
+  const int r = world_rank();
+  const std::string path = file_name("float");
+  const auto make = [&](auto opt, FView w, FView gw, FView t, FView gt) {
+    auto d = std::make_unique<gradsync::DistributedOptimizer<decltype(opt), FSync>>(
+        std::move(opt), FSync(gradsync::MpiBackend(MPI_COMM_WORLD)));
+    d->template add<Mlp>(w, gw, "w");
+    d->template add<Tower>(t, gt, "t" + std::to_string(r));
+    return d;
+  };
+  FView w("w", 5), gw("gw", 5), t("t", 2 + r), gt("gt", 2 + r);
+  fill_host(w, [](std::size_t i) { return 0.1f * float(i) + 1e-7f; });
+  fill_host(t, [&](std::size_t i) { return float(r) - 0.3f * float(i); });
+  const std::vector<float> w0 = host_values(w), t0 = host_values(t);
+  {
+    auto a = make(gradsync::Sgd<FView>(), w, gw, t, gt);  // no momentum: no state buffers, a step count
+    gradsync::save_checkpoint(*a, path);
+  }
+  FView w2("w2", 5), gw2("gw2", 5), t2("t2", 2 + r), gt2("gt2", 2 + r);
+  auto b = make(gradsync::Sgd<FView>(), w2, gw2, t2, gt2);
+  gradsync::load_checkpoint(*b, path);
+  CHECK(all_ranks(host_values(w2) == w0 && host_values(t2) == t0));
+
+  FView w3("w3", 5), gw3("gw3", 5), t3("t3", 2 + r), gt3("gt3", 2 + r);
+  auto c = make(gradsync::Adam<FView>(), w3, gw3, t3, gt3);
+  const std::string e = error_of<gradsync::CheckpointError>([&] { gradsync::load_checkpoint(*c, path); });
+  CHECK(all_ranks(has(e,
+                      "parameter 'w' (group Mlp, data-parallel, 5 values): the checkpoint holds 2 datasets for it, "
+                      "this optimizer 4")));
+  CHECK(all_ranks(host_values(w3) == std::vector<float>(5, 0.0f)));
 }
