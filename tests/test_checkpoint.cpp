@@ -353,3 +353,16 @@ TEST_CASE("float parameters, an optimizer without state; another optimizer's fil
                       "this optimizer 4")));
   CHECK(all_ranks(host_values(w3) == std::vector<float>(5, 0.0f)));
 }
+
+TEST_CASE("data-parallel parameters that differ between ranks: refused on every rank before any file exists") {
+  if (world_size() < 2) return;  // one rank cannot differ from itself
+  using Opt = gradsync::Sgd<View>;
+  const std::size_t n = world_rank() == 1 ? 4 : 3;
+  View w("w", n), gw("gw", n);
+  gradsync::DistributedOptimizer<Opt, Sync> dopt(Opt(), Sync(gradsync::MpiBackend(MPI_COMM_WORLD)));
+  dopt.add<Mlp>(w, gw, "w");
+  const std::string path = file_name("dp_differ");
+  const std::string e = error_of<gradsync::CheckpointError>([&] { gradsync::save_checkpoint(dopt, path); });
+  CHECK(all_ranks(has(e, "save_checkpoint(\"" + path + "\"): the ranks' data-parallel parameters differ")));
+  CHECK(all_ranks(!exists(path) && !exists(path + ".partial")));
+}

@@ -328,8 +328,22 @@ class CheckpointPlan {
       tensors_.push_back(std::move(t));
       buffers_.push_back(std::move(b));
     }
-    // The catalog: this rank's data-parallel parameters (alike on every rank: the sync's consistency
-    // check compared them) and every rank's local ones, gathered.
+    // The catalog: this rank's data-parallel parameters, alike on every rank (the file's metadata is
+    // created collectively from it: ranks that differ would diverge; one hash tells before a first
+    // synchronize() compared them), and every rank's local ones, gathered.
+    std::uint64_t h[2] = {fnv1a("dp", 2), 0};
+    for (std::size_t k : dp_) {
+      const CkptTensor& t = tensors_[k];
+      const std::uint64_t shape[3] = {t.size, std::uint64_t(t.nstate), t.ncounters};
+      h[0] = fnv1a(shape, sizeof shape,
+                   fnv1a(t.name.data(), t.name.size() + 1, fnv1a(t.group.data(), t.group.size() + 1, h[0])));
+    }
+    h[1] = ~h[0];  // one MPI_MIN gives the minimum and the maximum
+    MPI_Allreduce(MPI_IN_PLACE, h, 2, MPI_UINT64_T, MPI_MIN, comm_);
+    if (h[0] != ~h[1] && refusal.empty())
+      refusal = impl::cat(
+          what_, ": the ranks' data-parallel parameters differ (names, groups, sizes or optimizer state; rank ", rank_,
+          " has ", dp_.size(), "); broadcast_parameters() names the first difference");
     const std::vector<std::string> all = allgather_strings(comm_, mine);
     std::map<std::string, int> seen;
     for (std::size_t k : dp_) seen[tensors_[k].name] = -1;
