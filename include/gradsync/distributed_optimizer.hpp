@@ -49,6 +49,8 @@
 namespace gradsync {
 namespace impl {
 
+struct CheckpointAccess;  // checkpoint.hpp: reads and writes the registered parameters and their state
+
 // Detects the optional state visitor of the optimizer interface.
 struct StateProbe {
   template <class T>
@@ -353,6 +355,8 @@ class DistributedOptimizer {
   std::size_t num_params() const { return entries_.size(); }
 
  private:
+  friend struct impl::CheckpointAccess;
+
   struct Entry {
     value_type* param = nullptr;
     value_type* grad = nullptr;

@@ -575,6 +575,16 @@ class GradientSync {
     });
   }
 
+  // For helpers that call MPI themselves (save_checkpoint, load_checkpoint): the state check of
+  // helper_collective() without its failure path, so that a refused checkpoint leaves the sync usable.
+  void require_between_steps(const char* call) const {
+    step_.require_usable(call);
+    if (step_.open())
+      throw Error(impl::cat(call,
+                            " called while a step is open (mark_ready() started its exchange); call it after "
+                            "synchronize() returned"));
+  }
+
   // For global_norm and DistributedOptimizer: the
   // process sets with their dense tensors, the row-sparse gradients, and the sets' communicators
   // made now (collective over the sync's ranks, as at the next synchronize(); validates the sets).

@@ -32,3 +32,7 @@
 #if defined(GRADSYNC_HAVE_NCCL)
 #include "nccl_backend.hpp"
 #endif
+// Checkpoints in parallel HDF5, when the build links GradSync::hdf5 (which defines this).
+#if defined(GRADSYNC_HAVE_HDF5)
+#include "checkpoint.hpp"
+#endif

@@ -1,10 +1,10 @@
 # ctest driver: install gradsync into a scratch prefix, build tests/consumer against it with
 # find_package(GradSync CONFIG REQUIRED COMPONENTS <those built>), run it on 2 ranks, and check that
-# a component this installation lacks (cuda, nccl, c, fortran, torch when not built) fails find_package
+# a component this installation lacks (cuda, nccl, c, fortran, torch, hdf5 when not built) fails find_package
 # with a message naming it.
 #   cmake -DBUILD=<gradsync build dir> -DSRC=<consumer source> -DWORK=<scratch> -DMPIEXEC=...
 #         "-DMPIEXEC_FLAGS=-n 2 <the launcher's flags for this MPI: GRADSYNC_MPIEXEC_FLAGS>"
-#         -DVERSION=<project version> -DHAVE_CUDA=ON|OFF -DHAVE_NCCL=ON|OFF -DHAVE_C=ON|OFF -DHAVE_FORTRAN=ON|OFF -DHAVE_TORCH=ON|OFF
+#         -DVERSION=<project version> -DHAVE_CUDA=ON|OFF -DHAVE_NCCL=ON|OFF -DHAVE_C=ON|OFF -DHAVE_FORTRAN=ON|OFF -DHAVE_TORCH=ON|OFF -DHAVE_HDF5=ON|OFF
 #         -DKOKKOS_DIR=<Kokkos_DIR> -DCXX=<compiler> -DCXX_FLAGS=<flags> -P run_consumer.cmake
 file(REMOVE_RECURSE "${WORK}")
 function(step)
@@ -17,7 +17,7 @@ step(${CMAKE_COMMAND} --install "${BUILD}" --prefix "${WORK}/prefix")
 
 set(have "")
 set(lacking "")
-foreach(c cuda nccl c fortran torch)
+foreach(c cuda nccl c fortran torch hdf5)
   string(TOUPPER "${c}" C)
   if(HAVE_${C})
     list(APPEND have ${c})
@@ -43,6 +43,7 @@ set(why_cuda "GradSync component 'cuda' was not built: gradsync ${VERSION} was c
 set(why_nccl "GradSync component 'nccl' was not built: gradsync ${VERSION} was configured without NCCL")
 set(why_c "GradSync component 'c' was not built")
 set(why_fortran "GradSync component 'fortran' was not built")
+set(why_hdf5 "GradSync component 'hdf5' was not built: gradsync ${VERSION} was configured without a parallel HDF5")
 foreach(c IN LISTS lacking)
   execute_process(COMMAND ${CMAKE_COMMAND} -S "${SRC}" -B "${WORK}/build-${c}" "-DCMAKE_PREFIX_PATH=${WORK}/prefix"
                           ${same_toolchain} "-DREQUIRE=${have_csv},${c}"

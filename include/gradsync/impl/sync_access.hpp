@@ -38,6 +38,10 @@ struct SyncAccess {
     return s.helper_collective(call, what, std::forward<F>(run));
   }
   template <class S>
+  static void require_between_steps(const S& s, const char* call) {
+    s.require_between_steps(call);
+  }
+  template <class S>
   static const auto& process_sets(const S& s) {
     return s.process_sets();
   }

@@ -1,0 +1,68 @@
+#!/usr/bin/env python3
+"""Reads a gradsync checkpoint with h5py, outside gradsync (issue 33).
+
+Usage: checkpoint_h5py.py BASE NP. test_checkpoint left BASE.h5 and BASE.<rank>.txt, one line per
+parameter: "data_parallel NAME v0 v1 ..." (rank 0) or "local NAME v0 ..." (its rank), values with
+17 significant digits, so that they parse back to the exact doubles. Every value must be equal in
+the file, and each parameter's checksum attribute must be the FNV-1a 64 of its bytes.
+"""
+import sys
+
+import h5py
+import numpy as np
+
+
+def fnv1a64(data: bytes) -> int:
+    h = 1469598103934665603
+    for b in data:
+        h = ((h ^ b) * 1099511628211) & 0xFFFFFFFFFFFFFFFF
+    return h
+
+
+def text(attr) -> str:
+    return attr.decode() if isinstance(attr, bytes) else str(attr)
+
+
+def main() -> int:
+    base, nranks = sys.argv[1], int(sys.argv[2])
+    failures = []
+    with h5py.File(base + ".h5", "r") as f:
+        root = f.attrs
+        if text(root["format"]) != "gradsync-checkpoint" or int(root["format_version"]) != 1:
+            failures.append("root attributes: format %r version %r" % (root.get("format"), root.get("format_version")))
+        if int(root["ranks"]) != nranks or int(root["complete"]) != 1:
+            failures.append("root attributes: ranks %r complete %r" % (root.get("ranks"), root.get("complete")))
+        checked = {"data_parallel": 0, "local": 0}
+        for rank in range(nranks):
+            with open("%s.%d.txt" % (base, rank)) as dump:
+                for line in dump:
+                    kind, name, *values = line.split()
+                    expected = np.array([float(v) for v in values], dtype=np.float64)
+                    entry = f[kind][name.replace("%", "%25").replace("/", "%2F")]
+                    param = entry["param"]
+                    got = param[()]
+                    if param.dtype != np.float64 or not np.array_equal(got, expected):
+                        failures.append("%s/%s: %s in the file, %s in the dump" % (kind, name, got, expected))
+                    if text(entry.attrs["name"]) != name:
+                        failures.append("%s/%s: name attribute %r" % (kind, name, entry.attrs["name"]))
+                    if kind == "local" and int(entry.attrs["rank"]) != rank:
+                        failures.append("%s/%s: written by rank %r, dumped by %d" % (kind, name, entry.attrs["rank"], rank))
+                    if int(param.attrs["checksum"]) != fnv1a64(got.astype("<f8").tobytes()):
+                        failures.append("%s/%s: checksum %r is not the FNV-1a of its bytes" % (kind, name, param.attrs["checksum"]))
+                    checked[kind] += 1
+        # The data-parallel parameters are in the file once, the towers once per rank.
+        if checked["data_parallel"] != 2 or len(f["data_parallel"]) != 2:
+            failures.append("data-parallel parameters: %d dumped, %d in the file" % (checked["data_parallel"], len(f["data_parallel"])))
+        if checked["local"] != 2 * nranks or len(f["local"]) != 2 * nranks:
+            failures.append("local parameters: %d dumped, %d in the file" % (checked["local"], len(f["local"])))
+    for msg in failures:
+        print("h5py: FAILED:", msg)
+    if failures:
+        return 1
+    print("h5py: %d data-parallel and %d local parameters equal to the C++ side's" % (checked["data_parallel"], checked["local"]))
+    print("h5py: every check passed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
