@@ -457,3 +457,35 @@ TEST_CASE("docs/ERRORS.md's environment table lists exactly env.hpp's known vari
   for (const auto& v : gradsync::known_env_vars()) known.insert(v.name);
   CHECK(documented == known);
 }
+
+TEST_CASE("a launcher that started more processes than MPI_COMM_WORLD holds is a warning, once") {
+  // The pure rule: each launcher's count against the world.
+  const auto env = [](const char* slurm, const char* pmi, const char* ompi) {
+    return [=](const char* n) -> const char* {
+      const std::string s = n;
+      return s == "SLURM_STEP_NUM_TASKS" ? slurm : s == "PMI_SIZE" ? pmi : s == "OMPI_COMM_WORLD_SIZE" ? ompi : nullptr;
+    };
+  };
+  CHECK(gradsync::impl::launcher_size_warning(env(nullptr, nullptr, nullptr), 1).empty());
+  CHECK(gradsync::impl::launcher_size_warning(env("4", "4", "4"), 4).empty());
+  CHECK(gradsync::impl::launcher_size_warning(env("2", nullptr, nullptr), 4).empty());  // mpirun inside a step
+  const std::string srun = gradsync::impl::launcher_size_warning(env("4", nullptr, nullptr), 1);
+  CHECK(gradsync_test::has(srun, "srun started 4 processes (SLURM_STEP_NUM_TASKS=4) but MPI_COMM_WORLD holds 1"));
+  CHECK(gradsync_test::has(gradsync::impl::launcher_size_warning(env(nullptr, "3", nullptr), 1), "PMI_SIZE=3"));
+  CHECK(gradsync_test::has(gradsync::impl::launcher_size_warning(env(nullptr, nullptr, "2"), 1),
+                           "Open MPI's mpirun started 2"));
+  // In a sync: rank 0 says it at the first plan build, once per process; the others say nothing.
+  ScopedEnv pmi("PMI_SIZE", "64");
+  gradsync::impl::launcher_size_warned() = false;
+  const std::string err = capture_stderr([] {
+    one_sync();
+    one_sync();
+  });
+  const bool want = world_rank() == 0;
+  CAPTURE(err);
+  GRADSYNC_CHECK_ALL(want ? lines_of(err).size() == 1 && gradsync_test::has(err,
+                                                                            "started 64 processes (PMI_SIZE=64) but "
+                                                                            "MPI_COMM_WORLD holds " +
+                                                                                std::to_string(world_size()))
+                          : err.empty());
+}

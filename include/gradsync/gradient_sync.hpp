@@ -38,6 +38,7 @@
 #include "error.hpp"
 #include "impl/demangle.hpp"
 #include "impl/fusion_kernels.hpp"
+#include "impl/launcher.hpp"
 #include "impl/profiling.hpp"
 #include "impl/stall.hpp"
 #include "impl/sync_access.hpp"
@@ -836,11 +837,13 @@ class GradientSync {
     if (!announced_) announce();
   }
 
-  // Once per sync, at its first plan build: the environment's typos (once per process) and, with
-  // GRADSYNC_LOG, the summary.
+  // Once per sync, at its first plan build: the environment's typos and a launcher that started
+  // more processes than MPI_COMM_WORLD holds (each once per process) and, with GRADSYNC_LOG, the
+  // summary.
   void announce() {
     announced_ = true;
     if (opt_.tuning.read_environment) impl::warn_unknown_env_once();
+    impl::warn_launcher_size_once();
     if (log_ == impl::LogLevel::info_all || (log_ == impl::LogLevel::info && backend_.rank() == 0)) {
       std::fprintf(stderr, "%s\n", impl::describe_summary(summary()).c_str());
       std::fflush(stderr);
