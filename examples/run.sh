@@ -12,7 +12,13 @@ bash "$root/cmake/deps.sh"
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build "$build" -j "$(nproc)" --target hybrid_dlrm
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_mpi_yield_when_idle=1
-run() { mpirun -np "$ranks" --oversubscribe "$build/examples/hybrid_dlrm" "$@"; }
+# The launcher CMake found, with Open MPI's flag for more ranks than cores (MPICH's Hydra needs none
+# and refuses it).
+launcher="$(sed -n 's/^GRADSYNC_MPIEXEC:STRING=//p' "$build/CMakeCache.txt")"
+launcher="${launcher:-mpirun}"
+flags=()
+if "$launcher" --version 2>&1 | grep -qE "Open MPI|OpenRTE"; then flags=(--oversubscribe); fi
+run() { "$launcher" -np "$ranks" "${flags[@]}" "$build/examples/hybrid_dlrm" "$@"; }
 echo "== $ranks ranks vs 1 process: the same gradients and parameters, to 1e-10 =="
 run --check
 echo
