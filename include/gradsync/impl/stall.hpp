@@ -512,8 +512,12 @@ class Control {
     }
   }
 
+  // Not while the constructor waits for the duplicate (dup_done is set when that wait ends): a
+  // notice on this side channel is from a peer that finished constructing and failed in a later
+  // call, which must reach this rank there (the call then fails alike), not in the constructor
+  // (MPICH completes the duplicate at different times on different ranks).
   void poll_notices(const WaitSite& site) {
-    if (size_ == 1 || !comm_ready()) return;
+    if (size_ == 1 || !state_ || !state_->dup_done) return;
     for (;;) {
       int flag = 0;
       MPI_Status st;
