@@ -81,6 +81,28 @@ function(gradsync_add_mpi_test)
   endforeach()
 endfunction()
 
+# A multi-rank run that must fail and say what it must (tests/expect_failure.cmake: a non-zero exit
+# and REGEX in the output, so a crash does not pass): one test per rank count, NAME.np<n>, as
+# gradsync_add_mpi_test; @NP@ in REGEX is the rank count.
+function(gradsync_add_mpi_failure_test)
+  cmake_parse_arguments(A "" "NAME;TIMEOUT;REGEX" "COMMAND;RANKS" ${ARGN})
+  if(NOT A_TIMEOUT)
+    set(A_TIMEOUT 120)
+  endif()
+  separate_arguments(_flags UNIX_COMMAND "${GRADSYNC_MPIEXEC_FLAGS}")
+  string(REPLACE ";" "|" _flags "${_flags}")
+  string(REPLACE ";" "|" _cmd "${A_COMMAND}")  # expect_failure.cmake's '|'-separated arguments
+  foreach(np IN LISTS A_RANKS)
+    set(_t "${A_NAME}.np${np}")
+    string(REPLACE "@NP@" "${np}" _regex "${A_REGEX}")
+    add_test(NAME "${_t}"
+             COMMAND ${CMAKE_COMMAND} "-DCOMMAND=${GRADSYNC_MPIEXEC}|${MPIEXEC_NUMPROC_FLAG}|${np}|${_flags}|${_cmd}"
+                     "-DREGEX=${_regex}" -P "${PROJECT_SOURCE_DIR}/tests/expect_failure.cmake")
+    set_tests_properties("${_t}" PROPERTIES TIMEOUT ${A_TIMEOUT} PROCESSORS ${np}
+                         ENVIRONMENT "${GRADSYNC_MPI_ENV};GSYNC_TEST_RANKS=${np}" LABELS mpi)
+  endforeach()
+endfunction()
+
 # AddressSanitizer + UndefinedBehaviorSanitizer for gradsync's own tests, examples and benchmarks
 # (.ci/run builds the whole suite this way in build-asan). Open MPI's allocations outlive
 # MPI_Finalize and would all be reported by LeakSanitizer, so leak detection is off; every UBSan
