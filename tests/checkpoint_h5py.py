@@ -4,16 +4,19 @@
 Usage: checkpoint_h5py.py BASE NP. test_checkpoint left BASE.h5 and BASE.<rank>.txt, one line per
 parameter: "data_parallel NAME v0 v1 ..." (rank 0) or "local NAME v0 ..." (its rank), values with
 17 significant digits, so that they parse back to the exact doubles. Every value must be equal in
-the file, and each parameter's checksum attribute must be the FNV-1a 64 of its bytes.
+the file, and each parameter's checksum attribute must be the FNV-1a 64 of its bytes. The row-sharded
+table of the restart test (BASE's directory: checkpoint_reshard_npNP.h5, its values in
+checkpoint_reshard_npNP.emb.txt) must hold the whole table, its checksum the sum over rows of each
+row's FNV-1a 64 seeded with the row number's.
 """
+import os
 import sys
 
 import h5py
 import numpy as np
 
 
-def fnv1a64(data: bytes) -> int:
-    h = 1469598103934665603
+def fnv1a64(data: bytes, h: int = 1469598103934665603) -> int:
     for b in data:
         h = ((h ^ b) * 1099511628211) & 0xFFFFFFFFFFFFFFFF
     return h
@@ -28,7 +31,7 @@ def main() -> int:
     failures = []
     with h5py.File(base + ".h5", "r") as f:
         root = f.attrs
-        if text(root["format"]) != "gradsync-checkpoint" or int(root["format_version"]) != 1:
+        if text(root["format"]) != "gradsync-checkpoint" or int(root["format_version"]) != 2:
             failures.append("root attributes: format %r version %r" % (root.get("format"), root.get("format_version")))
         if int(root["ranks"]) != nranks or int(root["complete"]) != 1:
             failures.append("root attributes: ranks %r complete %r" % (root.get("ranks"), root.get("complete")))
@@ -55,11 +58,28 @@ def main() -> int:
             failures.append("data-parallel parameters: %d dumped, %d in the file" % (checked["data_parallel"], len(f["data_parallel"])))
         if checked["local"] != 2 * nranks or len(f["local"]) != 2 * nranks:
             failures.append("local parameters: %d dumped, %d in the file" % (checked["local"], len(f["local"])))
+    # The restart test's table, saved as NP row shards: one dataset of the whole table.
+    reshard = os.path.join(os.path.dirname(base) or ".", "checkpoint_reshard_np%d" % nranks)
+    with h5py.File(reshard + ".h5", "r") as f, open(reshard + ".emb.txt") as dump:
+        expected = np.array([float(v) for v in dump.read().split()], dtype=np.float64)
+        table = f["sharded"]["emb"]
+        rows, length = int(table.attrs["global_rows"]), int(table.attrs["row_length"])
+        got = table["param"][()]
+        if got.shape != (rows * length,) or not np.array_equal(got, expected):
+            failures.append("sharded/emb: %s in the file, %s in the dump" % (got, expected))
+        raw = got.astype("<f8").tobytes()
+        width = 8 * length
+        want = sum(fnv1a64(raw[r * width:(r + 1) * width], fnv1a64(r.to_bytes(8, "little"))) for r in range(rows))
+        if int(table["param"].attrs["checksum"]) != want & 0xFFFFFFFFFFFFFFFF:
+            failures.append("sharded/emb: checksum %r is not the sum of its rows' FNV-1a" % table["param"].attrs["checksum"])
+        if int(table.attrs["shards"]) != nranks:
+            failures.append("sharded/emb: %r shards, %d ranks wrote it" % (table.attrs["shards"], nranks))
     for msg in failures:
         print("h5py: FAILED:", msg)
     if failures:
         return 1
-    print("h5py: %d data-parallel and %d local parameters equal to the C++ side's" % (checked["data_parallel"], checked["local"]))
+    print("h5py: %d data-parallel and %d local parameters and a table of %d shards equal to the C++ side's"
+          % (checked["data_parallel"], checked["local"], nranks))
     print("h5py: every check passed")
     return 0
 

@@ -13,6 +13,8 @@
 #include <gradsync/gradsync.hpp>
 #include <memory>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "gradsync_test.hpp"
@@ -31,7 +33,7 @@ struct Tower {};
 template <>
 struct gradsync::LocalVarPolicy<Tower> : gradsync::KeepLocal<gradsync::LocalScale::world_size> {};
 struct Everyone {};    // a process set of every rank
-struct Replicated {};  // reduced over it: not in checkpoints yet
+struct Replicated {};  // reduced over it: written once, read by every member
 template <>
 struct gradsync::LocalVarPolicy<Replicated> : gradsync::ReduceOver<Everyone> {};
 
@@ -305,19 +307,244 @@ TEST_CASE("a save that cannot create its file: an error on every rank, the sync 
   CHECK(all_ranks(a.snapshot() != before));
 }
 
-TEST_CASE("ReduceOver parameters are refused for now, on every rank, before any file exists") {
-  using Opt = gradsync::Sgd<View>;
-  View w("w", 3), gw("gw", 3), r("r", 2), gr("gr", 2);
-  gradsync::DistributedOptimizer<Opt, Sync> dopt(Opt(), Sync(gradsync::MpiBackend(MPI_COMM_WORLD)));
-  std::vector<int> everyone;
-  for (int k = 0; k < world_size(); ++k) everyone.push_back(k);
-  dopt.sync().bind_process_set<Everyone>(everyone);
-  dopt.add<Mlp>(w, gw, "w");
-  dopt.add<Replicated>(r, gr, "replicated");
-  const std::string path = file_name("reduce_over");
-  const std::string e = error_of<gradsync::CheckpointError>([&] { gradsync::save_checkpoint(dopt, path); });
-  CHECK(all_ranks(has(e, "parameter 'replicated' (group Replicated) on rank 0 is reduced over a process set")));
-  CHECK(all_ranks(!exists(path) && !exists(path + ".partial")));
+namespace {
+
+// A hybrid model over any rank count m, as a job restarted on another allocation declares it: the
+// data-parallel "mlp.w", "rep" replicated over a process set of every rank (ReduceOver), the towers
+// of the `n_towers` ranks of the job that saved (tower r, of 4 + r values, on rank r % m), the row
+// shard q of m of table "emb" (G rows of L values), and the program's own state: a replicated
+// step counter and one cursor per tower.
+constexpr std::uint64_t table_rows = 10, row_length = 3;
+std::pair<std::uint64_t, std::uint64_t> rows_of(int q, int m) {
+  return {table_rows * std::uint64_t(q) / std::uint64_t(m), table_rows * std::uint64_t(q + 1) / std::uint64_t(m)};
+}
+
+struct Resharded {
+  using Opt = gradsync::Adam<View>;
+  std::vector<View> params, grads;
+  gradsync::DistributedOptimizer<Opt, Sync> dopt;
+  gradsync::CheckpointState extra;
+  std::int64_t step = 0;
+  std::vector<std::int64_t> cursors;  // one per held tower
+  std::vector<int> towers;            // the towers this rank holds
+  int q = 0, m = 1;
+  std::uint64_t first = 0, rows = 0;
+
+  Resharded(MPI_Comm comm, int n_towers, double seed, std::uint64_t short_by = 0)
+      : dopt(Opt(), Sync(gradsync::MpiBackend(comm))) {
+    MPI_Comm_rank(comm, &q);
+    MPI_Comm_size(comm, &m);
+    std::vector<int> all(static_cast<std::size_t>(m));
+    for (int k = 0; k < m; ++k) all[std::size_t(k)] = k;
+    dopt.sync().bind_process_set<Everyone>(all);
+    add<Mlp>("mlp.w", 6, seed, 0);
+    add<Replicated>("rep", 4, seed + 0.5, 0);
+    for (int r = q; r < n_towers; r += m) {
+      towers.push_back(r);
+      add<Tower>("tower" + std::to_string(r), std::size_t(4 + r), seed + r, 0);
+    }
+    std::tie(first, rows) = rows_of(q, m);
+    rows -= first + (q == m - 1 ? short_by : 0);
+    add<Tower>("emb", std::size_t(rows * row_length), seed + 100, first * row_length);  // one name, every rank
+    extra.shard("emb", gradsync::RowShard{first, table_rows, row_length});
+    extra.replicated(step, "step");
+    cursors.resize(towers.size());
+    for (std::size_t k = 0; k < towers.size(); ++k) extra.local(cursors[k], "cursor" + std::to_string(towers[k]));
+  }
+
+  // Values that depend on the element's place in the whole model (its global row), not the split.
+  template <class Group>
+  void add(const std::string& name, std::size_t n, double seed, std::uint64_t at) {
+    params.emplace_back(name, n);
+    grads.emplace_back("grad." + name, n);
+    fill_host(params.back(), [&](std::size_t i) { return 0.01 * double(at + i + 1) - 0.2 + 0.03 * seed; });
+    dopt.template add<Group>(params.back(), grads.back(), name);
+  }
+  void train(int steps) {
+    for (int s = 0; s < steps; ++s) {
+      for (std::size_t k = 0; k < params.size(); ++k) {
+        const std::vector<double> p = host_values(params[k]);
+        fill_host(grads[k], [&](std::size_t i) { return std::sin(3 * p[i]) + 0.05 * double(q + 1) * double(i + 1); });
+      }
+      REQUIRE(dopt.step());
+    }
+  }
+  // Parameter k's values then its optimizer state (Adam: exp_avg, exp_avg_sq, the step count).
+  std::vector<double> full(std::size_t k) {
+    std::vector<double> out = host_values(params[k]);
+    for (double x : state_of(dopt.optimizer(), k)) out.push_back(x);
+    return out;
+  }
+};
+
+// Every rank's vector, in rank order.
+std::vector<std::vector<double>> allgather(const std::vector<double>& mine) {
+  const int n = world_size();
+  int len = int(mine.size());
+  std::vector<int> lens(static_cast<std::size_t>(n)), offs(static_cast<std::size_t>(n), 0);
+  MPI_Allgather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, MPI_COMM_WORLD);
+  for (int r = 1; r < n; ++r) offs[std::size_t(r)] = offs[std::size_t(r) - 1] + lens[std::size_t(r) - 1];
+  std::vector<double> all(std::size_t(offs.back() + lens.back()));
+  MPI_Allgatherv(mine.data(), len, MPI_DOUBLE, all.data(), lens.data(), offs.data(), MPI_DOUBLE, MPI_COMM_WORLD);
+  std::vector<std::vector<double>> out;
+  for (int r = 0; r < n; ++r)
+    out.emplace_back(all.begin() + offs[std::size_t(r)], all.begin() + offs[std::size_t(r)] + lens[std::size_t(r)]);
+  return out;
+}
+
+// The first m ranks of the world as a communicator (MPI_COMM_NULL on the others).
+MPI_Comm first_ranks(int m) {
+  MPI_Comm c = MPI_COMM_NULL;
+  MPI_Comm_split(MPI_COMM_WORLD, world_rank() < m ? 0 : MPI_UNDEFINED, world_rank(), &c);
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("restart on another rank count: local parameters by name, row shards re-split, process sets") {
+  const int n = world_size(), me = world_rank();
+  const std::string path = file_name("reshard");
+  // The saving job: n ranks, tower r and rows_of(r, n) of "emb" on rank r; 2 Adam steps.
+  std::vector<double> mlp, rep;
+  std::vector<std::vector<double>> tower, emb;
+  {
+    Resharded a(MPI_COMM_WORLD, n, 0.0);
+    a.train(2);
+    a.step = 2;
+    a.cursors[0] = 100 + me;
+    gradsync::save_checkpoint(a.dopt, path, a.extra);
+    mlp = a.full(0);
+    rep = a.full(1);
+    tower = allgather(a.full(2));
+    emb = allgather(a.full(3));
+  }
+  // The whole table's values, exp_avg and exp_avg_sq, from the n shards ([values][m][v][count] each).
+  std::vector<double> whole[3];
+  for (int r = 0; r < n; ++r) {
+    const auto [b, e] = rows_of(r, n);
+    const std::size_t len = std::size_t((e - b) * row_length);
+    for (int part = 0; part < 3; ++part)
+      whole[part].insert(whole[part].end(), emb[std::size_t(r)].begin() + std::ptrdiff_t(part * len),
+                         emb[std::size_t(r)].begin() + std::ptrdiff_t((part + 1) * len));
+    CHECK(emb[std::size_t(r)].back() == 2.0);  // the step count
+  }
+  if (me == 0) {  // for checkpoint_h5py.py: the whole table as h5py should find it
+    std::ofstream dump("checkpoint_reshard_np" + std::to_string(n) + ".emb.txt");
+    char buf[32];
+    for (double x : whole[0]) {
+      std::snprintf(buf, sizeof buf, "%.17g\n", x);
+      dump << buf;
+    }
+  }
+
+  for (int m = 1; m <= n; ++m) {
+    MPI_Comm comm = first_ranks(m);
+    if (comm != MPI_COMM_NULL) {
+      Resharded b(comm, n, 7.0);  // starts elsewhere
+      REQUIRE(b.full(0) != mlp);
+      gradsync::load_checkpoint(b.dopt, path, b.extra);
+      CHECK(b.full(0) == mlp);
+      CHECK(b.full(1) == rep);
+      for (std::size_t k = 0; k < b.towers.size(); ++k) {
+        CHECK(b.full(2 + k) == tower[std::size_t(b.towers[k])]);
+        CHECK(b.cursors[k] == 100 + b.towers[k]);
+      }
+      std::vector<double> want;
+      for (int part = 0; part < 3; ++part)
+        want.insert(want.end(), whole[part].begin() + std::ptrdiff_t(b.first * row_length),
+                    whole[part].begin() + std::ptrdiff_t((b.first + b.rows) * row_length));
+      want.push_back(2.0);
+      CHECK(b.full(2 + b.towers.size()) == want);
+      CHECK(b.step == 2);
+      b.train(1);  // and it trains on
+      MPI_Comm_free(&comm);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+  }
+
+  SUBCASE("shards that leave rows to no rank") {
+    Resharded b(MPI_COMM_WORLD, n, 7.0, 1);
+    const std::vector<double> before = b.full(0);
+    const std::string e =
+        error_of<gradsync::CheckpointError>([&] { gradsync::load_checkpoint(b.dopt, path, b.extra); });
+    CHECK(all_ranks(has(e, "the shards of 'emb' (group Tower, 10 rows) end at row 9: the last rows are on no rank")));
+    CHECK(all_ranks(b.full(0) == before));
+  }
+  SUBCASE("a tower no rank holds now: another model") {
+    Resharded b(MPI_COMM_WORLD, n - 1, 7.0);
+    const std::string e =
+        error_of<gradsync::CheckpointError>([&] { gradsync::load_checkpoint(b.dopt, path, b.extra); });
+    CHECK(all_ranks(has(e, "local and 1 row-sharded parameters, this model")));
+    CHECK(all_ranks(has(e, "(another model?)")));
+  }
+  SUBCASE("another table shape") {
+    Resharded b(MPI_COMM_WORLD, n, 7.0);
+    // The same shards read as rows of one value: they cover 30 rows, but the file's table is 10 x 3.
+    b.extra.shard("emb", gradsync::RowShard{b.first * row_length, table_rows * row_length, 1});
+    const std::string e =
+        error_of<gradsync::CheckpointError>([&] { gradsync::load_checkpoint(b.dopt, path, b.extra); });
+    CHECK(all_ranks(has(e, "parameter 'emb' (group Tower, row-sharded, rows 0-")));
+    CHECK(all_ranks(has(e, "the checkpoint's table has 10 rows of 3 values, this one 30 of 1")));
+  }
+}
+
+TEST_CASE("a bare GradientSync: parameters by their gradients' names, the program's own state") {
+  const int r = world_rank();
+  Sync sync(gradsync::MpiBackend(MPI_COMM_WORLD));
+  View w("w", 5), gw("gw", 5), t("t", std::size_t(2 + r)), gt("gt", std::size_t(2 + r));
+  sync.add<Mlp>(gw, "w");
+  sync.add<Tower>(gt, "t" + std::to_string(r));
+  std::int64_t step = 41;
+  double lr = 0.125;
+  Kokkos::View<float*> noise("noise", 3);
+  fill_host(w, [](std::size_t i) { return 0.5 - 0.1 * double(i); });
+  fill_host(t, [&](std::size_t i) { return double(r) + 0.25 * double(i); });
+  fill_host(noise, [&](std::size_t i) { return float(r) * 0.5f + float(i); });
+  gradsync::CheckpointState st;
+  st.parameter(w, "w").parameter(t, "t" + std::to_string(r)).replicated(step, "step").replicated(lr, "lr");
+  st.local(noise, "noise" + std::to_string(r));
+  const std::string path = file_name("bare");
+  gradsync::save_checkpoint(sync, path, st);
+  const std::vector<double> w0 = host_values(w), t0 = host_values(t);
+  const std::vector<float> n0 = host_values(noise);
+  fill_host(w, [](std::size_t) { return 9.0; });
+  fill_host(t, [](std::size_t) { return 9.0; });
+  fill_host(noise, [](std::size_t) { return 9.0f; });
+  step = 0;
+  lr = 0;
+  gradsync::load_checkpoint(sync, path, st);
+  CHECK(all_ranks(host_values(w) == w0 && host_values(t) == t0 && host_values(noise) == n0));
+  CHECK(all_ranks(step == 41 && lr == 0.125));
+
+  gradsync::CheckpointState unknown;
+  unknown.parameter(w, "nope");
+  const std::string e = error_of<gradsync::CheckpointError>([&] { gradsync::save_checkpoint(sync, path, unknown); });
+  CHECK(all_ranks(has(e, "parameter 'nope': the sync holds no gradient of that name")));
+  gradsync::CheckpointState sized;
+  sized.parameter(t, "w");
+  const std::string e2 = error_of<gradsync::CheckpointError>([&] { gradsync::save_checkpoint(sync, path, sized); });
+  CHECK(all_ranks(has(e2, "parameter 'w' (group Mlp) has 2 values, its gradient 5 (rank 0)")));  // the lowest rank's
+}
+
+TEST_CASE("in the middle of an aggregation cycle: refused on every rank; after the cycle, saved") {
+  gradsync::Options o;
+  o.backward_passes_per_step = 2;
+  Sync sync(gradsync::MpiBackend(MPI_COMM_WORLD), o);
+  View w("w", 4), gw("gw", 4);
+  sync.add<Mlp>(gw, "w");
+  gradsync::CheckpointState st;
+  st.parameter(w, "w");
+  const std::string path = file_name("cycle");
+  if (world_rank() == 0) std::remove(path.c_str());  // a previous run's
+  MPI_Barrier(MPI_COMM_WORLD);
+  fill_host(gw, [](std::size_t i) { return double(i); });
+  CHECK(!sync.synchronize());
+  const std::string e = error_of<gradsync::CheckpointError>([&] { gradsync::save_checkpoint(sync, path, st); });
+  CHECK(all_ranks(has(e, "called in the middle of an aggregation cycle (1 of 2 backward passes accumulated)")));
+  CHECK(all_ranks(!exists(path)));
+  CHECK(sync.synchronize());
+  gradsync::save_checkpoint(sync, path, st);
+  CHECK(all_ranks(exists(path)));
 }
 
 TEST_CASE("float parameters, an optimizer without state; another optimizer's file is refused") {

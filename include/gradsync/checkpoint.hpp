@@ -5,15 +5,18 @@
 //   find_package(GradSync CONFIG REQUIRED COMPONENTS hdf5)
 //   target_link_libraries(app PRIVATE GradSync::hdf5)
 //
-//   gradsync::save_checkpoint(dopt, "run.h5");   // collective: parameters and optimizer state
-//   ...                                          // a new job, the same model registered again
-//   gradsync::load_checkpoint(dopt, "run.h5");   // collective: the training continues bit for bit
+//   gradsync::save_checkpoint(dopt, "run.h5");         // collective: parameters and optimizer state
+//   ...                                                // a new job, the same model registered again
+//   gradsync::load_checkpoint(dopt, "run.h5");         // on as many ranks or another count
+//   gradsync::save_checkpoint(sync, "run.h5", state);  // a program that updates parameters itself
 //
 // The file holds the data-parallel parameters and their optimizer state once (rank 0's copy), every
-// local parameter under its registered name with its optimizer state, gradsync's version, the rank
-// count and a format version; docs/CHECKPOINT.md shows the layout. It is written under
-// `path + ".partial"` and renamed to `path` after its completion record: a job killed while writing
-// leaves no file that loads. Each dataset carries an FNV-1a checksum of its bytes, verified on load.
+// local parameter under its registered name (a process set's replicas once), each row-sharded table
+// whole, at its rows, the program's own state (CheckpointState), gradsync's version, the rank count
+// and a format version; docs/CHECKPOINT.md shows the layout. It is written under `path + ".partial"`
+// and renamed to `path` after its completion record: a job killed while writing leaves no file that
+// loads. Each dataset carries a checksum (FNV-1a of its bytes; a sharded table's: the sum of its
+// rows'), verified on load.
 #pragma once
 
 #if !defined(GRADSYNC_HAVE_HDF5)
@@ -29,36 +32,150 @@
     "gradsync/checkpoint.hpp: this hdf5.h is a serial HDF5; checkpoints are written with MPI-IO and need a parallel HDF5 (Debian: libhdf5-openmpi-dev)"
 #endif
 
-#include <climits>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
-#include <cstring>
 #include <map>
+#include <memory>
 #include <string>
 #include <type_traits>
-#include <unordered_map>
-#include <unordered_set>
 #include <utility>
 #include <vector>
 
 #include "config.hpp"
 #include "distributed_optimizer.hpp"
 #include "error.hpp"
+#include "gradient_sync.hpp"
+#include "impl/checkpoint_catalog.hpp"
+#include "impl/checkpoint_hdf5.hpp"
 #include "impl/demangle.hpp"
 #include "impl/stall.hpp"
 #include "impl/sync_access.hpp"
 
 namespace gradsync {
 
-/// The layout version save_checkpoint() writes and load_checkpoint() reads.
-inline constexpr int checkpoint_format_version = 1;
+/// The layout version save_checkpoint() writes. load_checkpoint() reads it and every older one
+/// down to checkpoint_oldest_format_version (1: no row-sharded tables, no process-set replicas).
+inline constexpr int checkpoint_format_version = 2;
+/// The oldest layout load_checkpoint() reads.
+inline constexpr int checkpoint_oldest_format_version = 1;
 
 /// A checkpoint that cannot be written or loaded: every rank of the sync throws it, with the same
 /// message (the lowest failing rank's, naming the tensor, its group and that rank).
 class CheckpointError : public Error {
  public:
   using Error::Error;  ///< Error's constructor.
+};
+
+/// Where a row shard of a table sits in the whole table: the checkpoint keys the table by name and
+/// places each shard at its rows, so that shards saved by 4 ranks load into 2 or 3.
+struct RowShard {
+  std::uint64_t first_row = 0;    ///< the shard's first row in the whole table
+  std::uint64_t global_rows = 0;  ///< the whole table's rows
+  std::uint64_t row_length = 0;   ///< values per row; 0: the View's values per first index
+};
+
+namespace impl {
+struct CheckpointStateAccess;
+}
+
+/// What a checkpoint holds besides (or instead of) a DistributedOptimizer's parameters: the
+/// parameters of a program that updates them itself (a bare GradientSync), its own state (step
+/// counters, a data cursor), and the row shards among the parameters. It keeps copies of the Views
+/// (their memory stays alive) and the addresses of scalars (which must outlive the save or load).
+/// Every rank builds its own; the same calls in the same order on every rank for the data-parallel
+/// and replicated entries.
+class CheckpointState {
+ public:
+  /// A parameter whose gradient the sync holds under `name`: data-parallel, local or replicated over
+  /// a process set (ReduceOver), as that gradient's group says; the sizes must match.
+  template <class View, class = std::enable_if_t<Kokkos::is_view<View>::value>>
+  CheckpointState& parameter(const View& v, std::string name) {
+    params_.push_back(Param{false, RowShard{}, view_data("param", v, name)});
+    return *this;
+  }
+  /// The same for a row shard of a table (its gradient is local or a process set's): its rows are
+  /// [shard.first_row, shard.first_row + rows) of a table of shard.global_rows rows.
+  template <class View, class = std::enable_if_t<Kokkos::is_view<View>::value>>
+  CheckpointState& parameter(const View& v, std::string name, RowShard shard) {
+    if (shard.row_length == 0) shard.row_length = row_length_of(v);
+    params_.push_back(Param{true, shard, view_data("param", v, name)});
+    return *this;
+  }
+  /// Program state alike on every rank (a step counter, a learning-rate schedule's position):
+  /// written once, read by every rank. The same entries on every rank.
+  template <class View, class = std::enable_if_t<Kokkos::is_view<View>::value>>
+  CheckpointState& replicated(const View& v, std::string name) {
+    return user(impl::CkptKind::data_parallel, view_data("value", v, name));
+  }
+  /// A scalar alike on every rank (double, float or std::int64_t), read back into it.
+  template <class T, class = std::enable_if_t<impl::is_ckpt_value_v<T>>>
+  CheckpointState& replicated(T& x, std::string name) {
+    return user(impl::CkptKind::data_parallel, scalar_data(x, std::move(name)));
+  }
+  /// Program state of this rank alone, under a name unique across ranks; at load it goes to
+  /// whichever rank declares that name.
+  template <class View, class = std::enable_if_t<Kokkos::is_view<View>::value>>
+  CheckpointState& local(const View& v, std::string name) {
+    return user(impl::CkptKind::local, view_data("value", v, name));
+  }
+  /// A scalar of this rank alone.
+  template <class T, class = std::enable_if_t<impl::is_ckpt_value_v<T>>>
+  CheckpointState& local(T& x, std::string name) {
+    return user(impl::CkptKind::local, scalar_data(x, std::move(name)));
+  }
+  /// For a DistributedOptimizer: its parameter `name` (local or a process set's) is a row shard of
+  /// a table; its optimizer state is sharded alike (the step counters are the table's).
+  CheckpointState& shard(std::string name, RowShard shard) {
+    shards_[std::move(name)] = shard;
+    return *this;
+  }
+
+ private:
+  friend struct impl::CheckpointStateAccess;
+  struct Param {
+    bool sharded = false;
+    RowShard shard;
+    impl::CkptData data;  // its name is the parameter's until the item is built
+  };
+
+  template <class View>
+  static std::uint64_t row_length_of(const View& v) {
+    return v.extent(0) == 0 ? 1 : std::uint64_t(v.size() / v.extent(0));
+  }
+  template <class View>
+  static impl::CkptData view_data(const char* dataset, const View& v, const std::string& name) {
+    using T = typename View::non_const_value_type;
+    static_assert(impl::is_ckpt_value_v<T>, "gradsync::CheckpointState: Views of double, float or std::int64_t");
+    if (!v.span_is_contiguous())
+      throw ConfigError(impl::cat("CheckpointState: '", name,
+                                  "' is a View that is not contiguous (a strided subview?): ",
+                                  "checkpoints copy contiguous memory; register a contiguous View"));
+    impl::CkptData d = impl::ckpt_data<T, typename View::memory_space>(dataset, v.data(), v.size(), false,
+                                                                       std::make_shared<const View>(v));
+    d.name = name;  // the entry's name until the item is built; then the dataset's
+    return d;
+  }
+  template <class T>
+  static impl::CkptData scalar_data(T& x, std::string name) {
+    impl::CkptData d = impl::ckpt_data<T, Kokkos::HostSpace>("value", &x, 1);
+    d.name = std::move(name);
+    return d;
+  }
+  CheckpointState& user(impl::CkptKind kind, impl::CkptData d) {
+    impl::CkptItem it;
+    it.name = std::move(d.name);
+    it.group = "user";
+    it.kind = kind;
+    d.name = "value";
+    it.data.push_back(std::move(d));
+    user_.push_back(std::move(it));
+    return *this;
+  }
+
+  std::vector<Param> params_;
+  std::vector<impl::CkptItem> user_;
+  std::map<std::string, RowShard> shards_;
 };
 
 namespace impl {
@@ -74,471 +191,362 @@ struct CheckpointAccess {
     return d.opt_;
   }
 };
-
-// An HDF5 identifier closed by its own H5?close at scope exit.
-class H5Handle {
- public:
-  H5Handle() = default;
-  H5Handle(hid_t id, herr_t (*close)(hid_t)) : id_(id), close_(close) {}
-  H5Handle(H5Handle&& o) noexcept : id_(std::exchange(o.id_, H5I_INVALID_HID)), close_(o.close_) {}
-  H5Handle& operator=(H5Handle&& o) noexcept {
-    reset();
-    id_ = std::exchange(o.id_, H5I_INVALID_HID);
-    close_ = o.close_;
-    return *this;
-  }
-  H5Handle(const H5Handle&) = delete;
-  H5Handle& operator=(const H5Handle&) = delete;
-  ~H5Handle() { reset(); }
-  hid_t get() const { return id_; }
-  bool ok() const { return id_ >= 0; }
-  // Closes now; false when HDF5 refused (a collective close that failed).
-  bool reset() {
-    bool ok = true;
-    if (id_ >= 0 && close_) ok = close_(id_) >= 0;
-    id_ = H5I_INVALID_HID;
-    return ok;
-  }
-
- private:
-  hid_t id_ = H5I_INVALID_HID;
-  herr_t (*close_)(hid_t) = nullptr;
+struct CheckpointStateAccess {
+  static const auto& params(const CheckpointState& s) { return s.params_; }
+  static const auto& user(const CheckpointState& s) { return s.user_; }
+  static const auto& shards(const CheckpointState& s) { return s.shards_; }
 };
 
-// HDF5 prints its error stack by default; gradsync reports its own errors instead.
-class H5Quiet {
- public:
-  H5Quiet() {
-    H5Eget_auto2(H5E_DEFAULT, &func_, &data_);
-    H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+// One rank's checkpoint: its items, its communicator, and a refusal found before any collective.
+struct CkptJob {
+  MPI_Comm comm = MPI_COMM_NULL;
+  int rank = 0;
+  std::string what, refusal;
+  std::vector<CkptItem> items;
+  std::string optimizer = "none";
+  void refuse(const std::string& why) {
+    if (refusal.empty()) refusal = cat(what, ": ", why, " (rank ", rank, ")");
   }
-  ~H5Quiet() { H5Eset_auto2(H5E_DEFAULT, func_, data_); }
-  H5Quiet(const H5Quiet&) = delete;
-  H5Quiet& operator=(const H5Quiet&) = delete;
-
- private:
-  H5E_auto2_t func_ = nullptr;
-  void* data_ = nullptr;
 };
 
-// HDF5 link names cannot hold '/', and "." is the group itself: those and '%' are escaped.
-inline std::string h5_escape(const std::string& name) {
-  std::string out;
-  for (char c : name) {
-    if (c == '/')
-      out += "%2F";
-    else if (c == '%')
-      out += "%25";
-    else
-      out += c;
-  }
-  if (out == "." || out.empty()) out = "%2E" + out.substr(out.empty() ? 0 : 1);
+// A sync's registrations by name: group, kind, dense values.
+struct CkptRegistration {
+  std::string group;
+  RegistrationKind kind = RegistrationKind::data_parallel;
+  std::size_t size = 0;
+  int count = 0;
+};
+
+template <class S>
+CkptJob checkpoint_job(S& sync, const char* call, const std::string& path) {
+  SyncAccess::require_between_steps(sync, cat(call, "()").c_str());
+  CkptJob job;
+  job.comm = sync.backend().comm();
+  MPI_Comm_rank(job.comm, &job.rank);
+  job.what = cat(call, "(\"", path, "\")");
+  if (const int pass = SyncAccess::passes_into_cycle(sync); pass > 0)
+    job.refuse(cat("called in the middle of an aggregation cycle (", pass, " of ",
+                   sync.options().backward_passes_per_step,
+                   " backward passes accumulated): the accumulated gradients are not in checkpoints; call it after the "
+                   "cycle's last synchronize()"));
+  return job;
+}
+
+template <class S>
+std::map<std::string, CkptRegistration> registrations_by_name(const S& sync) {
+  std::map<std::string, CkptRegistration> out;
+  SyncAccess::for_each_registration(
+      sync, [&](const std::string& name, const std::string& group, RegistrationKind kind, std::size_t size) {
+        CkptRegistration& r = out[name];
+        r.group = group;
+        r.kind = kind;
+        r.size = size;
+        ++r.count;
+      });
   return out;
 }
 
-template <class T>
-hid_t h5_native() {
-  if constexpr (std::is_same_v<T, double>) return H5T_NATIVE_DOUBLE;
-  if constexpr (std::is_same_v<T, float>) return H5T_NATIVE_FLOAT;
-  if constexpr (std::is_same_v<T, std::int64_t>) return H5T_NATIVE_INT64;
-  if constexpr (std::is_same_v<T, std::uint64_t>) return H5T_NATIVE_UINT64;
-  if constexpr (std::is_same_v<T, int>) return H5T_NATIVE_INT;
-}
-
-template <class T>
-const char* value_type_name() {
-  return std::is_same_v<T, double> ? "float64" : std::is_same_v<T, float> ? "float32" : "int64";
-}
-
-// Attributes: written collectively (every rank the same value), read by one rank.
-inline bool h5_write_attr_string(hid_t obj, const char* key, const std::string& v) {
-  H5Handle type(H5Tcopy(H5T_C_S1), H5Tclose);
-  if (!type.ok() || H5Tset_size(type.get(), v.empty() ? 1 : v.size()) < 0) return false;
-  H5Handle space(H5Screate(H5S_SCALAR), H5Sclose);
-  H5Handle a(H5Acreate2(obj, key, type.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
-  const std::string buf = v.empty() ? std::string(1, '\0') : v;
-  return a.ok() && H5Awrite(a.get(), type.get(), buf.data()) >= 0;
-}
-template <class T>
-bool h5_write_attr(hid_t obj, const char* key, T v) {
-  H5Handle space(H5Screate(H5S_SCALAR), H5Sclose);
-  H5Handle a(H5Acreate2(obj, key, h5_native<T>(), space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
-  return a.ok() && H5Awrite(a.get(), h5_native<T>(), &v) >= 0;
-}
-// False when the attribute is missing or is no string.
-inline bool h5_read_attr_string(hid_t obj, const char* key, std::string& out) {
-  if (H5Aexists(obj, key) <= 0) return false;
-  H5Handle a(H5Aopen(obj, key, H5P_DEFAULT), H5Aclose);
-  if (!a.ok()) return false;
-  H5Handle type(H5Aget_type(a.get()), H5Tclose);
-  if (!type.ok() || H5Tget_class(type.get()) != H5T_STRING || H5Tis_variable_str(type.get()) > 0) return false;
-  const std::size_t n = H5Tget_size(type.get());
-  std::vector<char> buf(n + 1, '\0');
-  H5Handle mem(H5Tcopy(H5T_C_S1), H5Tclose);
-  if (H5Tset_size(mem.get(), n) < 0 || H5Aread(a.get(), mem.get(), buf.data()) < 0) return false;
-  out.assign(buf.data(), std::strlen(buf.data()));
-  return true;
-}
-template <class T>
-bool h5_read_attr(hid_t obj, const char* key, T& out) {
-  if (H5Aexists(obj, key) <= 0) return false;
-  H5Handle a(H5Aopen(obj, key, H5P_DEFAULT), H5Aclose);
-  return a.ok() && H5Aread(a.get(), h5_native<T>(), &out) >= 0;
-}
-
-// One parameter of the checkpoint as every rank knows it: the catalog is alike on every rank.
-struct CkptTensor {
-  std::string name, group;
-  std::uint64_t size = 0;
-  int owner = -1;  // the rank that writes it (0 for the data-parallel ones)
-  bool local = false;
-  int nstate = 0;               // state buffers of value_type, `size` values each
-  std::uint64_t ncounters = 0;  // std::int64_t counters (step counts), concatenated
-  std::string path() const { return (local ? "/local/" : "/data_parallel/") + h5_escape(name); }
-};
-
-// The lowest failing rank's message on every rank ("" when none failed): one allreduce, and one
-// broadcast of the message when there is one.
-inline std::string agree_on_failure(MPI_Comm comm, const std::string& mine) {
-  int me = 0;
-  MPI_Comm_rank(comm, &me);
-  int first = mine.empty() ? INT_MAX : me;
-  MPI_Allreduce(MPI_IN_PLACE, &first, 1, MPI_INT, MPI_MIN, comm);
-  if (first == INT_MAX) return {};
-  std::uint64_t n = me == first ? mine.size() : 0;
-  MPI_Bcast(&n, 1, MPI_UINT64_T, first, comm);
-  std::string msg = me == first ? mine : std::string(std::size_t(n), ' ');
-  MPI_Bcast(msg.data(), int(n), MPI_CHAR, first, comm);
-  return msg;
-}
-
-// Every rank's strings, in rank order (the local parameters' catalog).
-inline std::vector<std::string> allgather_strings(MPI_Comm comm, const std::string& mine) {
-  int n = 0;
-  MPI_Comm_size(comm, &n);
-  int len = int(mine.size());
-  std::vector<int> lens(static_cast<std::size_t>(n)), offs(static_cast<std::size_t>(n));
-  MPI_Allgather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, comm);
-  int total = 0;
-  for (int r = 0; r < n; ++r) {
-    offs[std::size_t(r)] = total;
-    total += lens[std::size_t(r)];
+// A parameter's item from its registration: its kind (and row shard) from the sync.
+inline CkptItem parameter_item(CkptJob& job, const std::map<std::string, CkptRegistration>& regs,
+                               const std::string& name, const std::string& group, std::size_t size,
+                               const RowShard* shard) {
+  CkptItem it;
+  it.name = name;
+  it.group = group;
+  const auto r = regs.find(name);
+  if (r == regs.end()) {
+    job.refuse(cat("parameter '", name, "': the sync holds no gradient of that name; register its gradient under ",
+                   "this name, or give program state with CheckpointState::replicated() or local()"));
+    return it;
   }
-  std::string all(std::size_t(total), '\0');
-  MPI_Allgatherv(mine.data(), len, MPI_CHAR, all.data(), lens.data(), offs.data(), MPI_CHAR, comm);
-  std::vector<std::string> out;
-  for (int r = 0; r < n; ++r)
-    out.push_back(all.substr(std::size_t(offs[std::size_t(r)]), std::size_t(lens[std::size_t(r)])));
-  return out;
+  it.group = r->second.group;
+  if (r->second.count > 1)
+    job.refuse(cat("parameter '", name, "' (group ", it.group, "): ", r->second.count,
+                   " gradients are registered under that name; a checkpoint keys parameters by name"));
+  if (r->second.size != size)
+    job.refuse(
+        cat("parameter '", name, "' (group ", it.group, ") has ", size, " values, its gradient ", r->second.size));
+  const RegistrationKind kind = r->second.kind;
+  it.kind = kind == RegistrationKind::data_parallel ? CkptKind::data_parallel : CkptKind::local;
+  it.shared = kind == RegistrationKind::process_set;
+  if (shard) {
+    if (it.kind == CkptKind::data_parallel)
+      job.refuse(cat("parameter '", name, "' (group ", it.group,
+                     ") is data-parallel: whole on every rank, never a row shard"));
+    else if (shard->row_length == 0 || size % shard->row_length != 0 ||
+             shard->first_row + size / shard->row_length > shard->global_rows)
+      job.refuse(cat("parameter '", name, "' (group ", it.group, "): ", size, " values are no rows of ",
+                     shard->row_length, " values at row ", shard->first_row, " of a table of ", shard->global_rows,
+                     " rows"));
+    else {
+      it.kind = CkptKind::sharded;
+      it.first_row = shard->first_row;
+      it.rows = size / shard->row_length;
+      it.global_rows = shard->global_rows;
+      it.row_length = shard->row_length;
+    }
+  }
+  return it;
 }
 
-// Length-prefixed fields: names may hold any character.
-inline void put_field(std::string& s, const std::string& f) { s += std::to_string(f.size()) + ":" + f; }
-inline std::string get_field(const std::string& s, std::size_t& at) {
-  const std::size_t colon = s.find(':', at);
-  const std::size_t n = std::stoull(s.substr(at, colon - at));
-  std::string f = s.substr(colon + 1, n);
-  at = colon + 1 + n;
-  return f;
+// The checkpoint's part of a CheckpointState: its parameters (through the sync's registrations)
+// and the program's own entries.
+template <class S>
+void add_state_items(CkptJob& job, const S& sync, const CheckpointState& state,
+                     const std::map<std::string, CkptRegistration>& regs) {
+  for (const auto& p : CheckpointStateAccess::params(state)) {
+    CkptItem it =
+        parameter_item(job, regs, p.data.name, "?", std::size_t(p.data.count), p.sharded ? &p.shard : nullptr);
+    CkptData d = p.data;
+    d.name = "param";
+    d.rowwise = it.kind == CkptKind::sharded;
+    it.data.push_back(std::move(d));
+    job.items.push_back(std::move(it));
+  }
+  for (const CkptItem& it : CheckpointStateAccess::user(state)) {
+    if (regs.count(it.name))
+      job.refuse(cat("program state '", it.name, "' has the name of a registered gradient; give it another name"));
+    job.items.push_back(it);
+  }
+  (void)sync;
 }
 
-// A parameter's buffers as the checkpoint sees them: the parameter, its state, its counters.
-template <class T>
-struct CkptBuffers {
-  T* param = nullptr;
-  std::vector<T*> state;
-  std::vector<std::int64_t*> counters;
-};
-
-template <class T, class MemorySpace>
-std::vector<T> copy_to_host(const T* p, std::size_t n) {
-  std::vector<T> out(n);
-  using U = Kokkos::MemoryTraits<Kokkos::Unmanaged>;
-  if (n)
-    Kokkos::deep_copy(Kokkos::View<T*, Kokkos::HostSpace, U>(out.data(), n),
-                      Kokkos::View<const T*, MemorySpace, U>(p, n));
-  return out;
-}
-template <class T, class MemorySpace>
-void copy_from_host(T* p, const std::vector<T>& v) {
-  using U = Kokkos::MemoryTraits<Kokkos::Unmanaged>;
-  if (!v.empty())
-    Kokkos::deep_copy(Kokkos::View<T*, MemorySpace, U>(p, v.size()),
-                      Kokkos::View<const T*, Kokkos::HostSpace, U>(v.data(), v.size()));
-}
-
-// What save and load share: the registrations split into data-parallel and local ones, the
-// catalog every rank agrees on, and the refusals (process sets, names not unique across ranks).
+// A DistributedOptimizer's parameters with their optimizer state (Adam's moments, the counters).
 template <class D>
-class CheckpointPlan {
- public:
+void add_optimizer_items(CkptJob& job, D& dopt, const CheckpointState& state,
+                         const std::map<std::string, CkptRegistration>& regs) {
   using T = typename D::value_type;
   using Space = typename D::memory_space;
   using Opt = typename D::optimizer_type;
-
-  CheckpointPlan(D& dopt, const char* call, const std::string& path) : dopt_(dopt) {
-    static_assert(std::is_same_v<T, double> || std::is_same_v<T, float>,
-                  "gradsync checkpoints: parameters are float or double");
-    auto& sync = dopt.sync();
-    comm_ = sync.backend().comm();
-    MPI_Comm_rank(comm_, &rank_);
-    MPI_Comm_size(comm_, &size_);
-    what_ = impl::cat(call, "(\"", path, "\")");
-    std::unordered_map<const T*, bool> local;
-    impl::SyncAccess::for_each_gradient(sync, [&](const T* d, std::size_t, bool l, T) { local[d] = l; });
-    std::unordered_set<const T*> in_sets;
-    for (const auto& s : impl::SyncAccess::process_sets(sync).sets())
-      for (const auto& t : s.tensors) in_sets.insert(t.data);
-    std::string mine, refusal;
-    for (auto& e : CheckpointAccess::entries(dopt)) {
-      if (in_sets.count(e.grad) && refusal.empty())
-        refusal = impl::cat(what_, ": parameter '", e.name, "' (group ", e.group, ") on rank ", rank_,
-                            " is reduced over a process set (ReduceOver): not in checkpoints yet (docs/CHECKPOINT.md)");
-      CkptTensor t;
-      t.name = e.name;
-      t.group = e.group;
-      t.size = e.size;
-      t.local = local.at(e.grad);
-      t.owner = t.local ? rank_ : 0;
-      CkptBuffers<T> b;
-      b.param = e.param;
-      if constexpr (impl::has_state_visitor<Opt>::value)
-        CheckpointAccess::optimizer(dopt).for_each_state(e.slot, [&](auto* data, std::size_t n) {
-          using S = std::remove_pointer_t<decltype(data)>;
-          if constexpr (std::is_same_v<S, T>) {
-            b.state.push_back(data);
-          } else {
-            static_assert(std::is_same_v<S, std::int64_t>,
-                          "optimizer for_each_state: state is value_type buffers or std::int64_t counters");
-            for (std::size_t i = 0; i < n; ++i) b.counters.push_back(data + i);
-          }
-        });
-      t.nstate = int(b.state.size());
-      t.ncounters = b.counters.size();
-      if (t.local) {
-        put_field(mine, t.name);
-        put_field(mine, t.group);
-        put_field(mine, std::to_string(t.size));
-        put_field(mine, std::to_string(t.nstate));
-        put_field(mine, std::to_string(t.ncounters));
-        mine_local_.push_back(tensors_.size());
-      } else {
-        dp_.push_back(tensors_.size());
-      }
-      tensors_.push_back(std::move(t));
-      buffers_.push_back(std::move(b));
-    }
-    // The catalog: this rank's data-parallel parameters, alike on every rank (the file's metadata is
-    // created collectively from it: ranks that differ would diverge; one hash tells before a first
-    // synchronize() compared them), and every rank's local ones, gathered.
-    std::uint64_t h[2] = {fnv1a("dp", 2), 0};
-    for (std::size_t k : dp_) {
-      const CkptTensor& t = tensors_[k];
-      const std::uint64_t shape[3] = {t.size, std::uint64_t(t.nstate), t.ncounters};
-      h[0] = fnv1a(shape, sizeof shape,
-                   fnv1a(t.name.data(), t.name.size() + 1, fnv1a(t.group.data(), t.group.size() + 1, h[0])));
-    }
-    h[1] = ~h[0];  // one MPI_MIN gives the minimum and the maximum
-    MPI_Allreduce(MPI_IN_PLACE, h, 2, MPI_UINT64_T, MPI_MIN, comm_);
-    if (h[0] != ~h[1] && refusal.empty())
-      refusal = impl::cat(
-          what_, ": the ranks' data-parallel parameters differ (names, groups, sizes or optimizer state; rank ", rank_,
-          " has ", dp_.size(), "); broadcast_parameters() names the first difference");
-    const std::vector<std::string> all = allgather_strings(comm_, mine);
-    std::map<std::string, int> seen;
-    for (std::size_t k : dp_) seen[tensors_[k].name] = -1;
-    for (int r = 0; r < size_; ++r) {
-      const std::string& s = all[std::size_t(r)];
-      for (std::size_t at = 0; at < s.size();) {
-        CkptTensor t;
-        t.name = get_field(s, at);
-        t.group = get_field(s, at);
-        t.size = std::stoull(get_field(s, at));
-        t.nstate = std::stoi(get_field(s, at));
-        t.ncounters = std::stoull(get_field(s, at));
-        t.local = true;
-        t.owner = r;
-        const auto [it, fresh] = seen.emplace(t.name, r);
-        if (!fresh && refusal.empty())
-          refusal = impl::cat(what_, ": parameter '", t.name, "' (group ", t.group, ") is registered as local on rank ",
-                              r, " and as ", it->second < 0 ? "data-parallel" : impl::cat("local on rank ", it->second),
-                              ": a checkpoint keys local parameters by name; give them names unique across ranks");
-        catalog_local_.push_back(std::move(t));
-      }
-    }
-    refusal_ = refusal;  // alike on every rank but the process-set one: agreed by the caller
+  static_assert(std::is_same_v<T, double> || std::is_same_v<T, float>,
+                "gradsync checkpoints: parameters are float or double");
+  const auto& shards = CheckpointStateAccess::shards(state);
+  for (const auto& [name, shard] : shards) {
+    bool found = false;
+    for (auto& e : CheckpointAccess::entries(dopt)) found = found || e.name == name;
+    if (!found) job.refuse(cat("CheckpointState::shard(\"", name, "\"): the optimizer has no parameter of that name"));
   }
-
-  D& dopt_;
-  MPI_Comm comm_ = MPI_COMM_NULL;
-  int rank_ = 0, size_ = 1;
-  std::string what_, refusal_;
-  std::vector<CkptTensor> tensors_;      // this rank's registrations, in order
-  std::vector<CkptBuffers<T>> buffers_;  // their memory
-  std::vector<std::size_t> dp_, mine_local_;
-  std::vector<CkptTensor> catalog_local_;  // every rank's local parameters, rank by rank
-};
-
-// The datasets of one parameter: "param", "state<k>", "counters".
-inline std::vector<std::string> dataset_names(const CkptTensor& t) {
-  std::vector<std::string> out{"param"};
-  for (int k = 0; k < t.nstate; ++k) out.push_back(impl::cat("state", k));
-  if (t.ncounters) out.push_back("counters");
-  return out;
+  for (auto& e : CheckpointAccess::entries(dopt)) {
+    const auto s = shards.find(e.name);
+    CkptItem it = parameter_item(job, regs, e.name, e.group, e.size, s == shards.end() ? nullptr : &s->second);
+    const bool rowwise = it.kind == CkptKind::sharded;
+    it.data.push_back(ckpt_data<T, Space>("param", e.param, e.size, rowwise));
+    std::vector<std::int64_t*> counters;
+    if constexpr (has_state_visitor<Opt>::value)
+      CheckpointAccess::optimizer(dopt).for_each_state(e.slot, [&](auto* data, std::size_t n) {
+        using X = std::remove_pointer_t<decltype(data)>;
+        if constexpr (std::is_same_v<X, T>) {
+          it.data.push_back(ckpt_data<T, Space>(cat("state", it.data.size() - 1), data, n, rowwise));
+        } else {
+          static_assert(std::is_same_v<X, std::int64_t>,
+                        "optimizer for_each_state: state is value_type buffers or std::int64_t counters");
+          for (std::size_t i = 0; i < n; ++i) counters.push_back(data + i);
+        }
+      });
+    if (!counters.empty()) {  // host counters, possibly several runs: one dataset
+      CkptData d;
+      d.name = "counters";
+      d.type = CkptType::i64;
+      d.count = counters.size();
+      d.get = [counters](void* out) {
+        for (std::size_t i = 0; i < counters.size(); ++i) static_cast<std::int64_t*>(out)[i] = *counters[i];
+      };
+      d.put = [counters](const void* in) {
+        for (std::size_t i = 0; i < counters.size(); ++i) *counters[i] = static_cast<const std::int64_t*>(in)[i];
+      };
+      it.data.push_back(std::move(d));
+    }
+    job.items.push_back(std::move(it));
+  }
 }
 
-inline std::uint64_t checksum_bytes(const void* p, std::size_t n) { return fnv1a(p, n); }
+// A row-sharded dataset's checksum: the sum over its rows of each row's FNV-1a, seeded by the row's
+// number, so that any split into shards sums to the same value.
+inline std::uint64_t rows_checksum(const void* p, std::uint64_t first_row, std::uint64_t rows, std::size_t row_bytes) {
+  std::uint64_t sum = 0;
+  for (std::uint64_t r = 0; r < rows; ++r) {
+    const std::uint64_t at = first_row + r;
+    sum += fnv1a(static_cast<const char*>(p) + r * row_bytes, row_bytes, fnv1a(&at, sizeof at));
+  }
+  return sum;
+}
 
-}  // namespace impl
+inline hid_t h5_type(CkptType t) {
+  return t == CkptType::f64 ? H5T_NATIVE_DOUBLE : t == CkptType::f32 ? H5T_NATIVE_FLOAT : H5T_NATIVE_INT64;
+}
 
-/// Writes the optimizer's parameters and optimizer state to the parallel HDF5 file `path`: the
-/// data-parallel ones once (rank 0's copy), every local one under its registered name (which must
-/// be unique across ranks) by the rank that holds it, with gradsync's version, the rank count and
-/// the format version (docs/CHECKPOINT.md). Written as `path + ".partial"`, renamed to `path` once
-/// complete; an existing `path` is replaced. Collective over the sync's ranks (an MpiBackend's
-/// communicator); between steps (not while a step is open). Gradients are not saved: call it after
-/// a step, not in the middle of an aggregation cycle. Parameters of ReduceOver groups are refused
-/// for now. Throws CheckpointError on every rank, with the same message, when any rank fails; then
-/// `path` is untouched.
-template <class Optimizer, class Sync>
-void save_checkpoint(DistributedOptimizer<Optimizer, Sync>& dopt, const std::string& path) {
-  using D = DistributedOptimizer<Optimizer, Sync>;
-  using T = typename D::value_type;
-  using Space = typename D::memory_space;
-  impl::SyncAccess::require_between_steps(dopt.sync(), "save_checkpoint()");
-  Kokkos::fence();  // pending kernels may still write parameters or state
-  impl::CheckpointPlan<D> plan(dopt, "save_checkpoint", path);
-  const MPI_Comm comm = plan.comm_;
-  if (std::string e = impl::agree_on_failure(comm, plan.refusal_); !e.empty()) throw CheckpointError(e);
+// A dataset's values on the host: the memory itself when the host can read it, else a copy.
+struct HostValues {
+  std::vector<char> copy;
+  const void* p = nullptr;
+  explicit HostValues(const CkptData& d) {
+    if (d.host) {
+      p = d.host;
+    } else {
+      copy.resize(std::size_t(d.count) * ckpt_type_size(d.type));
+      d.get(copy.data());
+      p = copy.data();
+    }
+  }
+};
+
+inline void save_job(CkptJob& job, const std::string& path) {
+  const MPI_Comm comm = job.comm;
+  const CkptCatalog catalog(comm, job.what, job.items);
+  if (std::string e = agree_on_failure(comm, job.refusal.empty() ? catalog.refusal_ : job.refusal); !e.empty())
+    throw CheckpointError(e);
+  const int me = job.rank;
+  int nranks = 1;
+  MPI_Comm_size(comm, &nranks);
+  std::map<std::string, const CkptItem*> mine;
+  for (const CkptItem& it : job.items) mine[it.name] = &it;
   const std::string tmp = path + ".partial";
-  impl::H5Quiet quiet;
+  H5Quiet quiet;
   std::string err;  // this rank's first failure; the collective calls go on, every rank alike
   const auto fail = [&](const std::string& why) {
-    if (err.empty()) err = impl::cat(plan.what_, ": ", why, " on rank ", plan.rank_);
+    if (err.empty()) err = cat(job.what, ": ", why, " on rank ", me);
   };
-  impl::H5Handle fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
+  H5Handle fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
   H5Pset_fapl_mpio(fapl.get(), comm, MPI_INFO_NULL);
-  impl::H5Handle file(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()), H5Fclose);
-  if (!file.ok()) fail(impl::cat("cannot create '", tmp, "' (a missing directory, no write permission?)"));
-  if (std::string e = impl::agree_on_failure(comm, err); !e.empty()) throw CheckpointError(e);
+  H5Handle file(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()), H5Fclose);
+  if (!file.ok()) fail(cat("cannot create '", tmp, "' (a missing directory, no write permission?)"));
+  if (std::string e = agree_on_failure(comm, err); !e.empty()) throw CheckpointError(e);
 
-  // Metadata, collective: every rank creates every group, dataset and attribute alike.
+  // Metadata, collective: every rank creates every group, dataset and attribute alike, in the
+  // catalog's order (the data-parallel items in registration order, then by name).
   const hid_t f = file.get();
-  bool ok = impl::h5_write_attr_string(f, "format", "gradsync-checkpoint") &&
-            impl::h5_write_attr<int>(f, "format_version", checkpoint_format_version) &&
-            impl::h5_write_attr_string(
-                f, "gradsync_version",
-                impl::cat(GRADSYNC_VERSION_MAJOR, ".", GRADSYNC_VERSION_MINOR, ".", GRADSYNC_VERSION_PATCH)) &&
-            impl::h5_write_attr<int>(f, "ranks", plan.size_) &&
-            impl::h5_write_attr_string(f, "value_type", impl::value_type_name<T>()) &&
-            impl::h5_write_attr_string(f, "optimizer", impl::type_name<Optimizer>());
-  std::vector<const impl::CkptTensor*> all;  // the file's parameters, in catalog order
-  for (std::size_t k : plan.dp_) all.push_back(&plan.tensors_[k]);
-  for (const auto& t : plan.catalog_local_) all.push_back(&t);
-  std::vector<impl::H5Handle> datasets;  // all[i]'s datasets, in dataset_names order
-  impl::H5Handle dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
+  bool ok =
+      h5_write_attr_string(f, "format", "gradsync-checkpoint") &&
+      h5_write_attr<int>(f, "format_version", checkpoint_format_version) &&
+      h5_write_attr_string(f, "gradsync_version",
+                           cat(GRADSYNC_VERSION_MAJOR, ".", GRADSYNC_VERSION_MINOR, ".", GRADSYNC_VERSION_PATCH)) &&
+      h5_write_attr<int>(f, "ranks", nranks) && h5_write_attr_string(f, "optimizer", job.optimizer);
+  struct Slot {  // one dataset of the file
+    H5Handle ds;
+    const CkptItem* item = nullptr;  // this rank's, when it writes the dataset (or some of its rows)
+    std::size_t d = 0;               // which of the item's datasets
+  };
+  std::vector<Slot> slots;
+  H5Handle dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
   H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_NEVER);  // every value is written: no fill pass
-  for (const char* top : {"/data_parallel", "/local"}) {
-    impl::H5Handle g(H5Gcreate2(f, top, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
+  for (CkptKind k : {CkptKind::data_parallel, CkptKind::local, CkptKind::sharded}) {
+    H5Handle g(H5Gcreate2(f, ckpt_top(k), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
     ok = ok && g.ok();
   }
-  for (std::size_t i = 0; i < all.size(); ++i) {
-    const impl::CkptTensor& t = *all[i];
-    impl::H5Handle g(H5Gcreate2(f, t.path().c_str(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
-    ok = ok && g.ok() && impl::h5_write_attr_string(g.get(), "name", t.name) &&
-         impl::h5_write_attr_string(g.get(), "group", t.group) &&
-         impl::h5_write_attr<std::uint64_t>(g.get(), "size", t.size) &&
-         impl::h5_write_attr<int>(g.get(), "rank", t.owner);
-    for (const std::string& d : impl::dataset_names(t)) {
-      const bool counters = d == "counters";
-      const hsize_t n = counters ? t.ncounters : t.size;
-      impl::H5Handle space(H5Screate_simple(1, &n, nullptr), H5Sclose);
-      datasets.emplace_back(
-          H5Dcreate2(g.get(), d.c_str(), counters ? impl::h5_native<std::int64_t>() : impl::h5_native<T>(), space.get(),
-                     H5P_DEFAULT, dcpl.get(), H5P_DEFAULT),
-          H5Dclose);
-      ok = ok && datasets.back().ok();
+  const auto create = [&](const std::string& gpath, const std::vector<CkptDataShape>& shapes, const CkptItem* writer,
+                          auto&& attrs) {
+    H5Handle g(H5Gcreate2(f, gpath.c_str(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
+    ok = ok && g.ok() && attrs(g.get());
+    for (std::size_t d = 0; d < shapes.size(); ++d) {
+      const hsize_t n = shapes[d].count;
+      H5Handle space(H5Screate_simple(1, &n, nullptr), H5Sclose);
+      slots.push_back(Slot{H5Handle(H5Dcreate2(g.get(), shapes[d].name.c_str(), h5_type(shapes[d].type), space.get(),
+                                               H5P_DEFAULT, dcpl.get(), H5P_DEFAULT),
+                                    H5Dclose),
+                           writer, d});
+      ok = ok && slots.back().ds.ok();
     }
+  };
+  const auto named = [](hid_t g, const std::string& name, const std::string& group) {
+    return h5_write_attr_string(g, "name", name) && h5_write_attr_string(g, "group", group);
+  };
+  for (const CkptItem& it : job.items)
+    if (it.kind == CkptKind::data_parallel)
+      create(it.path(), ckpt_shapes(it), me == 0 ? &it : nullptr, [&](hid_t g) {
+        return named(g, it.name, it.group) && h5_write_attr<std::uint64_t>(g, "size", it.data[0].count) &&
+               h5_write_attr<int>(g, "rank", 0);
+      });
+  for (const CkptEntry& e : catalog.local_) {
+    const auto m = mine.find(e.name);
+    const bool writes = e.pieces[0].writer == me;
+    CkptItem probe;
+    probe.kind = CkptKind::local;
+    probe.name = e.name;
+    create(probe.path(), e.data, writes ? m->second : nullptr, [&](hid_t g) {
+      return named(g, e.name, e.group) && h5_write_attr<std::uint64_t>(g, "size", e.data[0].count) &&
+             h5_write_attr<int>(g, "rank", e.pieces[0].writer) && h5_write_attr<int>(g, "holders", e.holders);
+    });
+  }
+  for (const CkptEntry& e : catalog.sharded_) {
+    const auto m = mine.find(e.name);
+    const CkptItem* held = m != mine.end() && e.writer_of(m->second->first_row) == me ? m->second : nullptr;
+    CkptItem probe;
+    probe.kind = CkptKind::sharded;
+    probe.name = e.name;
+    create(probe.path(), e.data, held, [&](hid_t g) {
+      return named(g, e.name, e.group) && h5_write_attr<std::uint64_t>(g, "global_rows", e.global_rows) &&
+             h5_write_attr<std::uint64_t>(g, "row_length", e.row_length) &&
+             h5_write_attr<int>(g, "shards", int(e.pieces.size())) && h5_write_attr<int>(g, "holders", e.holders);
+    });
   }
   if (!ok) fail("HDF5 refused to create the file's groups, datasets or attributes");
 
-  // Data, independent: rank 0 the data-parallel parameters, each rank its local ones. Checksums
-  // of what a rank wrote, zero elsewhere, OR-ed into every rank's copy for the attributes.
-  std::vector<std::uint64_t> sums(datasets.size(), 0);
-  std::size_t at = 0;
-  std::size_t local_seen = 0;
-  for (std::size_t i = 0; i < all.size(); ++i) {
-    const impl::CkptTensor& t = *all[i];
-    const std::size_t nd = impl::dataset_names(t).size();
-    const bool mine = t.owner == plan.rank_;
-    if (mine && err.empty()) {
-      // this rank's registration of the parameter: dp_ order, then its local ones in order
-      const std::size_t k = t.local ? plan.mine_local_[local_seen++] : plan.dp_[i];
-      const auto& b = plan.buffers_[k];
-      const auto write = [&](std::size_t d, hid_t type, const void* p, std::size_t bytes) {
-        sums[at + d] = impl::checksum_bytes(p, bytes);
-        if (bytes && H5Dwrite(datasets[at + d].get(), type, H5S_ALL, H5S_ALL, H5P_DEFAULT, p) < 0)
-          fail(impl::cat("writing parameter '", t.name, "' (group ", t.group, ") failed"));
-      };
-      const std::vector<T> p = impl::copy_to_host<T, Space>(b.param, t.size);
-      write(0, impl::h5_native<T>(), p.data(), p.size() * sizeof(T));
-      for (int s = 0; s < t.nstate; ++s) {
-        const std::vector<T> v = impl::copy_to_host<T, Space>(b.state[std::size_t(s)], t.size);
-        write(std::size_t(1 + s), impl::h5_native<T>(), v.data(), v.size() * sizeof(T));
-      }
-      if (t.ncounters) {
-        std::vector<std::int64_t> c;
-        for (const std::int64_t* x : b.counters) c.push_back(*x);
-        write(nd - 1, impl::h5_native<std::int64_t>(), c.data(), c.size() * sizeof(std::int64_t));
-      }
+  // Data, independent: each dataset (or row range) by its writer. Checksums of what a rank wrote,
+  // zero elsewhere, summed over the ranks for the attributes.
+  std::vector<std::uint64_t> sums(slots.size(), 0);
+  for (std::size_t s = 0; s < slots.size() && err.empty(); ++s) {
+    const CkptItem* it = slots[s].item;
+    if (!it) continue;
+    const CkptData& d = it->data[slots[s].d];
+    const std::size_t esize = ckpt_type_size(d.type);
+    if (it->kind == CkptKind::sharded && !d.rowwise && it->first_row != 0) continue;  // the first rows' writer's
+    const HostValues v(d);
+    herr_t rc = 0;
+    if (d.rowwise) {
+      sums[s] = rows_checksum(v.p, it->first_row, it->rows, std::size_t(it->row_length) * esize);
+      const H5Slab slab(slots[s].ds.get(), it->first_row * it->row_length, d.count);
+      if (d.count)
+        rc = slab.ok() ? H5Dwrite(slots[s].ds.get(), h5_type(d.type), slab.mem.get(), slab.file.get(), H5P_DEFAULT, v.p)
+                       : -1;
+    } else {
+      sums[s] = fnv1a(v.p, std::size_t(d.count) * esize);
+      if (d.count) rc = H5Dwrite(slots[s].ds.get(), h5_type(d.type), H5S_ALL, H5S_ALL, H5P_DEFAULT, v.p);
     }
-    at += nd;
+    if (rc < 0) fail(cat("writing ", it->who(), " failed"));
   }
-  MPI_Allreduce(MPI_IN_PLACE, sums.data(), int(sums.size()), MPI_UINT64_T, MPI_BOR, comm);
-  for (std::size_t d = 0; d < datasets.size(); ++d)
-    if (!impl::h5_write_attr<std::uint64_t>(datasets[d].get(), "checksum", sums[d])) fail("writing a checksum failed");
-  datasets.clear();
+  MPI_Allreduce(MPI_IN_PLACE, sums.data(), int(sums.size()), MPI_UINT64_T, MPI_SUM, comm);
+  for (std::size_t s = 0; s < slots.size(); ++s)
+    if (!h5_write_attr<std::uint64_t>(slots[s].ds.get(), "checksum", sums[s])) fail("writing a checksum failed");
+  slots.clear();
   // The completion record, last: a file without it is never loaded.
-  if (!impl::h5_write_attr<int>(f, "complete", 1)) fail("writing the completion record failed");
-  if (!file.reset()) fail(impl::cat("closing '", tmp, "' failed (a full file system?)"));
-  if (std::string e = impl::agree_on_failure(comm, err); !e.empty()) {
-    if (plan.rank_ == 0) std::remove(tmp.c_str());
+  if (!h5_write_attr<int>(f, "complete", 1)) fail("writing the completion record failed");
+  if (!file.reset()) fail(cat("closing '", tmp, "' failed (a full file system?)"));
+  if (std::string e = agree_on_failure(comm, err); !e.empty()) {
+    if (me == 0) std::remove(tmp.c_str());
     throw CheckpointError(e);
   }
-  if (plan.rank_ == 0 && std::rename(tmp.c_str(), path.c_str()) != 0)
-    err = impl::cat(plan.what_, ": renaming '", tmp, "' to '", path, "' failed on rank 0");
-  if (std::string e = impl::agree_on_failure(comm, err); !e.empty()) throw CheckpointError(e);
+  if (me == 0 && std::rename(tmp.c_str(), path.c_str()) != 0)
+    err = cat(job.what, ": renaming '", tmp, "' to '", path, "' failed on rank 0");
+  if (std::string e = agree_on_failure(comm, err); !e.empty()) throw CheckpointError(e);
 }
 
-/// Reads a checkpoint written by save_checkpoint() into the optimizer's parameters and optimizer
-/// state: each data-parallel parameter on every rank, each local one on the rank that registers its
-/// name. Same rank count as the writer's: the training continues bit for bit (another rank count is
-/// refused for now). Collective over the sync's ranks; between steps. All or nothing: a file that is
-/// missing, truncated, foreign, of another format version or incomplete, a parameter the file lacks
-/// or holds with another size, group or optimizer state, a dataset whose checksum differs, a file of
-/// another model (more parameters): CheckpointError on every rank, with the same message naming the
-/// tensor, its group and the rank that found it, and nothing was loaded anywhere.
-template <class Optimizer, class Sync>
-void load_checkpoint(DistributedOptimizer<Optimizer, Sync>& dopt, const std::string& path) {
-  using D = DistributedOptimizer<Optimizer, Sync>;
-  using T = typename D::value_type;
-  using Space = typename D::memory_space;
-  impl::SyncAccess::require_between_steps(dopt.sync(), "load_checkpoint()");
-  Kokkos::fence();
-  impl::CheckpointPlan<D> plan(dopt, "load_checkpoint", path);
-  const MPI_Comm comm = plan.comm_;
-  if (std::string e = impl::agree_on_failure(comm, plan.refusal_); !e.empty()) throw CheckpointError(e);
-  impl::H5Quiet quiet;
+inline void load_job(CkptJob& job, const std::string& path) {
+  const MPI_Comm comm = job.comm;
+  const CkptCatalog catalog(comm, job.what, job.items);
+  if (std::string e = agree_on_failure(comm, job.refusal.empty() ? catalog.refusal_ : job.refusal); !e.empty())
+    throw CheckpointError(e);
+  const int me = job.rank;
+  H5Quiet quiet;
   std::string err;
   const auto fail = [&](const std::string& why) {
-    if (err.empty()) err = impl::cat(plan.what_, ": ", why, " (found on rank ", plan.rank_, ")");
+    if (err.empty()) err = cat(job.what, ": ", why, " (found on rank ", me, ")");
   };
-  // Staging: everything is read and verified before any parameter changes.
-  std::vector<std::vector<T>> values(plan.tensors_.size());  // param then state, concatenated
-  std::vector<std::vector<std::int64_t>> counters(plan.tensors_.size());
+  // The row-sharded datasets' checksums are verified over the ranks: each distinct shard's rows by
+  // its lowest holder, summed. Their place in that sum: entry by entry, their rowwise datasets.
+  std::map<std::string, std::size_t> row_sum_base;
+  std::size_t n_row_sums = 0;
+  for (const CkptEntry& e : catalog.sharded_) {
+    row_sum_base[e.name] = n_row_sums;
+    for (const CkptDataShape& d : e.data) n_row_sums += d.rowwise ? 1 : 0;
+  }
+  std::vector<std::uint64_t> row_sums(n_row_sums, 0), row_expected(n_row_sums, 0);
+  std::vector<char> verifies(n_row_sums, 0);
+
+  // Staging: everything is read and verified before any value changes.
+  std::vector<std::vector<std::vector<char>>> staged(job.items.size());
   [&] {
     // Each rank opens the file on its own (MPI_COMM_SELF): reads need no collective metadata calls.
-    impl::H5Handle fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
+    H5Handle fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
     H5Pset_fapl_mpio(fapl.get(), MPI_COMM_SELF, MPI_INFO_NULL);
 #if H5_VERSION_GE(1, 12, 0)
     const htri_t is_hdf5 = H5Fis_accessible(path.c_str(), fapl.get());
@@ -547,114 +555,188 @@ void load_checkpoint(DistributedOptimizer<Optimizer, Sync>& dopt, const std::str
 #endif
     if (is_hdf5 <= 0) {
       std::FILE* probe = std::fopen(path.c_str(), "rb");
-      if (!probe)
-        fail(impl::cat("no such file (or not readable)"));
-      else {
-        std::fclose(probe);
-        fail("not an HDF5 file (foreign or truncated)");
-      }
-      return;
+      if (!probe) return fail("no such file (or not readable)");
+      std::fclose(probe);
+      return fail("not an HDF5 file (foreign or truncated)");
     }
-    impl::H5Handle file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl.get()), H5Fclose);
+    H5Handle file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl.get()), H5Fclose);
     if (!file.ok()) return fail("HDF5 cannot open it (truncated or damaged)");
     const hid_t f = file.get();
-    std::string format, vt;
-    int version = 0, ranks = 0, complete = 0;
-    if (!impl::h5_read_attr_string(f, "format", format) || format != "gradsync-checkpoint")
+    std::string format;
+    int version = 0, complete = 0;
+    if (!h5_read_attr_string(f, "format", format) || format != "gradsync-checkpoint")
       return fail("an HDF5 file, but not a gradsync checkpoint (no format attribute 'gradsync-checkpoint')");
-    if (!impl::h5_read_attr<int>(f, "format_version", version) || version != checkpoint_format_version)
-      return fail(impl::cat("checkpoint format version ", version, "; this gradsync reads version ",
-                            checkpoint_format_version));
-    if (!impl::h5_read_attr<int>(f, "complete", complete) || complete != 1)
+    if (!h5_read_attr<int>(f, "format_version", version) || version < checkpoint_oldest_format_version ||
+        version > checkpoint_format_version)
+      return fail(cat("checkpoint format version ", version, "; this gradsync reads versions ",
+                      checkpoint_oldest_format_version, " to ", checkpoint_format_version));
+    if (!h5_read_attr<int>(f, "complete", complete) || complete != 1)
       return fail("incomplete checkpoint: no completion record (the job writing it stopped early)");
-    if (!impl::h5_read_attr<int>(f, "ranks", ranks) || ranks != plan.size_)
-      return fail(impl::cat("written by ", ranks, " ranks, loaded by ", plan.size_,
-                            ": restart at another rank count is not supported yet (docs/CHECKPOINT.md)"));
-    if (!impl::h5_read_attr_string(f, "value_type", vt) || vt != impl::value_type_name<T>())
-      return fail(impl::cat("its values are ", vt, ", the parameters ", impl::value_type_name<T>()));
-    // Another model: the file's parameter counts against this job's.
-    std::uint64_t counts[2] = {0, 0};  // data-parallel, local
-    for (int half = 0; half < 2; ++half) {
-      H5G_info_t info;
-      impl::H5Handle g(H5Gopen2(f, half ? "/local" : "/data_parallel", H5P_DEFAULT), H5Gclose);
-      if (!g.ok() || H5Gget_info(g.get(), &info) < 0) return fail("the file lacks /data_parallel or /local");
-      counts[half] = info.nlinks;
-    }
-    if (counts[0] != plan.dp_.size() || counts[1] != plan.catalog_local_.size())
-      return fail(impl::cat("the file holds ", counts[0], " data-parallel and ", counts[1],
-                            " local parameters, this model ", plan.dp_.size(), " and ", plan.catalog_local_.size(),
-                            " (another model?)"));
-    for (std::size_t k = 0; k < plan.tensors_.size(); ++k) {
-      const impl::CkptTensor& t = plan.tensors_[k];
-      const std::string who = impl::cat("parameter '", t.name, "' (group ", t.group, ", ",
-                                        t.local ? "local" : "data-parallel", ", ", t.size, " values)");
-      if (H5Lexists(f, t.local ? "/local" : "/data_parallel", H5P_DEFAULT) <= 0 ||
-          H5Lexists(f, t.path().c_str(), H5P_DEFAULT) <= 0) {
-        const std::string other = (t.local ? "/data_parallel/" : "/local/") + impl::h5_escape(t.name);
-        return fail(impl::cat(who, " is not in the checkpoint",
-                              H5Lexists(f, other.c_str(), H5P_DEFAULT) > 0
-                                  ? impl::cat(" as ", t.local ? "local" : "data-parallel", " (it holds it as ",
-                                              t.local ? "data-parallel" : "local", ")")
-                                  : std::string()));
+    // Another model: the file's entries against this job's (each of this job's is looked up below).
+    const long long counts[3] = {h5_group_size(f, "/data_parallel"), h5_group_size(f, "/local"),
+                                 std::max(0LL, h5_group_size(f, "/sharded"))};
+    if (counts[0] < 0 || counts[1] < 0) return fail("the file lacks /data_parallel or /local");
+    if (std::uint64_t(counts[0]) != catalog.dp_count_ || std::uint64_t(counts[1]) != catalog.local_.size() ||
+        std::uint64_t(counts[2]) != catalog.sharded_.size())
+      return fail(cat("the file holds ", counts[0], " data-parallel, ", counts[1], " local and ", counts[2],
+                      " row-sharded parameters, this model ", catalog.dp_count_, ", ", catalog.local_.size(), " and ",
+                      catalog.sharded_.size(), " (another model?)"));
+    for (std::size_t k = 0; k < job.items.size(); ++k) {
+      const CkptItem& it = job.items[k];
+      const std::string who = it.who();
+      if (H5Lexists(f, ckpt_top(it.kind), H5P_DEFAULT) <= 0 || H5Lexists(f, it.path().c_str(), H5P_DEFAULT) <= 0) {
+        std::string other;
+        for (CkptKind o : {CkptKind::data_parallel, CkptKind::local, CkptKind::sharded}) {
+          const std::string p = std::string(ckpt_top(o)) + "/" + h5_escape(it.name);
+          if (o != it.kind && H5Lexists(f, ckpt_top(o), H5P_DEFAULT) > 0 && H5Lexists(f, p.c_str(), H5P_DEFAULT) > 0)
+            other = cat(" as ", ckpt_kind_name(it.kind), " (it holds it as ", ckpt_kind_name(o), ")");
+        }
+        return fail(cat(who, " is not in the checkpoint", other));
       }
-      impl::H5Handle g(H5Gopen2(f, t.path().c_str(), H5P_DEFAULT), H5Gclose);
+      H5Handle g(H5Gopen2(f, it.path().c_str(), H5P_DEFAULT), H5Gclose);
       std::string group;
-      if (!g.ok() || !impl::h5_read_attr_string(g.get(), "group", group))
-        return fail(impl::cat(who, ": damaged entry"));
-      if (group != t.group) return fail(impl::cat(who, " is in group ", group, " in the checkpoint"));
-      const std::vector<std::string> names = impl::dataset_names(t);
+      if (!g.ok() || !h5_read_attr_string(g.get(), "group", group)) return fail(cat(who, ": damaged entry"));
+      if (group != it.group) return fail(cat(who, " is in group ", group, " in the checkpoint"));
+      if (it.kind == CkptKind::sharded) {
+        std::uint64_t rows = 0, length = 0;
+        if (!h5_read_attr<std::uint64_t>(g.get(), "global_rows", rows) ||
+            !h5_read_attr<std::uint64_t>(g.get(), "row_length", length))
+          return fail(cat(who, ": damaged entry"));
+        if (rows != it.global_rows || length != it.row_length)
+          return fail(cat(who, ": the checkpoint's table has ", rows, " rows of ", length, " values, this one ",
+                          it.global_rows, " of ", it.row_length));
+      }
       H5G_info_t info;
-      if (H5Gget_info(g.get(), &info) < 0 || info.nlinks != names.size())
-        return fail(impl::cat(who, ": the checkpoint holds ", info.nlinks, " datasets for it, this optimizer ",
-                              names.size(), " (parameter, state buffers, counters): another optimizer?"));
-      values[k].resize(std::size_t(t.size) * std::size_t(1 + t.nstate));
-      counters[k].resize(std::size_t(t.ncounters));
-      for (std::size_t d = 0; d < names.size(); ++d) {
-        const bool is_counters = names[d] == "counters";
-        const std::uint64_t want = is_counters ? t.ncounters : t.size;
-        const std::string dpath = t.path() + "/" + names[d];
-        if (H5Lexists(g.get(), names[d].c_str(), H5P_DEFAULT) <= 0)
-          return fail(impl::cat(who, ": the checkpoint lacks ", dpath, " (another optimizer?)"));
-        impl::H5Handle ds(H5Dopen2(g.get(), names[d].c_str(), H5P_DEFAULT), H5Dclose);
-        impl::H5Handle space(ds.ok() ? H5Dget_space(ds.get()) : H5I_INVALID_HID, H5Sclose);
-        impl::H5Handle type(ds.ok() ? H5Dget_type(ds.get()) : H5I_INVALID_HID, H5Tclose);
+      if (H5Gget_info(g.get(), &info) < 0 || info.nlinks != it.data.size())
+        return fail(cat(who, ": the checkpoint holds ", info.nlinks, " datasets for it, this optimizer ",
+                        it.data.size(), " (parameter, state buffers, counters): another optimizer?"));
+      std::size_t row_sum = row_sum_base.count(it.name) ? row_sum_base[it.name] : 0;
+      const bool verifier = it.kind == CkptKind::sharded && catalog.find(it)->writer_of(it.first_row) == me;
+      for (std::size_t d = 0; d < it.data.size(); ++d) {
+        const CkptData& data = it.data[d];
+        const std::string dpath = it.path() + "/" + data.name;
+        if (H5Lexists(g.get(), data.name.c_str(), H5P_DEFAULT) <= 0)
+          return fail(cat(who, ": the checkpoint lacks ", dpath, " (another optimizer?)"));
+        H5Handle ds(H5Dopen2(g.get(), data.name.c_str(), H5P_DEFAULT), H5Dclose);
+        H5Handle space(ds.ok() ? H5Dget_space(ds.get()) : H5I_INVALID_HID, H5Sclose);
+        H5Handle type(ds.ok() ? H5Dget_type(ds.get()) : H5I_INVALID_HID, H5Tclose);
         hsize_t n = 0;
         if (!space.ok() || !type.ok() || H5Sget_simple_extent_ndims(space.get()) != 1 ||
             H5Sget_simple_extent_dims(space.get(), &n, nullptr) < 0)
-          return fail(impl::cat(who, ": ", dpath, " is damaged"));
-        if (n != want)
-          return fail(impl::cat(who, ": ", dpath, " has ", n, " values in the checkpoint, ", want, " here"));
-        const hid_t mem = is_counters ? impl::h5_native<std::int64_t>() : impl::h5_native<T>();
+          return fail(cat(who, ": ", dpath, " is damaged"));
+        if (n != it.file_count(data))
+          return fail(cat(who, ": ", dpath, " has ", n, " values in the checkpoint, ", it.file_count(data), " here"));
+        const hid_t mem = h5_type(data.type);
         if (H5Tget_class(type.get()) != H5Tget_class(mem) || H5Tget_size(type.get()) != H5Tget_size(mem))
-          return fail(impl::cat(who, ": ", dpath, " holds another value type"));
-        void* dst = is_counters ? static_cast<void*>(counters[k].data())
-                                : static_cast<void*>(values[k].data() + d * std::size_t(t.size));
-        const std::size_t bytes = std::size_t(n) * (is_counters ? sizeof(std::int64_t) : sizeof(T));
+          return fail(cat(who, ": ", dpath, " holds another value type than ", ckpt_type_name(data.type)));
+        const std::size_t esize = ckpt_type_size(data.type);
+        std::vector<char>& buf = staged[k].emplace_back(std::size_t(data.count) * esize);
         std::uint64_t sum = 0;
-        if (n && H5Dread(ds.get(), mem, H5S_ALL, H5S_ALL, H5P_DEFAULT, dst) < 0)
-          return fail(impl::cat(who, ": reading ", dpath, " failed (truncated file?)"));
-        if (!impl::h5_read_attr<std::uint64_t>(ds.get(), "checksum", sum))
-          return fail(impl::cat(who, ": ", dpath, " has no checksum"));
-        if (sum != impl::checksum_bytes(dst, bytes))
-          return fail(impl::cat(who, ": ", dpath, " fails its checksum (the file is corrupted)"));
+        if (!h5_read_attr<std::uint64_t>(ds.get(), "checksum", sum))
+          return fail(cat(who, ": ", dpath, " has no checksum"));
+        if (data.rowwise) {
+          const H5Slab slab(ds.get(), it.first_row * it.row_length, data.count);
+          if (data.count &&
+              (!slab.ok() || H5Dread(ds.get(), mem, slab.mem.get(), slab.file.get(), H5P_DEFAULT, buf.data()) < 0))
+            return fail(cat(who, ": reading ", dpath, " failed (truncated file?)"));
+          if (verifier) {
+            row_sums[row_sum] = rows_checksum(buf.data(), it.first_row, it.rows, std::size_t(it.row_length) * esize);
+            row_expected[row_sum] = sum;
+            verifies[row_sum] = 1;
+          }
+          ++row_sum;
+        } else {
+          if (data.count && H5Dread(ds.get(), mem, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf.data()) < 0)
+            return fail(cat(who, ": reading ", dpath, " failed (truncated file?)"));
+          if (sum != fnv1a(buf.data(), buf.size()))
+            return fail(cat(who, ": ", dpath, " fails its checksum (the file is corrupted)"));
+        }
       }
     }
   }();
-  if (std::string e = impl::agree_on_failure(comm, err); !e.empty()) throw CheckpointError(e);
-  // Every rank verified everything: now the parameters and their state change.
-  for (std::size_t k = 0; k < plan.tensors_.size(); ++k) {
-    const impl::CkptTensor& t = plan.tensors_[k];
-    const auto& b = plan.buffers_[k];
-    const std::size_t n = std::size_t(t.size);
-    const auto part = [&](std::size_t d) {
-      return std::vector<T>(values[k].begin() + std::ptrdiff_t(d * n), values[k].begin() + std::ptrdiff_t((d + 1) * n));
-    };
-    impl::copy_from_host<T, Space>(b.param, part(0));
-    for (int s = 0; s < t.nstate; ++s)
-      impl::copy_from_host<T, Space>(b.state[std::size_t(s)], part(std::size_t(1 + s)));
-    for (std::size_t c = 0; c < b.counters.size(); ++c) *b.counters[c] = counters[k][c];
-  }
+  // Every rank takes part, whatever it found: the row shards' sums cover each table once.
+  std::vector<std::uint64_t> totals = row_sums;
+  MPI_Allreduce(MPI_IN_PLACE, totals.data(), int(totals.size()), MPI_UINT64_T, MPI_SUM, comm);
+  if (err.empty())
+    for (const CkptEntry& e : catalog.sharded_) {
+      std::size_t at = row_sum_base[e.name];
+      for (const CkptDataShape& d : e.data)
+        if (d.rowwise) {
+          if (verifies[at] && totals[at] != row_expected[at])
+            fail(cat("parameter '", e.name, "' (group ", e.group, ", row-sharded): /sharded/", h5_escape(e.name), "/",
+                     d.name, " fails its checksum (the file is corrupted)"));
+          ++at;
+        }
+    }
+  if (std::string e = agree_on_failure(comm, err); !e.empty()) throw CheckpointError(e);
+  // Every rank verified everything: now the values change.
+  for (std::size_t k = 0; k < job.items.size(); ++k)
+    for (std::size_t d = 0; d < job.items[k].data.size(); ++d) job.items[k].data[d].put(staged[k][d].data());
   Kokkos::fence();
+}
+
+}  // namespace impl
+
+/// Writes the optimizer's parameters and optimizer state, and `state`'s entries, to the parallel
+/// HDF5 file `path`: the data-parallel ones once (rank 0's copy), every local one under its
+/// registered name (unique across ranks, or held alike by the ranks of a process set: written by
+/// the lowest), each row shard (CheckpointState::shard) at its rows of its table, with gradsync's
+/// version, the rank count and the format version (docs/CHECKPOINT.md). Written as
+/// `path + ".partial"`, renamed to `path` once complete; an existing `path` is replaced. Collective
+/// over the sync's ranks (an MpiBackend's communicator); between steps, and not in the middle of an
+/// aggregation cycle (gradients are not saved). Throws CheckpointError on every rank, with the same
+/// message, when any rank fails; then `path` is untouched.
+template <class Optimizer, class Sync>
+void save_checkpoint(DistributedOptimizer<Optimizer, Sync>& dopt, const std::string& path,
+                     const CheckpointState& state = {}) {
+  impl::CkptJob job = impl::checkpoint_job(dopt.sync(), "save_checkpoint", path);
+  Kokkos::fence();  // pending kernels may still write parameters or state
+  const auto regs = impl::registrations_by_name(dopt.sync());
+  impl::add_optimizer_items(job, dopt, state, regs);
+  impl::add_state_items(job, dopt.sync(), state, regs);
+  job.optimizer = impl::type_name<Optimizer>();
+  impl::save_job(job, path);
+}
+
+/// The same for a program that updates its parameters itself: `state` names them
+/// (CheckpointState::parameter, each under the name its gradient has in `sync`) and the program's
+/// own state.
+template <class Backend, class Tensor>
+void save_checkpoint(GradientSync<Backend, Tensor>& sync, const std::string& path, const CheckpointState& state) {
+  impl::CkptJob job = impl::checkpoint_job(sync, "save_checkpoint", path);
+  Kokkos::fence();
+  impl::add_state_items(job, sync, state, impl::registrations_by_name(sync));
+  impl::save_job(job, path);
+}
+
+/// Reads a checkpoint written by save_checkpoint() into the optimizer's parameters and optimizer
+/// state, and `state`'s entries: each data-parallel one on every rank, each local one on the ranks
+/// that register its name now, each row shard from its rows of its table. At the writer's rank
+/// count the training continues bit for bit; at another, every name must still be held by some
+/// rank and each table's shards must cover it. Collective over the sync's ranks; between steps.
+/// All or nothing: a file that is missing, truncated, foreign, of an unknown format version or
+/// incomplete, a parameter the file lacks or holds with another size, group, table shape or
+/// optimizer state, a dataset whose checksum differs, a file of another model: CheckpointError on
+/// every rank, with the same message naming the tensor, its group and the rank that found it, and
+/// nothing was loaded anywhere.
+template <class Optimizer, class Sync>
+void load_checkpoint(DistributedOptimizer<Optimizer, Sync>& dopt, const std::string& path,
+                     const CheckpointState& state = {}) {
+  impl::CkptJob job = impl::checkpoint_job(dopt.sync(), "load_checkpoint", path);
+  Kokkos::fence();
+  const auto regs = impl::registrations_by_name(dopt.sync());
+  impl::add_optimizer_items(job, dopt, state, regs);
+  impl::add_state_items(job, dopt.sync(), state, regs);
+  impl::load_job(job, path);
+}
+
+/// The same for a program that updates its parameters itself (see save_checkpoint()).
+template <class Backend, class Tensor>
+void load_checkpoint(GradientSync<Backend, Tensor>& sync, const std::string& path, const CheckpointState& state) {
+  impl::CkptJob job = impl::checkpoint_job(sync, "load_checkpoint", path);
+  Kokkos::fence();
+  impl::add_state_items(job, sync, state, impl::registrations_by_name(sync));
+  impl::load_job(job, path);
 }
 
 }  // namespace gradsync

@@ -586,6 +586,31 @@ class GradientSync {
                             "synchronize() returned"));
   }
 
+  // For checkpoints: f(name, group, kind, dense values) for every registration, dense ones first,
+  // then the row-sparse ones, each in registration order; and the passes of the open aggregation
+  // cycle (0 between cycles).
+  template <class F>
+  void for_each_registration(F&& f) const {
+    for (const Entry& e : registry_) {
+      bool in_set = false;
+      if constexpr (sets_supported) in_set = sets_.set_holding(e.data) != nullptr;
+      f(e.name, e.group,
+        in_set      ? impl::RegistrationKind::process_set
+        : e.local() ? impl::RegistrationKind::local
+                    : impl::RegistrationKind::data_parallel,
+        e.size);
+    }
+    sparse_.for_each_registration(
+        [&](const std::string& name, const std::string& group, bool local, bool in_set, std::size_t n) {
+          f(name, group,
+            in_set  ? impl::RegistrationKind::process_set
+            : local ? impl::RegistrationKind::local
+                    : impl::RegistrationKind::data_parallel,
+            n);
+        });
+  }
+  int passes_into_cycle() const { return step_.pass(); }
+
   // For global_norm and DistributedOptimizer: the
   // process sets with their dense tensors, the row-sparse gradients, and the sets' communicators
   // made now (collective over the sync's ranks, as at the next synchronize(); validates the sets).

@@ -346,6 +346,14 @@ class RowSparseSet {
     for (const auto& t : all_) f(t->values(), std::size_t(t->capacity * t->width), t->name, t->group);
   }
 
+  /// For checkpoints, in registration order: f(name, group, local, reduced over a process set,
+  /// the dense table's values (table rows x row width)).
+  template <class F>
+  void for_each_registration(F&& f) const {
+    for (const auto& t : all_)
+      f(t->name, t->group, t->local, !t->set_tag.empty(), std::size_t(t->table_rows * t->width));
+  }
+
   /// For global_norm, in registration order: f(values, capacity (values), values in use (rows()),
   /// set tag (empty: none), local). After synchronize() a data-parallel one holds the same rows on
   /// every rank, a set-reduced one on every member of its set.
@@ -575,6 +583,8 @@ struct NoRowSparse {
   void for_each_values(F&&) const {}
   template <class F>
   void for_each_norm_tensor(F&&) const {}
+  template <class F>
+  void for_each_registration(F&&) const {}
   void describe(std::vector<RegDesc>&) const {}
   template <class Backend, class E, class T, class Route, class Watch, class W>
   void finish(const Backend&, const E&, T, Stats&, const std::vector<std::string>&, Route&&, Watch&&, const W&) {}

@@ -5,6 +5,10 @@
 
 namespace gradsync::impl {
 
+// What a registration is to a checkpoint: replicated on every rank, this rank's own, or replicated
+// over the ranks of a process set (ReduceOver).
+enum class RegistrationKind { data_parallel, local, process_set };
+
 // What gradsync's own helpers (DistributedOptimizer, GlobalNorm, broadcast_set_parameter) and its
 // tests use of a GradientSync beyond the public API: the deferred local scale and the watched
 // collectives. Each forwards to the private member it names (gradient_sync.hpp documents them).
@@ -40,6 +44,14 @@ struct SyncAccess {
   template <class S>
   static void require_between_steps(const S& s, const char* call) {
     s.require_between_steps(call);
+  }
+  template <class S, class F>
+  static void for_each_registration(const S& s, F&& f) {
+    s.for_each_registration(std::forward<F>(f));
+  }
+  template <class S>
+  static int passes_into_cycle(const S& s) {
+    return s.passes_into_cycle();
   }
   template <class S>
   static const auto& process_sets(const S& s) {
