@@ -44,6 +44,9 @@ struct Config {
   std::string compression = "none";  // --compression none | fp16 | bf16: the MLP gradients on the wire
   bool uneven = false;               // --uneven: rank p holds a share of the batch proportional to p
   bool weights = true;               // --weights on | off: with --uneven, set_samples() (off: plain average)
+  std::string save_path;             // --save PATH: a checkpoint at the end of the run
+  std::string load_path;             // --load PATH: continue from a checkpoint (its step onwards)
+  bool digest = false;               // --digest: print the sum of squares of every parameter
 
   int num_tables() const { return int(table_rows.size()); }
   int dense_features() const { return bottom.front(); }
@@ -76,6 +79,11 @@ inline void usage(const char* argv0) {
       "                     differentiates its own mean loss and gives its count to set_samples()\n"
       "  --weights W        on (default) or off: with --uneven, off drops set_samples() (a plain average:\n"
       "                     what --check then shows is wrong)\n"
+      "  --save PATH        write a checkpoint (parallel HDF5) at the end of the run\n"
+      "  --load PATH        continue from a checkpoint: its parameters, then --steps more steps from its step\n"
+      "                     (any rank count: each table goes to whichever rank holds it now)\n"
+      "  --digest           rank 0 prints 'parameters digest: X', the sum of squares of every parameter of\n"
+      "                     the global model (tables once), 17 significant digits\n"
       "  --bottom-mlp L     e.g. 13-512-256-64-16 (first = 13 dense features, last = dim)\n"
       "  --top-mlp L        e.g. 367-512-256-1 (first = interaction width, last = 1)\n"
       "  --config FILE      read table_rows, embedding_dim, bottom_mlp, top_mlp from a DLRM JSON\n",
@@ -149,6 +157,8 @@ inline void validate(const Config& c) {
   if (c.uneven && !c.scale_tables) fail("--uneven takes the default --table-scale world_size");
   if (!c.weights && !c.uneven) fail("--weights off goes with --uneven");
   if (!(c.clip >= 0)) fail("--clip must be >= 0");
+  if (c.check && (!c.save_path.empty() || !c.load_path.empty()))
+    fail("--save and --load go with training runs, not --check");
 }
 
 /// Parses the command line, skipping Kokkos' --kokkos-* options; returns false for --help (after
@@ -184,6 +194,12 @@ inline bool parse(Config& c, int argc, char** argv, bool print = true) {
       const std::string w = value();
       if (w != "on" && w != "off") throw std::runtime_error("--weights takes on or off, not " + w);
       c.weights = w == "on";
+    } else if (o == "--save") {
+      c.save_path = value();
+    } else if (o == "--load") {
+      c.load_path = value();
+    } else if (o == "--digest") {
+      c.digest = true;
     } else if (o == "--clip")
       c.clip = std::stod(value());
     else if (o == "--min-loss-drop")

@@ -5,6 +5,7 @@
 //   mpirun -np 4 hybrid_dlrm --check --table-scale none   # the bug local groups prevent: factor n
 //   mpirun -np 6 hybrid_dlrm --check --replicas 3 --clip 0.05   # 2-D, clipped by the global norm
 //   mpirun -np 4 hybrid_dlrm --check --uneven    # uneven batches (rank 0 none), weighted by set_samples
+//   mpirun -np 4 hybrid_dlrm --steps 50 --save run.h5; mpirun -np 2 hybrid_dlrm --load run.h5 --steps 50
 //
 // Embedding tables are model-parallel (whole tables spread over the ranks, a gradsync local group
 // with KeepLocal<LocalScale::world_size>); the MLPs are data-parallel (a GradientSync group).
@@ -324,6 +325,16 @@ int run_train(const Config& c) {
   dlrm::Trainer<gradsync::MpiBackend, Group> tr = make_trainer<Group>(c);
   const int me = tr.rank();
   print_model(c, tr);
+  std::int64_t first = 0;  // the first batch's index: 0, or where a checkpoint left off
+#if defined(GRADSYNC_HAVE_HDF5)
+  if (!c.load_path.empty()) {
+    first = tr.load(c.load_path);
+    if (me == 0) std::printf("loaded %s: continuing at step %lld\n", c.load_path.c_str(), (long long)first);
+  }
+#else
+  if (!c.load_path.empty() || !c.save_path.empty())
+    throw std::runtime_error("--save and --load need gradsync's hdf5 component (a parallel HDF5); this build has none");
+#endif
   tr.prepare_sync();  // the first step then builds nothing
   if (me == 0) std::printf("%s\n", gradsync::describe(tr.sync()).c_str());
   if (me == 0)
@@ -338,7 +349,7 @@ int run_train(const Config& c) {
   std::uint64_t a2a_last = 0, sync_last = 0;
   int step_last = 0;
   for (int step = 0; step < c.steps; ++step) {
-    losses.push_back(tr.compute_gradients(std::uint64_t(step)));
+    losses.push_back(tr.compute_gradients(std::uint64_t(first + step)));
     floors.push_back(tr.teacher_loss());
     if (c.clip > 0) norms.push_back(tr.clip_gradients(c.clip));
     tr.apply_sgd();
@@ -350,13 +361,13 @@ int run_train(const Config& c) {
       const double a2a = max_over_ranks(double(tr.alltoall_stats().total() - a2a_last)) / steps;
       const double sync = double(tr.sync_stats().bytes_allreduced - sync_last) / steps;
       if (me == 0 && c.clip > 0)
-        std::printf("step %5d  global gradient norm %.4f (avg %.4f), clipped to %g\n", step, norms.back(),
-                    mean(norms, std::size_t(steps)), c.clip);
+        std::printf("step %5lld  global gradient norm %.4f (avg %.4f), clipped to %g\n", (long long)(first + step),
+                    norms.back(), mean(norms, std::size_t(steps)), c.clip);
       if (me == 0)
         std::printf(
-            "step %5d  loss %.4f (avg %.4f, teacher %.4f)  %6.0f samples/s  sent/step: sync %s, all-to-all %s\n", step,
-            losses.back(), mean(losses, std::size_t(steps)), mean(floors, std::size_t(steps)),
-            steps * double(c.batch) / dt, mib(sync).c_str(), mib(a2a).c_str());
+            "step %5lld  loss %.4f (avg %.4f, teacher %.4f)  %6.0f samples/s  sent/step: sync %s, all-to-all %s\n",
+            (long long)(first + step), losses.back(), mean(losses, std::size_t(steps)),
+            mean(floors, std::size_t(steps)), steps * double(c.batch) / dt, mib(sync).c_str(), mib(a2a).c_str());
       t_last = now;
       step_last = step + 1;
       a2a_last = tr.alltoall_stats().total();
@@ -364,6 +375,16 @@ int run_train(const Config& c) {
     }
   }
   const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+#if defined(GRADSYNC_HAVE_HDF5)
+  if (!c.save_path.empty()) {
+    tr.save(c.save_path, first + c.steps);
+    if (me == 0) std::printf("saved %s at step %lld\n", c.save_path.c_str(), (long long)(first + c.steps));
+  }
+#endif
+  if (c.digest) {
+    const double d = tr.digest();
+    if (me == 0) std::printf("parameters digest: %.17g\n", d);
+  }
   if (c.steps == 0) return 0;
   // Every batch is new data, so a step's loss (taken before its update) is a held-out loss.
   const std::size_t tail = std::min<std::size_t>(20, losses.size());

@@ -231,6 +231,42 @@ class Trainer {
     Kokkos::fence();
   }
 
+  /// The sum of squares of every parameter of the global model, each table once (with replicas,
+  /// replica group 0's copy): per table, then the MLPs, added in a fixed order, so that the value
+  /// depends on the parameters alone and not on the rank count. Collective.
+  double digest() const {
+    std::vector<double> per_table(std::size_t(T_) + 1, 0.0);  // the last: the MLPs (rank 0's)
+    if (replica() == 0)
+      for (int t : my_) {
+        double s = 0;
+        for (Real x : table_parameters(t)) s += double(x) * double(x);
+        per_table[std::size_t(t)] = s;
+      }
+    if (r_ == 0)
+      for (const auto* mlp : {&bottom_, &top_})
+        for (const Layer& l : *mlp)
+          for (const auto& v : {to_host_vector(l.w), to_host_vector(l.b)})
+            for (Real x : v) per_table.back() += double(x) * double(x);
+    backend_.allreduce_sum(per_table.data(), per_table.size());  // one nonzero term per entry
+    double sum = 0;
+    for (double x : per_table) sum += x;
+    return sum;
+  }
+
+#if defined(GRADSYNC_HAVE_HDF5)
+  /// Writes every parameter (the MLPs once, each table under its gradient's name "table t", with
+  /// replicas once per shard) and `step`, the next batch's index, to the checkpoint `path`. Collective.
+  void save(const std::string& path, std::int64_t step) {
+    gradsync::save_checkpoint(sync_, path, checkpoint_state(step));
+  }
+  /// Reads them back, on any rank count and table assignment; returns the next batch's index.
+  std::int64_t load(const std::string& path) {
+    std::int64_t step = 0;
+    gradsync::load_checkpoint(sync_, path, checkpoint_state(step));
+    return step;
+  }
+#endif
+
   // ---- inspection (the check, the report) ----
   int rank() const { return r_; }
   int size() const { return n_; }
@@ -450,6 +486,26 @@ class Trainer {
                                Kokkos::subview(row_ids_, Index(i), Kokkos::ALL()), cfg_.rows(my_[i]));
       sync_.template add<TableGroup>(table_rows_.back(), "table " + std::to_string(my_[i]));
     }
+  }
+
+#if defined(GRADSYNC_HAVE_HDF5)
+  gradsync::CheckpointState checkpoint_state(std::int64_t& step) {
+    gradsync::CheckpointState st;
+    for (auto* mlp : {&bottom_, &top_})
+      for (Layer& l : *mlp) st.parameter(l.w, l.name + ".weight").parameter(l.b, l.name + ".bias");
+    for (std::size_t i = 0; i < my_.size(); ++i)
+      st.parameter(
+          Kokkos::subview(tables_, std::make_pair(row_offset_h_(Index(i)), row_offset_h_(Index(i) + 1)), Kokkos::ALL()),
+          "table " + std::to_string(my_[i]));
+    st.replicated(step, "step");
+    return st;
+  }
+#endif
+
+  template <class V>
+  static std::vector<Real> to_host_vector(const V& v) {
+    auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), v);
+    return std::vector<Real>(h.data(), h.data() + h.size());
   }
 
   // ---- one step's pieces ----

@@ -39,6 +39,10 @@ struct Config {
   bool sample_weights = true;  // --sample-weights off: no set_samples(), the plain average (wrong)
   double max_ratio = -1;       // --max-ratio F: exit 1 unless the final one-step error ratio <= F
   std::string plot;            // --plot FILE.png
+  int schedule = 0;            // --schedule S: solver steps the learning rate decays over (0: --steps)
+  std::string save_path;       // --save PATH: a checkpoint after training
+  std::string load_path;       // --load PATH: continue from a checkpoint
+  bool digest = false;         // --digest: the sum of squares of every parameter
 
   double fine_dt() const { return dt / substeps; }
   bool selecting() const { return select_steep >= 0; }
@@ -56,6 +60,11 @@ inline void usage(const char* argv0) {
       "  --passes N         backward passes (solver steps) per optimizer step (default 4)\n"
       "  --lr X             Adam learning rate (default 1e-2, cosine-decayed to lr / 100)\n"
       "  --steps S          solver steps (default 3000; %s with --check)\n"
+      "  --schedule S       solver steps the learning rate decays over (default: --steps)\n"
+      "  --save PATH        after training, write a checkpoint (parallel HDF5): parameters, Adam state,\n"
+      "                     the schedule, the solver's time step and fine field\n"
+      "  --load PATH        continue from a checkpoint (the same rank count), --steps more solver steps\n"
+      "  --digest           rank 0 prints 'parameters digest: X', the sum of squares of every parameter\n"
       "  --rollout K        steps of each free-running evaluation window, 0 for none (default 25)\n"
       "  --eval-windows W   free-running windows after training, the closure frozen (default 20)\n"
       "  --log-every N      progress line every N steps (default 250)\n"
@@ -129,6 +138,14 @@ inline bool parse(Config& c, int argc, char** argv, bool print) {
       c.lr = std::stod(value());
     else if (o == "--steps")
       c.steps = std::stoi(value()), c.steps_given = true;
+    else if (o == "--schedule")
+      c.schedule = std::stoi(value());
+    else if (o == "--save")
+      c.save_path = value();
+    else if (o == "--load")
+      c.load_path = value();
+    else if (o == "--digest")
+      c.digest = true;
     else if (o == "--rollout")
       c.rollout = std::stoi(value());
     else if (o == "--eval-windows")

@@ -311,6 +311,15 @@ int run_train(const Config& c) {
   closure::Simulation<gradsync::MpiBackend, Group> sim(c, gradsync::MpiBackend(MPI_COMM_WORLD), MPI_COMM_WORLD, n, me,
                                                        1);
   sim.broadcast_parameters();
+#if defined(GRADSYNC_HAVE_HDF5)
+  if (!c.load_path.empty()) {
+    sim.load(c.load_path);
+    if (me == 0) std::printf("loaded %s: continuing at solver step %d\n", c.load_path.c_str(), sim.step_count());
+  }
+#else
+  if (!c.load_path.empty() || !c.save_path.empty())
+    throw std::runtime_error("--save and --load need gradsync's hdf5 component (a parallel HDF5); this build has none");
+#endif
   sim.prepare_sync();
   print_problem(c, n);
   if (me == 0) std::printf("%s\n", gradsync::describe(sim.sync()).c_str());
@@ -331,8 +340,8 @@ int run_train(const Config& c) {
     if ((step + 1) % c.log_every == 0 || step + 1 == c.steps) {
       const double ec = mean(corrected, logged, corrected.size()), ep = mean(plain, logged, plain.size());
       if (me == 0) {
-        std::printf("step %5d  t %6.2f  one-step error: corrected %.3e, plain %.3e, ratio %.3f", step + 1,
-                    (step + 1) * c.dt, ec, ep, ec / ep);
+        std::printf("step %5d  t %6.2f  one-step error: corrected %.3e, plain %.3e, ratio %.3f", sim.step_count(),
+                    sim.step_count() * c.dt, ec, ep, ec / ep);
         if (sim.rollouts().size() > windows_logged) {
           const auto& w = sim.rollouts().back();
           std::printf("  | rollout: corrected %.3e, plain %.3e", w.corrected, w.plain);
@@ -342,6 +351,17 @@ int run_train(const Config& c) {
       logged = corrected.size();
       windows_logged = sim.rollouts().size();
     }
+  }
+  // The checkpoint and digest of the trained closure, before the evaluation windows move the solver.
+#if defined(GRADSYNC_HAVE_HDF5)
+  if (!c.save_path.empty()) {
+    sim.save(c.save_path);
+    if (me == 0) std::printf("saved %s at solver step %d\n", c.save_path.c_str(), sim.step_count());
+  }
+#endif
+  if (c.digest) {
+    const double d = sim.digest();
+    if (me == 0) std::printf("parameters digest: %.17g\n", d);
   }
   if (c.steps == 0) return 0;
   // First: the passes before the first update (the untrained closure); last: the last log_every.

@@ -109,12 +109,13 @@ struct RolloutErrors {
 class ScheduledAdam {
  public:
   ScheduledAdam(gradsync::AdamOptions o, int updates) : adam_(o), lr0_(o.lr), updates_(std::max(updates, 1)) {}
+
   template <class P, class G>
   std::size_t add(const P& param, const G& grad) {
     return adam_.add(param, grad);
   }
   void step() {
-    const double x = std::min(1.0, double(done_++) / updates_);
+    const double x = std::min(1.0, double(done_++) / double(updates_));
     adam_.options().lr = lr0_ * (0.01 + 0.99 * 0.5 * (1 + std::cos(pi * x)));
     adam_.step();
   }
@@ -123,11 +124,14 @@ class ScheduledAdam {
     adam_.for_each_state(slot, std::forward<F>(f));
   }
   double lr() const { return adam_.options().lr; }
+  /// The schedule's length and position (updates), for checkpoints.
+  std::int64_t& updates() { return updates_; }
+  std::int64_t& done() { return done_; }
 
  private:
   gradsync::Adam<View1> adam_;
   double lr0_;
-  int updates_, done_ = 0;
+  std::int64_t updates_, done_ = 0;
 };
 
 template <class Backend, class HeadGroup>
@@ -143,7 +147,8 @@ class Simulation {
       : cfg_(c),
         backend_(backend),
         comm_(halo_comm),
-        opt_(ScheduledAdam(adam_options(c), c.steps / c.passes), Sync(std::move(backend), sync_options(c))),
+        opt_(ScheduledAdam(adam_options(c), (c.schedule > 0 ? c.schedule : c.steps) / c.passes),
+             Sync(std::move(backend), sync_options(c))),
         chalo_(halo_comm, coarse_halo, "closure::coarse_halo"),
         fhalo_(halo_comm, 1, "closure::fine_halo"),
         P_(subdomains),
@@ -254,6 +259,37 @@ class Simulation {
     roll_left_ = 0;
   }
 
+  /// The sum of squares of every parameter of the global model (the trunk once, every head): per
+  /// subdomain, then the trunk, added in a fixed order. Collective.
+  double digest() const {
+    std::vector<double> part(std::size_t(P_) + 1, 0.0);  // the last: the trunk (rank 0's)
+    for (int p = p0_; p < p0_ + np_; ++p)
+      for (Real x : host_vector(head(p, false))) part[std::size_t(p)] += double(x) * double(x);
+    if (backend_.rank() == 0)
+      for (const auto& [name, v] : trunk(false))
+        for (Real x : host_vector(v)) part.back() += double(x) * double(x);
+    backend_.allreduce_sum(part.data(), part.size());  // one nonzero term per entry
+    double sum = 0;
+    for (double x : part) sum += x;
+    return sum;
+  }
+
+#if defined(GRADSYNC_HAVE_HDF5)
+  /// Writes the closure's parameters with their Adam state and schedule, and the solver's state
+  /// (its step, the fine field of this process's subdomains) to the checkpoint `path`. The heads
+  /// are one table of P rows, this process's subdomains its rows. Between optimizer steps.
+  void save(const std::string& path) {
+    std::int64_t step = step_;
+    gradsync::save_checkpoint(opt_, path, checkpoint_state(step));
+  }
+  /// Reads them back (the same subdomains per rank as the writer's).
+  void load(const std::string& path) {
+    std::int64_t step = 0;
+    gradsync::load_checkpoint(opt_, path, checkpoint_state(step));
+    step_ = int(step);
+  }
+#endif
+
   // ---- inspection ----
   int step_count() const { return step_; }
   Real loss() const { return loss_; }  // the global loss L of the last step (before its update)
@@ -281,6 +317,25 @@ class Simulation {
     const Index h = H_, k = p - p0_;
     return Kokkos::subview(grads ? ghead_ : head_, std::make_pair(k * h, (k + 1) * h));
   }
+
+  template <class V>
+  static std::vector<Real> host_vector(const V& v) {
+    auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), v);
+    return std::vector<Real>(h.data(), h.data() + h.size());
+  }
+
+#if defined(GRADSYNC_HAVE_HDF5)
+  gradsync::CheckpointState checkpoint_state(std::int64_t& step) {
+    gradsync::CheckpointState st;
+    st.shard("head", gradsync::RowShard{std::uint64_t(p0_), std::uint64_t(P_), std::uint64_t(H_)});
+    st.replicated(opt_.optimizer().updates(), "lr_schedule.updates");
+    st.replicated(opt_.optimizer().done(), "lr_schedule.done");
+    st.replicated(step, "solver.step");
+    st.local(Kokkos::subview(fine_, std::make_pair(Index(1), Index(1) + nf_)),
+             "solver.fine." + std::to_string(p0_) + "+" + std::to_string(np_));
+    return st;
+  }
+#endif
 
   /// This process's selected cells in the last training pass (1: a sample), on the host.
   std::vector<int> selection() const {
