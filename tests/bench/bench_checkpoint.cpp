@@ -144,7 +144,7 @@ std::string fs_type(const std::string& dir) {
 struct Model {
   std::vector<View> params, grads;  // before dopt: they outlive its pointers
   Dopt dopt;
-  std::size_t dp_tensors = 0, dp_values = 0, tables_here = 0;
+  std::size_t dp_tensors = 0, dp_values = 0, tables_here = 0, tables = 0, dim = 0;
   std::int64_t table_rows_here = 0;
 
   Model(const Args& a, std::int64_t* total_rows) : dopt(Opt(), Sync(gradsync::MpiBackend(MPI_COMM_WORLD))) {
@@ -153,7 +153,7 @@ struct Model {
     std::stringstream ss;
     ss << in.rdbuf();
     const std::string text = ss.str();
-    const std::size_t dim = bench::json_int(text, "embedding_dim");
+    dim = bench::json_int(text, "embedding_dim");
     for (const char* key : {"bottom_mlp", "top_mlp"}) {
       const auto l = bench::json_ints(text, key);
       for (std::size_t i = 0; i + 1 < l.size(); ++i) {
@@ -166,6 +166,7 @@ struct Model {
     }
     std::vector<std::int64_t> rows;
     for (std::size_t r : bench::json_ints(text, "table_rows")) rows.push_back(std::min(std::int64_t(r), a.rows));
+    tables = rows.size();
     *total_rows = std::accumulate(rows.begin(), rows.end(), std::int64_t(0));
     const std::vector<int> owner = assign_tables(rows, bench::size());
     for (std::size_t t = 0; t < rows.size(); ++t)
@@ -382,8 +383,9 @@ void run(const Args& a) {
               a.config.c_str(), static_cast<long long>(a.rows));
   std::printf("  data-parallel: %zu tensors, %zu values; with Adam's moments and step counts %.2f MiB (once)\n",
               m.dp_tensors, m.dp_values, mib(double(dp_bytes)));
-  std::printf("  tables: 26 of dim 16, %lld rows, %.2f MiB of values; with Adam's state %.2f MiB\n",
-              static_cast<long long>(total_rows), mib(double(total_rows) * 16 * 8), mib(double(table_bytes)));
+  std::printf("  tables: %zu of dim %zu, %lld rows, %.2f MiB of values; with Adam's state %.2f MiB\n", m.tables, m.dim,
+              static_cast<long long>(total_rows), mib(double(total_rows) * double(m.dim) * 8),
+              mib(double(table_bytes)));
   std::printf("  payload: %.2f MiB (gradsync's file: %.2f MiB); every rank its whole copy: %.2f MiB\n", mib(payload),
               mib(double(gradsync_file)), mib(double(totals[1])));
   for (int r = 0; r < n; ++r)

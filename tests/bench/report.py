@@ -313,6 +313,10 @@ unset multiplot
     notes = os.path.join(os.path.dirname(os.path.abspath(__file__)), "benchmarks_notes.md")
     if os.path.exists(notes):
         doc += [open(notes).read().strip(), ""]
+    # Written by hand from tests/bench/checkpoint.sh's runs (issue 33), kept across reruns of this page.
+    checkpoint = os.path.join(os.path.dirname(os.path.abspath(__file__)), "checkpoint.md")
+    if os.path.exists(checkpoint):
+        doc += [open(checkpoint).read().strip(), ""]
     if plot_ok:
         doc += ["## Plot", "", "![time against bytes and against tensor count](benchmarks.png)", ""]
     os.makedirs(docs_dir, exist_ok=True)
