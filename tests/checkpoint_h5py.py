@@ -4,10 +4,11 @@
 Usage: checkpoint_h5py.py BASE NP. test_checkpoint left BASE.h5 and BASE.<rank>.txt, one line per
 parameter: "data_parallel NAME v0 v1 ..." (rank 0) or "local NAME v0 ..." (its rank), values with
 17 significant digits, so that they parse back to the exact doubles. Every value must be equal in
-the file, and each parameter's checksum attribute must be the FNV-1a 64 of its bytes. The row-sharded
+the file, and each parameter's checksum attribute must be format 2's (FNV-1a 64 over its 64-bit words in
+4 lanes, include/gradsync/impl/checkpoint_catalog.hpp). The row-sharded
 table of the restart test (BASE's directory: checkpoint_reshard_npNP.h5, its values in
 checkpoint_reshard_npNP.emb.txt) must hold the whole table, its checksum the sum over rows of each
-row's FNV-1a 64 seeded with the row number's.
+row's checksum seeded with the row number's FNV-1a 64.
 """
 import os
 import sys
@@ -17,8 +18,26 @@ import numpy as np
 
 
 def fnv1a64(data: bytes, h: int = 1469598103934665603) -> int:
+    """FNV-1a 64 of the bytes (format 1's checksum; here the seed of a row's)."""
     for b in data:
         h = ((h ^ b) * 1099511628211) & 0xFFFFFFFFFFFFFFFF
+    return h
+
+
+def words64(data: bytes, seed: int = 1469598103934665603) -> int:
+    """Format 2's checksum: FNV-1a over little-endian 64-bit words in 4 interleaved lanes."""
+    prime, mask = 1099511628211, 0xFFFFFFFFFFFFFFFF
+    lane = [seed, seed ^ 1, seed ^ 2, seed ^ 3]
+    blocks = len(data) // 32
+    for b in range(blocks):
+        for k in range(4):
+            w = int.from_bytes(data[b * 32 + k * 8:b * 32 + k * 8 + 8], "little")
+            lane[k] = ((lane[k] ^ w) * prime) & mask
+    for byte in data[blocks * 32:]:
+        lane[0] = ((lane[0] ^ byte) * prime) & mask
+    h = lane[0]
+    for k in range(1, 4):
+        h = ((h ^ lane[k]) * prime) & mask
     return h
 
 
@@ -50,8 +69,8 @@ def main() -> int:
                         failures.append("%s/%s: name attribute %r" % (kind, name, entry.attrs["name"]))
                     if kind == "local" and int(entry.attrs["rank"]) != rank:
                         failures.append("%s/%s: written by rank %r, dumped by %d" % (kind, name, entry.attrs["rank"], rank))
-                    if int(param.attrs["checksum"]) != fnv1a64(got.astype("<f8").tobytes()):
-                        failures.append("%s/%s: checksum %r is not the FNV-1a of its bytes" % (kind, name, param.attrs["checksum"]))
+                    if int(param.attrs["checksum"]) != words64(got.astype("<f8").tobytes()):
+                        failures.append("%s/%s: checksum %r is not the 4-lane FNV-1a of its words" % (kind, name, param.attrs["checksum"]))
                     checked[kind] += 1
         # The data-parallel parameters are in the file once, the towers once per rank.
         if checked["data_parallel"] != 2 or len(f["data_parallel"]) != 2:
@@ -69,7 +88,7 @@ def main() -> int:
             failures.append("sharded/emb: %s in the file, %s in the dump" % (got, expected))
         raw = got.astype("<f8").tobytes()
         width = 8 * length
-        want = sum(fnv1a64(raw[r * width:(r + 1) * width], fnv1a64(r.to_bytes(8, "little"))) for r in range(rows))
+        want = sum(words64(raw[r * width:(r + 1) * width], fnv1a64(r.to_bytes(8, "little"))) for r in range(rows))
         if int(table["param"].attrs["checksum"]) != want & 0xFFFFFFFFFFFFFFFF:
             failures.append("sharded/emb: checksum %r is not the sum of its rows' FNV-1a" % table["param"].attrs["checksum"])
         if int(table.attrs["shards"]) != nranks:

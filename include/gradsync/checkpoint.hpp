@@ -15,8 +15,8 @@
 // whole, at its rows, the program's own state (CheckpointState), gradsync's version, the rank count
 // and a format version; docs/CHECKPOINT.md shows the layout. It is written under `path + ".partial"`
 // and renamed to `path` after its completion record: a job killed while writing leaves no file that
-// loads. Each dataset carries a checksum (FNV-1a of its bytes; a sharded table's: the sum of its
-// rows'), verified on load.
+// loads. Each dataset carries a checksum (FNV-1a over its 64-bit words in 4 lanes; a sharded
+// table's: the sum of its rows'), verified on load.
 #pragma once
 
 #if !defined(GRADSYNC_HAVE_HDF5)
@@ -360,13 +360,13 @@ void add_optimizer_items(CkptJob& job, D& dopt, const CheckpointState& state,
   }
 }
 
-// A row-sharded dataset's checksum: the sum over its rows of each row's FNV-1a, seeded by the row's
-// number, so that any split into shards sums to the same value.
+// A row-sharded dataset's checksum: the sum over its rows of each row's checksum, seeded by the
+// FNV-1a of the row's number, so that any split into shards sums to the same value.
 inline std::uint64_t rows_checksum(const void* p, std::uint64_t first_row, std::uint64_t rows, std::size_t row_bytes) {
   std::uint64_t sum = 0;
   for (std::uint64_t r = 0; r < rows; ++r) {
     const std::uint64_t at = first_row + r;
-    sum += fnv1a(static_cast<const char*>(p) + r * row_bytes, row_bytes, fnv1a(&at, sizeof at));
+    sum += checksum_words(static_cast<const char*>(p) + r * row_bytes, row_bytes, fnv1a(&at, sizeof at));
   }
   return sum;
 }
@@ -499,7 +499,7 @@ inline void save_job(CkptJob& job, const std::string& path) {
         rc = slab.ok() ? H5Dwrite(slots[s].ds.get(), h5_type(d.type), slab.mem.get(), slab.file.get(), H5P_DEFAULT, v.p)
                        : -1;
     } else {
-      sums[s] = fnv1a(v.p, std::size_t(d.count) * esize);
+      sums[s] = checksum_words(v.p, std::size_t(d.count) * esize);
       if (d.count) rc = H5Dwrite(slots[s].ds.get(), h5_type(d.type), H5S_ALL, H5S_ALL, H5P_DEFAULT, v.p);
     }
     if (rc < 0) fail(cat("writing ", it->who(), " failed"));
@@ -648,7 +648,7 @@ inline void load_job(CkptJob& job, const std::string& path) {
         } else {
           if (data.count && H5Dread(ds.get(), mem, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf.data()) < 0)
             return fail(cat(who, ": reading ", dpath, " failed (truncated file?)"));
-          if (sum != fnv1a(buf.data(), buf.size()))
+          if (sum != checksum_bytes(version, buf.data(), buf.size()))
             return fail(cat(who, ": ", dpath, " fails its checksum (the file is corrupted)"));
         }
       }
