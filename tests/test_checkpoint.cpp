@@ -5,6 +5,7 @@
 // foreign or incomplete file. The h5py test (checkpoint_h5py.py) reads the file this one leaves.
 #include <hdf5.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -524,6 +525,73 @@ TEST_CASE("a bare GradientSync: parameters by their gradients' names, the progra
   sized.parameter(t, "w");
   const std::string e2 = error_of<gradsync::CheckpointError>([&] { gradsync::save_checkpoint(sync, path, sized); });
   CHECK(all_ranks(has(e2, "parameter 'w' (group Mlp) has 2 values, its gradient 5 (rank 0)")));  // the lowest rank's
+}
+
+namespace {
+
+// A data-parallel model whose gradients travel as bf16 with error feedback: each rank keeps its
+// rounding errors (residuals) and adds them to its next gradient.
+struct Compressed {
+  using Opt = gradsync::Sgd<View>;
+  View w{"w", 300}, gw{"gw", 300};
+  gradsync::DistributedOptimizer<Opt, Sync> dopt;
+  explicit Compressed(MPI_Comm comm, double seed) : dopt(Opt(), Sync(gradsync::MpiBackend(comm), options())) {
+    fill_host(w, [&](std::size_t i) { return std::cos(0.1 * double(i) + seed); });
+    dopt.add<Mlp>(w, gw, "w");
+  }
+  static gradsync::Options options() {
+    gradsync::Options o;
+    o.compression = gradsync::Compression::bf16;
+    o.error_feedback = true;
+    return o;
+  }
+  void train(int steps) {
+    int r = 0;
+    MPI_Comm_rank(dopt.sync().backend().comm(), &r);
+    for (int s = 0; s < steps; ++s) {
+      const std::vector<double> p = host_values(w);
+      fill_host(gw, [&](std::size_t i) { return std::sin(3 * p[i]) * (1 + 1e-3 * double(r)) + 1e-4 * double(i); });
+      REQUIRE(dopt.step());
+    }
+  }
+  std::vector<double> residuals() {
+    const auto st = gradsync::impl::SyncAccess::residual_state(dopt.sync());
+    return st.data ? std::vector<double>(st.data, st.data + st.size) : std::vector<double>();
+  }
+};
+
+}  // namespace
+
+TEST_CASE("error-feedback residuals: restored at the same rank count (a bit-identical continuation), zero at another") {
+  const std::string path = file_name("residuals");
+  Compressed a(MPI_COMM_WORLD, 0.0);
+  a.train(3);
+  const std::vector<double> saved = a.residuals();
+  REQUIRE(saved.size() >= 300);
+  CHECK(all_ranks(std::any_of(saved.begin(), saved.end(), [](double x) { return x != 0; })));  // bf16 rounding
+  gradsync::save_checkpoint(a.dopt, path);
+  a.train(2);
+  const std::vector<double> reference = host_values(a.w);
+
+  Compressed b(MPI_COMM_WORLD, 5.0);
+  gradsync::load_checkpoint(b.dopt, path);
+  CHECK(all_ranks(b.residuals() == saved));  // this rank's own, bit for bit
+  b.train(2);
+  CHECK(all_ranks(host_values(b.w) == reference));
+
+  // On fewer ranks the per-rank residuals have no owner: they start at zero, and it trains on.
+  if (world_size() > 1) {
+    MPI_Comm comm = first_ranks(world_size() - 1);
+    if (comm != MPI_COMM_NULL) {
+      Compressed c(comm, 5.0);
+      gradsync::load_checkpoint(c.dopt, path);
+      const std::vector<double> res = c.residuals();
+      CHECK(std::all_of(res.begin(), res.end(), [](double x) { return x == 0; }));
+      c.train(1);
+      MPI_Comm_free(&comm);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+  }
 }
 
 TEST_CASE("in the middle of an aggregation cycle: refused on every rank; after the cycle, saved") {

@@ -204,6 +204,11 @@ struct CkptJob {
   std::string what, refusal;
   std::vector<CkptItem> items;
   std::string optimizer = "none";
+  // The sync's error-feedback residuals (per rank; /residuals), when it has any.
+  bool has_residuals = false;
+  CkptData residuals;
+  std::uint64_t residual_layout = 0;
+  std::int64_t* residual_samples = nullptr;
   void refuse(const std::string& why) {
     if (refusal.empty()) refusal = cat(what, ": ", why, " (rank ", rank, ")");
   }
@@ -229,6 +234,16 @@ CkptJob checkpoint_job(S& sync, const char* call, const std::string& path) {
                    sync.options().backward_passes_per_step,
                    " backward passes accumulated): the accumulated gradients are not in checkpoints; call it after the "
                    "cycle's last synchronize()"));
+  if (std::string e = agree_on_failure(job.comm, job.refusal); !e.empty()) throw CheckpointError(e);
+  // Error feedback: the residuals, in the plan's layout (built now if due, collectively).
+  using T = typename S::value_type;
+  const auto r = SyncAccess::residual_state(sync);
+  job.residual_layout = r.layout;
+  job.residual_samples = r.samples;
+  if (r.data) {
+    job.has_residuals = true;
+    job.residuals = ckpt_data<T, typename S::memory_space>("values", r.data, r.size);
+  }
   return job;
 }
 
@@ -479,6 +494,21 @@ inline void save_job(CkptJob& job, const std::string& path) {
              h5_write_attr<int>(g, "shards", int(e.pieces.size())) && h5_write_attr<int>(g, "holders", e.holders);
     });
   }
+  const std::size_t residual_slot = slots.size();  // /residuals/values: one row per rank
+  if (job.has_residuals) {
+    H5Handle g(H5Gcreate2(f, "/residuals", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
+    ok = ok && g.ok() && h5_write_attr<int>(g.get(), "ranks", nranks) &&
+         h5_write_attr<std::uint64_t>(g.get(), "size", job.residuals.count) &&
+         h5_write_attr<std::uint64_t>(g.get(), "layout", job.residual_layout) &&
+         h5_write_attr<std::int64_t>(g.get(), "samples", *job.residual_samples);
+    const hsize_t n = hsize_t(nranks) * job.residuals.count;
+    H5Handle space(H5Screate_simple(1, &n, nullptr), H5Sclose);
+    slots.push_back(Slot{H5Handle(H5Dcreate2(g.get(), "values", h5_type(job.residuals.type), space.get(), H5P_DEFAULT,
+                                             dcpl.get(), H5P_DEFAULT),
+                                  H5Dclose),
+                         nullptr, 0});
+    ok = ok && slots.back().ds.ok();
+  }
   if (!ok) fail("HDF5 refused to create the file's groups, datasets or attributes");
 
   // Data, independent: each dataset (or row range) by its writer. Checksums of what a rank wrote,
@@ -503,6 +533,16 @@ inline void save_job(CkptJob& job, const std::string& path) {
       if (d.count) rc = H5Dwrite(slots[s].ds.get(), h5_type(d.type), H5S_ALL, H5S_ALL, H5P_DEFAULT, v.p);
     }
     if (rc < 0) fail(cat("writing ", it->who(), " failed"));
+  }
+  if (job.has_residuals && err.empty()) {  // this rank's row
+    const CkptData& d = job.residuals;
+    const HostValues v(d);
+    const std::size_t bytes = std::size_t(d.count) * ckpt_type_size(d.type);
+    sums[residual_slot] = rows_checksum(v.p, std::uint64_t(me), 1, bytes);
+    const H5Slab slab(slots[residual_slot].ds.get(), hsize_t(me) * d.count, d.count);
+    if (d.count && (!slab.ok() || H5Dwrite(slots[residual_slot].ds.get(), h5_type(d.type), slab.mem.get(),
+                                           slab.file.get(), H5P_DEFAULT, v.p) < 0))
+      fail("writing the error-feedback residuals failed");
   }
   MPI_Allreduce(MPI_IN_PLACE, sums.data(), int(sums.size()), MPI_UINT64_T, MPI_SUM, comm);
   for (std::size_t s = 0; s < slots.size(); ++s)
@@ -542,6 +582,12 @@ inline void load_job(CkptJob& job, const std::string& path) {
   std::vector<std::uint64_t> row_sums(n_row_sums, 0), row_expected(n_row_sums, 0);
   std::vector<char> verifies(n_row_sums, 0);
 
+  // The residuals: restored when the file holds this job's (same ranks and layout), else zero.
+  std::vector<char> residual_values;
+  std::uint64_t residual_sum = 0, residual_expected = 0;
+  std::int64_t residual_samples = 0;
+  bool restore_residuals = false;
+  std::string residual_note;
   // Staging: everything is read and verified before any value changes.
   std::vector<std::vector<std::vector<char>>> staged(job.items.size());
   [&] {
@@ -653,10 +699,42 @@ inline void load_job(CkptJob& job, const std::string& path) {
         }
       }
     }
+    if (!job.has_residuals) return;
+    if (H5Lexists(f, "/residuals", H5P_DEFAULT) <= 0) {
+      residual_note = "the checkpoint holds none";
+      return;
+    }
+    H5Handle g(H5Gopen2(f, "/residuals", H5P_DEFAULT), H5Gclose);
+    int ranks = 0;
+    std::uint64_t size = 0, layout = 0;
+    if (!g.ok() || !h5_read_attr<int>(g.get(), "ranks", ranks) || !h5_read_attr<std::uint64_t>(g.get(), "size", size) ||
+        !h5_read_attr<std::uint64_t>(g.get(), "layout", layout) ||
+        !h5_read_attr<std::int64_t>(g.get(), "samples", residual_samples))
+      return fail("/residuals is damaged");
+    int nranks = 1;
+    MPI_Comm_size(comm, &nranks);
+    if (ranks != nranks || size != job.residuals.count || layout != job.residual_layout) {
+      residual_note = ranks != nranks ? cat("saved on ", ranks, " ranks, loaded on ", nranks)
+                                      : std::string("the fused layout differs (other tensors, chunks or formats)");
+      return;
+    }
+    H5Handle ds(H5Dopen2(g.get(), "values", H5P_DEFAULT), H5Dclose);
+    const std::size_t bytes = std::size_t(size) * ckpt_type_size(job.residuals.type);
+    residual_values.resize(bytes);
+    const H5Slab slab(ds.get(), hsize_t(me) * size, size);
+    if (!ds.ok() || !h5_read_attr<std::uint64_t>(ds.get(), "checksum", residual_expected) ||
+        (size && (!slab.ok() || H5Dread(ds.get(), h5_type(job.residuals.type), slab.mem.get(), slab.file.get(),
+                                        H5P_DEFAULT, residual_values.data()) < 0)))
+      return fail("reading /residuals/values failed (truncated file?)");
+    residual_sum = rows_checksum(residual_values.data(), std::uint64_t(me), 1, bytes);
+    restore_residuals = true;
   }();
   // Every rank takes part, whatever it found: the row shards' sums cover each table once.
   std::vector<std::uint64_t> totals = row_sums;
+  totals.push_back(residual_sum);  // every rank its row: the sum covers the dataset
   MPI_Allreduce(MPI_IN_PLACE, totals.data(), int(totals.size()), MPI_UINT64_T, MPI_SUM, comm);
+  if (err.empty() && restore_residuals && totals.back() != residual_expected)
+    fail("/residuals/values fails its checksum (the file is corrupted)");
   if (err.empty())
     for (const CkptEntry& e : catalog.sharded_) {
       std::size_t at = row_sum_base[e.name];
@@ -672,6 +750,17 @@ inline void load_job(CkptJob& job, const std::string& path) {
   // Every rank verified everything: now the values change.
   for (std::size_t k = 0; k < job.items.size(); ++k)
     for (std::size_t d = 0; d < job.items[k].data.size(); ++d) job.items[k].data[d].put(staged[k][d].data());
+  if (job.has_residuals) {
+    if (!restore_residuals) {  // zero: the file's do not fit this job (one step's rounding error lost)
+      residual_values.assign(std::size_t(job.residuals.count) * ckpt_type_size(job.residuals.type), 0);
+      residual_samples = 0;
+      if (me == 0)
+        std::fprintf(stderr, "gradsync: %s: the error-feedback residuals start at zero: %s\n", job.what.c_str(),
+                     residual_note.c_str());
+    }
+    job.residuals.put(residual_values.data());
+    *job.residual_samples = residual_samples;
+  }
   Kokkos::fence();
 }
 

@@ -610,6 +610,32 @@ class GradientSync {
         });
   }
   int passes_into_cycle() const { return step_.pass(); }
+  // For checkpoints: this rank's error-feedback residuals (the plan's fused index space; empty
+  // without compression and error_feedback, or before the plan), a signature of that space (the
+  // data-parallel tensors in fused order, the chunks' ranges and formats), and the samples they
+  // were kept for. Builds the plan if it is due: collective, as prepare().
+  struct ResidualState {
+    value_type* data = nullptr;
+    std::size_t size = 0;
+    std::uint64_t layout = 0;
+    std::int64_t* samples = nullptr;
+  };
+  ResidualState residual_state() {
+    if (opt_.error_feedback) prepare();
+    ResidualState r;
+    r.data = engine_.residual_data();
+    r.size = r.data ? engine_.residual_size() : 0;
+    std::uint64_t h = impl::fnv1a("residuals", 9);
+    for (const std::string& n : registry_.data_parallel_names_in_fused_order(opt_))
+      h = impl::fnv1a(n.data(), n.size() + 1, h);
+    for (const auto& c : plan_.chunks()) {
+      const std::int64_t v[3] = {c.begin, c.end, c.kind};
+      h = impl::fnv1a(v, sizeof v, h);
+    }
+    r.layout = h;
+    r.samples = &residual_samples_;
+    return r;
+  }
 
   // For global_norm and DistributedOptimizer: the
   // process sets with their dense tensors, the row-sparse gradients, and the sets' communicators

@@ -50,6 +50,10 @@ struct SyncAccess {
     s.for_each_registration(std::forward<F>(f));
   }
   template <class S>
+  static auto residual_state(S& s) {
+    return s.residual_state();
+  }
+  template <class S>
   static int passes_into_cycle(const S& s) {
     return s.passes_into_cycle();
   }

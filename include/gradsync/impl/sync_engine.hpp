@@ -149,6 +149,10 @@ class SyncEngine {
   // set_samples() with error feedback: the residuals are rounding errors of the weighted sum,
   // which the step's 1/N scales; a step with another N rescales them by N / N_prev, so that each
   // carries the same error of the gradient.
+  // For checkpoints: this rank's residuals in the fused index space (null and 0 without).
+  V* residual_data() const { return residual_.extent(0) > 0 ? residual_.data() : nullptr; }
+  std::size_t residual_size() const { return std::size_t(residual_.extent(0)); }
+
   void rescale_residuals(Context& cx, V f) {
     if (n_residual_segs_ > 0 && f != V(1))
       launch_segments(label_local(), cx.exec, n_residual_segs_,
