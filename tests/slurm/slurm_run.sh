@@ -81,10 +81,10 @@ ranks() {
 #   scancel      scancel JOB.STEP (Slurm's default for a step: SIGKILL to every task)
 #   sigterm      scancel --signal=TERM JOB.STEP (SIGTERM only, nothing follows it)
 #   time_limit   srun --time=1: Slurm ends it at the limit (SIGTERM, KillWait 5 s, SIGKILL); ranks
-#                at nice 19, so the minute or so it runs costs the tests beside it little
+#                reniced to 19 once training, so the minute or so it runs costs the tests beside it little
 #   rank_killed  kill -9 of one rank; srun must end the others (Open MPI: PMIx; MPICH: -K, below)
 run_cancel() {
-  local mode="$1" pmi="$2" np="$3" prog out srun_pid name step t0 t_act deadline left=0 rc=0 secs said
+  local mode="$1" pmi="$2" np="$3" prog out srun_pid name step t0 t_act deadline left=0 rc=0 secs said pids
   shift 3
   prog="$(basename "$1")"
   GSSL_MARK="$$-$RANDOM"
@@ -94,7 +94,7 @@ run_cancel() {
   local opts=(--mpi="$pmi" -n "$np" --job-name="$name" --time=5) pre=(stdbuf -oL)
   case "$mode" in
     scancel | sigterm) ;;
-    time_limit) opts=(--mpi="$pmi" -n "$np" --job-name="$name" --time=1); pre=(nice -n 19 stdbuf -oL) ;;
+    time_limit) opts=(--mpi="$pmi" -n "$np" --job-name="$name" --time=1) ;;
     # MPICH's PMI-2 does not end a step when one task dies; without -K (--kill-on-bad-exit) the
     # others wait in MPI for ever, or in gradsync until stall_timeout (docs/SLURM.md).
     rank_killed) [ "$pmi" = pmi2 ] && opts+=(--kill-on-bad-exit=1) ;;
@@ -129,7 +129,13 @@ run_cancel() {
   case "$mode" in
     scancel) scancel "$step" ;;
     sigterm) scancel --signal=TERM "$step" ;;
-    time_limit) deadline=$((t0 + 120)) ;;  # the limit (60 s) + slurmctld's check every 30 s + KillWait
+    # The limit (60 s), slurmctld's check every 30 s, KillWait. Meanwhile the ranks yield to
+    # the tests beside this one.
+    time_limit)
+      deadline=$((t0 + 120))
+      mapfile -t pids < <(ranks "$prog")
+      renice -n 19 -p "${pids[@]}" >/dev/null
+      ;;
     rank_killed) kill -9 "$(ranks "$prog" | tail -1)" ;;
   esac
   while :; do
