@@ -263,11 +263,9 @@ std::map<std::string, CkptRegistration> registrations_by_name(const S& sync) {
 
 // A parameter's item from its registration: its kind (and row shard) from the sync.
 inline CkptItem parameter_item(CkptJob& job, const std::map<std::string, CkptRegistration>& regs,
-                               const std::string& name, const std::string& group, std::size_t size,
-                               const RowShard* shard) {
+                               const std::string& name, std::size_t size, const RowShard* shard) {
   CkptItem it;
   it.name = name;
-  it.group = group;
   const auto r = regs.find(name);
   if (r == regs.end()) {
     job.refuse(cat("parameter '", name, "': the sync holds no gradient of that name; register its gradient under ",
@@ -306,12 +304,10 @@ inline CkptItem parameter_item(CkptJob& job, const std::map<std::string, CkptReg
 
 // The checkpoint's part of a CheckpointState: its parameters (through the sync's registrations)
 // and the program's own entries.
-template <class S>
-void add_state_items(CkptJob& job, const S& sync, const CheckpointState& state,
-                     const std::map<std::string, CkptRegistration>& regs) {
+inline void add_state_items(CkptJob& job, const CheckpointState& state,
+                            const std::map<std::string, CkptRegistration>& regs) {
   for (const auto& p : CheckpointStateAccess::params(state)) {
-    CkptItem it =
-        parameter_item(job, regs, p.data.name, "?", std::size_t(p.data.count), p.sharded ? &p.shard : nullptr);
+    CkptItem it = parameter_item(job, regs, p.data.name, std::size_t(p.data.count), p.sharded ? &p.shard : nullptr);
     CkptData d = p.data;
     d.name = "param";
     d.rowwise = it.kind == CkptKind::sharded;
@@ -323,7 +319,6 @@ void add_state_items(CkptJob& job, const S& sync, const CheckpointState& state,
       job.refuse(cat("program state '", it.name, "' has the name of a registered gradient; give it another name"));
     job.items.push_back(it);
   }
-  (void)sync;
 }
 
 // A DistributedOptimizer's parameters with their optimizer state (Adam's moments, the counters).
@@ -343,7 +338,7 @@ void add_optimizer_items(CkptJob& job, D& dopt, const CheckpointState& state,
   }
   for (auto& e : CheckpointAccess::entries(dopt)) {
     const auto s = shards.find(e.name);
-    CkptItem it = parameter_item(job, regs, e.name, e.group, e.size, s == shards.end() ? nullptr : &s->second);
+    CkptItem it = parameter_item(job, regs, e.name, e.size, s == shards.end() ? nullptr : &s->second);
     const bool rowwise = it.kind == CkptKind::sharded;
     it.data.push_back(ckpt_data<T, Space>("param", e.param, e.size, rowwise));
     std::vector<std::int64_t*> counters;
@@ -782,7 +777,7 @@ void save_checkpoint(DistributedOptimizer<Optimizer, Sync>& dopt, const std::str
   Kokkos::fence();  // pending kernels may still write parameters or state
   const auto regs = impl::registrations_by_name(dopt.sync());
   impl::add_optimizer_items(job, dopt, state, regs);
-  impl::add_state_items(job, dopt.sync(), state, regs);
+  impl::add_state_items(job, state, regs);
   job.optimizer = impl::type_name<Optimizer>();
   impl::save_job(job, path);
 }
@@ -794,7 +789,7 @@ template <class Backend, class Tensor>
 void save_checkpoint(GradientSync<Backend, Tensor>& sync, const std::string& path, const CheckpointState& state) {
   impl::CkptJob job = impl::checkpoint_job(sync, "save_checkpoint", path);
   Kokkos::fence();
-  impl::add_state_items(job, sync, state, impl::registrations_by_name(sync));
+  impl::add_state_items(job, state, impl::registrations_by_name(sync));
   impl::save_job(job, path);
 }
 
@@ -815,7 +810,7 @@ void load_checkpoint(DistributedOptimizer<Optimizer, Sync>& dopt, const std::str
   Kokkos::fence();
   const auto regs = impl::registrations_by_name(dopt.sync());
   impl::add_optimizer_items(job, dopt, state, regs);
-  impl::add_state_items(job, dopt.sync(), state, regs);
+  impl::add_state_items(job, state, regs);
   impl::load_job(job, path);
 }
 
@@ -824,7 +819,7 @@ template <class Backend, class Tensor>
 void load_checkpoint(GradientSync<Backend, Tensor>& sync, const std::string& path, const CheckpointState& state) {
   impl::CkptJob job = impl::checkpoint_job(sync, "load_checkpoint", path);
   Kokkos::fence();
-  impl::add_state_items(job, sync, state, impl::registrations_by_name(sync));
+  impl::add_state_items(job, state, impl::registrations_by_name(sync));
   impl::load_job(job, path);
 }
 
