@@ -134,9 +134,13 @@ TEST_CASE("an exception during backward with chunks in flight: no crash, the pee
           user_error = std::string(e.what()) == "loss is NaN";
         }
         CAPTURE(sync_error);
-        if (everyone || rank == victim) {
+        if (rank == victim) {
           CHECK(user_error);
           CHECK(sync_error.empty());
+        } else if (everyone) {
+          // Its own exception, or, when a faster peer's abandonment reached it first (still in
+          // mark_ready()'s checks: MPICH's timing shows it), that peer named.
+          CHECK((user_error ? sync_error.empty() : has(sync_error, "abandoned its step with the exchange in flight")));
         } else {
           CHECK(!user_error);
           CHECK(has(sync_error, "rank " + std::to_string(victim) + " abandoned its step with the exchange in flight"));
@@ -172,7 +176,10 @@ TEST_CASE("check_finite during overlap: the NaN never leaves its rank, every ran
   GRADSYNC_CHECK_ALL(
       has(what, "gradient 'g1' (group Dense, 128 values) holds NaN or Inf on rank " + std::to_string(victim)));
   if (rank != victim) {
-    CHECK(has(what, "rank " + std::to_string(victim) + " failed before the allreduce of synchronize() call 2"));
+    // "before the <phase this rank waits in>": the allreduce, or the arrival check when the victim's
+    // notice overtakes this rank (seen under MPICH).
+    CHECK((has(what, "rank " + std::to_string(victim) + " failed before the allreduce of synchronize() call 2") ||
+           has(what, "rank " + std::to_string(victim) + " failed before the arrival check of synchronize() call 2")));
     CHECK(m.finite());  // nothing of the victim's g1 was summed here
   }
   // The sync failed on every rank: each later call says so at once.
@@ -249,10 +256,12 @@ TEST_CASE("a failure inside a collective phase on one rank is told: every peer t
       CHECK(what == "injected failure in the backend's sum");
     } else {
       CHECK(kind == "error");
-      CHECK(has(what, "rank " + std::to_string(victim) +
-                          " failed before the allreduce of synchronize() call 1, so rank " + std::to_string(rank) +
-                          " stops too: injected failure in the backend's sum (in synchronize() "
-                          "on rank " +
+      // "before the <phase this rank waits in>": the allreduce, or still the consistency check when
+      // the victim's notice overtakes this rank (seen under MPICH).
+      CHECK((has(what, "rank " + std::to_string(victim) + " failed before the allreduce of") ||
+             has(what, "rank " + std::to_string(victim) + " failed before the consistency check")));
+      CHECK(has(what, " of synchronize() call 1, so rank " + std::to_string(rank) +
+                          " stops too: injected failure in the backend's sum (in synchronize() on rank " +
                           std::to_string(victim) + ")"));
     }
     const std::string later = error_of([&] { (void)sync.synchronize(); });
