@@ -41,10 +41,18 @@ gradsync::Options opts(double stall_timeout = 20.0) {
 double value(std::size_t k, std::size_t i, int rank) { return (rank + 1) * double(k + 1) + 0.01 * double(i); }
 double average(std::size_t k, std::size_t i, int n) { return 0.5 * (n + 1) * double(k + 1) + 0.01 * double(i); }
 
+// Built by appending: "g" + std::to_string(k) (an insert at 0 inside std::string) raised g++ 12's
+// -Wstringop-overflow in C++20 at -O3 (a false positive, an error under -Werror).
+std::string grad_name(std::size_t k) {
+  std::string s = "g";
+  s += std::to_string(k);
+  return s;
+}
+
 struct Model {
   std::vector<View> g;
   explicit Model(std::size_t len = kLen) {
-    for (int k = 0; k < 4; ++k) g.emplace_back("g" + std::to_string(k), len);
+    for (int k = 0; k < 4; ++k) g.emplace_back(grad_name(std::size_t(k)), len);
   }
   void fill(int rank) {
     for (std::size_t k = 0; k < g.size(); ++k)
@@ -52,7 +60,7 @@ struct Model {
   }
   template <class S>
   void add_to(S& sync) {
-    for (std::size_t k = 0; k < g.size(); ++k) sync.template add<Dense>(g[k], "g" + std::to_string(k));
+    for (std::size_t k = 0; k < g.size(); ++k) sync.template add<Dense>(g[k], grad_name(k));
   }
   bool averaged(int n) const {
     bool ok = true;

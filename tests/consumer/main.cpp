@@ -51,6 +51,7 @@ int main(int argc, char** argv) {
 #if defined(GRADSYNC_HAVE_HDF5)
     if (!*parts) parts = " (with GradSync::hdf5)";
 #endif
+    if (r == 0) std::printf("consumer: compiled as C++ %ld against Kokkos %d\n", long(__cplusplus), KOKKOS_VERSION);
     if (r == 0) std::printf("consumer: %s on %d ranks%s\n", bad ? "FAILED" : "ok", n, parts);
   }
   Kokkos::finalize();

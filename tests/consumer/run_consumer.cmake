@@ -5,7 +5,8 @@
 #   cmake -DBUILD=<gradsync build dir> -DSRC=<consumer source> -DWORK=<scratch> -DMPIEXEC=...
 #         "-DMPIEXEC_FLAGS=-n 2 <the launcher's flags for this MPI: GRADSYNC_MPIEXEC_FLAGS>"
 #         -DVERSION=<project version> -DHAVE_CUDA=ON|OFF -DHAVE_NCCL=ON|OFF -DHAVE_C=ON|OFF -DHAVE_FORTRAN=ON|OFF -DHAVE_TORCH=ON|OFF -DHAVE_HDF5=ON|OFF
-#         -DKOKKOS_DIR=<Kokkos_DIR> -DCXX=<compiler> -DCXX_FLAGS=<flags> -P run_consumer.cmake
+#         -DKOKKOS_DIR=<Kokkos_DIR> -DCXX=<compiler> -DCXX_FLAGS=<flags> [-DCXX_STANDARD=<17|20|...>]
+#         -P run_consumer.cmake
 file(REMOVE_RECURSE "${WORK}")
 function(step)
   execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc)
@@ -26,8 +27,13 @@ foreach(c cuda nccl c fortran torch hdf5)
   endif()
 endforeach()
 
-# The consumer builds with this build's Kokkos and compiler (nvcc_wrapper for Kokkos-CUDA).
+# The consumer builds with this build's Kokkos and compiler (nvcc_wrapper for Kokkos-CUDA), and in
+# its C++ standard when the build named one (else what Kokkos' and gradsync's cxx_std_N give); the
+# consumer prints the standard it was compiled in.
 set(same_toolchain "-DKokkos_DIR=${KOKKOS_DIR}" "-DCMAKE_CXX_COMPILER=${CXX}" "-DCMAKE_CXX_FLAGS=${CXX_FLAGS}")
+if(CXX_STANDARD)
+  list(APPEND same_toolchain "-DCMAKE_CXX_STANDARD=${CXX_STANDARD}")
+endif()
 
 # A component no gradsync has: refused whatever was built (so the refusal is always exercised).
 list(APPEND lacking nosuch)
