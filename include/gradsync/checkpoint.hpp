@@ -370,6 +370,29 @@ void add_optimizer_items(CkptJob& job, D& dopt, const CheckpointState& state,
   }
 }
 
+// The job of a save or load: the owner's parameters (a DistributedOptimizer's with their optimizer
+// state, or a bare sync's named in `state`) and the program's entries. Collective (the refusal of
+// a save in the middle of an aggregation cycle, the residuals' plan).
+template <class Optimizer, class Sync>
+CkptJob checkpoint_job_of(DistributedOptimizer<Optimizer, Sync>& dopt, const char* call, const std::string& path,
+                          const CheckpointState& state) {
+  CkptJob job = checkpoint_job(dopt.sync(), call, path);
+  Kokkos::fence();  // pending kernels may still write parameters or state
+  const auto regs = registrations_by_name(dopt.sync());
+  add_optimizer_items(job, dopt, state, regs);
+  add_state_items(job, state, regs);
+  job.optimizer = type_name<Optimizer>();
+  return job;
+}
+template <class Backend, class Tensor>
+CkptJob checkpoint_job_of(GradientSync<Backend, Tensor>& sync, const char* call, const std::string& path,
+                          const CheckpointState& state) {
+  CkptJob job = checkpoint_job(sync, call, path);
+  Kokkos::fence();
+  add_state_items(job, state, registrations_by_name(sync));
+  return job;
+}
+
 // A row-sharded dataset's checksum: the sum over its rows of each row's checksum, seeded by the
 // FNV-1a of the row's number, so that any split into shards sums to the same value.
 inline std::uint64_t rows_checksum(const void* p, std::uint64_t first_row, std::uint64_t rows, std::size_t row_bytes) {
@@ -773,12 +796,7 @@ inline void load_job(CkptJob& job, const std::string& path) {
 template <class Optimizer, class Sync>
 void save_checkpoint(DistributedOptimizer<Optimizer, Sync>& dopt, const std::string& path,
                      const CheckpointState& state = {}) {
-  impl::CkptJob job = impl::checkpoint_job(dopt.sync(), "save_checkpoint", path);
-  Kokkos::fence();  // pending kernels may still write parameters or state
-  const auto regs = impl::registrations_by_name(dopt.sync());
-  impl::add_optimizer_items(job, dopt, state, regs);
-  impl::add_state_items(job, state, regs);
-  job.optimizer = impl::type_name<Optimizer>();
+  impl::CkptJob job = impl::checkpoint_job_of(dopt, "save_checkpoint", path, state);
   impl::save_job(job, path);
 }
 
@@ -787,9 +805,7 @@ void save_checkpoint(DistributedOptimizer<Optimizer, Sync>& dopt, const std::str
 /// own state.
 template <class Backend, class Tensor>
 void save_checkpoint(GradientSync<Backend, Tensor>& sync, const std::string& path, const CheckpointState& state) {
-  impl::CkptJob job = impl::checkpoint_job(sync, "save_checkpoint", path);
-  Kokkos::fence();
-  impl::add_state_items(job, state, impl::registrations_by_name(sync));
+  impl::CkptJob job = impl::checkpoint_job_of(sync, "save_checkpoint", path, state);
   impl::save_job(job, path);
 }
 
@@ -806,20 +822,14 @@ void save_checkpoint(GradientSync<Backend, Tensor>& sync, const std::string& pat
 template <class Optimizer, class Sync>
 void load_checkpoint(DistributedOptimizer<Optimizer, Sync>& dopt, const std::string& path,
                      const CheckpointState& state = {}) {
-  impl::CkptJob job = impl::checkpoint_job(dopt.sync(), "load_checkpoint", path);
-  Kokkos::fence();
-  const auto regs = impl::registrations_by_name(dopt.sync());
-  impl::add_optimizer_items(job, dopt, state, regs);
-  impl::add_state_items(job, state, regs);
+  impl::CkptJob job = impl::checkpoint_job_of(dopt, "load_checkpoint", path, state);
   impl::load_job(job, path);
 }
 
 /// The same for a program that updates its parameters itself (see save_checkpoint()).
 template <class Backend, class Tensor>
 void load_checkpoint(GradientSync<Backend, Tensor>& sync, const std::string& path, const CheckpointState& state) {
-  impl::CkptJob job = impl::checkpoint_job(sync, "load_checkpoint", path);
-  Kokkos::fence();
-  impl::add_state_items(job, state, impl::registrations_by_name(sync));
+  impl::CkptJob job = impl::checkpoint_job_of(sync, "load_checkpoint", path, state);
   impl::load_job(job, path);
 }
 
