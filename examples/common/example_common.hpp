@@ -73,6 +73,13 @@ inline bool parse_scale(const std::string& option, const std::string& m) {
   throw std::runtime_error(option + " takes world_size or none, not " + m);
 }
 
+/// A View's values on the host, in a vector (a copy from any memory space).
+template <class V>
+std::vector<typename V::non_const_value_type> to_host(const V& v) {
+  auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), v);
+  return std::vector<typename V::non_const_value_type>(h.data(), h.data() + h.size());
+}
+
 inline int world_rank() {
   int r = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &r);

@@ -51,6 +51,7 @@ using Clock = std::chrono::steady_clock;
 
 using examples::max_over_ranks;
 using examples::sum_over_ranks;
+using examples::to_host;
 using examples::world_rank;
 
 std::string mib(double bytes) {
@@ -135,12 +136,6 @@ double rel_diff(const Real* a, const Real* b, std::size_t n) {
   }
   if (ref == 0) return diff == 0 ? 0 : std::numeric_limits<double>::infinity();
   return diff / ref;
-}
-
-template <class V>
-std::vector<Real> to_host(const V& v) {
-  auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), v);
-  return std::vector<Real>(h.data(), h.data() + h.size());
 }
 
 struct Worst {

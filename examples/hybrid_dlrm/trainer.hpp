@@ -245,7 +245,7 @@ class Trainer {
     if (r_ == 0)
       for (const auto* mlp : {&bottom_, &top_})
         for (const Layer& l : *mlp)
-          for (const auto& v : {to_host_vector(l.w), to_host_vector(l.b)})
+          for (const auto& v : {examples::to_host(l.w), examples::to_host(l.b)})
             for (Real x : v) per_table.back() += double(x) * double(x);
     backend_.allreduce_sum(per_table.data(), per_table.size());  // one nonzero term per entry
     double sum = 0;
@@ -501,12 +501,6 @@ class Trainer {
     return st;
   }
 #endif
-
-  template <class V>
-  static std::vector<Real> to_host_vector(const V& v) {
-    auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), v);
-    return std::vector<Real>(h.data(), h.data() + h.size());
-  }
 
   // ---- one step's pieces ----
 

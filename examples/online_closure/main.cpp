@@ -46,6 +46,7 @@ using closure::View1;
 
 using examples::max_over_ranks;
 using examples::sum_over_ranks;
+using examples::to_host;
 using examples::world_rank;
 using examples::world_size;
 
@@ -53,11 +54,6 @@ template <class Group>
 const char* scale_name() {
   return gradsync::local_scale_v<Group> == gradsync::LocalScale::world_size ? "LocalScale::world_size"
                                                                             : "LocalScale::none";
-}
-
-std::vector<Real> to_host(const View1& v) {
-  auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), v);
-  return std::vector<Real>(h.data(), h.data() + h.size());
 }
 
 /// max|a - b| / max|b|: a whole tensor's error relative to its largest reference value.

@@ -264,10 +264,10 @@ class Simulation {
   double digest() const {
     std::vector<double> part(std::size_t(P_) + 1, 0.0);  // the last: the trunk (rank 0's)
     for (int p = p0_; p < p0_ + np_; ++p)
-      for (Real x : host_vector(head(p, false))) part[std::size_t(p)] += double(x) * double(x);
+      for (Real x : examples::to_host(head(p, false))) part[std::size_t(p)] += double(x) * double(x);
     if (backend_.rank() == 0)
       for (const auto& [name, v] : trunk(false))
-        for (Real x : host_vector(v)) part.back() += double(x) * double(x);
+        for (Real x : examples::to_host(v)) part.back() += double(x) * double(x);
     backend_.allreduce_sum(part.data(), part.size());  // one nonzero term per entry
     double sum = 0;
     for (double x : part) sum += x;
@@ -316,12 +316,6 @@ class Simulation {
   View1 head(int p, bool grads) const {
     const Index h = H_, k = p - p0_;
     return Kokkos::subview(grads ? ghead_ : head_, std::make_pair(k * h, (k + 1) * h));
-  }
-
-  template <class V>
-  static std::vector<Real> host_vector(const V& v) {
-    auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), v);
-    return std::vector<Real>(h.data(), h.data() + h.size());
   }
 
 #if defined(GRADSYNC_HAVE_HDF5)
