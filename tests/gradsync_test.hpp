@@ -10,6 +10,8 @@
 
 #include <gradsync/error.hpp>
 
+#include "kokkos_counts.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <cstddef>

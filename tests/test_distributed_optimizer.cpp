@@ -427,16 +427,6 @@ TEST_CASE("clip_grad_norm: non-finite norms") {
   CHECK_THROWS_AS(dopt.clip_grad_norm(-1.0), gradsync::ConfigError);
 }
 
-namespace {
-std::atomic<long> g_kokkos_allocs{0};
-char g_kokkos_alloc_last[96] = "none";  // the space and label of the last one, for the failure message
-void count_kokkos_alloc(const Kokkos::Tools::SpaceHandle space, const char* label, const void*, std::uint64_t bytes) {
-  ++g_kokkos_allocs;
-  std::snprintf(g_kokkos_alloc_last, sizeof g_kokkos_alloc_last, "%s '%s' %llu bytes", space.name, label,
-                static_cast<unsigned long long>(bytes));
-}
-}  // namespace
-
 TEST_CASE("a shared sync (Sync as a reference type); steady steps allocate nothing") {
   const int rank = world_rank();
   gradsync::Options o;
@@ -458,23 +448,26 @@ TEST_CASE("a shared sync (Sync as a reference type); steady steps allocate nothi
     for (std::size_t i = 0; i < gt.size(); ++i) gt_h(i) = std::cos(rank + p + 0.1 * double(i));
     gradsync_test::upload(gw, gw_h);
     gradsync_test::upload(gt, gt_h);
-    const long heap_before = gradsync_test::heap_allocations(), kokkos_before = g_kokkos_allocs.load();
+    const long heap_before = gradsync_test::heap_allocations();
+    const long kokkos_before = gradsync_test::kokkos_counts().allocations;
     if (dopt.synchronize()) {
       dopt.clip_grad_norm(0.5);
       dopt.apply();
     }
     heap += gradsync_test::heap_allocations() - heap_before;
-    kokkos += g_kokkos_allocs.load() - kokkos_before;
+    kokkos += gradsync_test::kokkos_counts().allocations - kokkos_before;
   };
   pass(0);
-  pass(1);  // the first full cycle builds every plan and table
-  Kokkos::Tools::Experimental::set_allocate_data_callback(count_kokkos_alloc);
+  pass(1);                                    // the first full cycle builds every plan and table
+  REQUIRE(gradsync_test::kokkos_counting());  // Kokkos allocations are counted by the test main
   heap = kokkos = 0;
-  for (int p = 2; p < 12; ++p) pass(p);
-  Kokkos::Tools::Experimental::set_allocate_data_callback(nullptr);
+  {
+    const gradsync_test::DeepCopiesUncounted uncounted;  // Kokkos' own heap use when it reports copies
+    for (int p = 2; p < 12; ++p) pass(p);
+  }
   CAPTURE(heap);
   CAPTURE(kokkos);
-  CAPTURE(std::string(g_kokkos_alloc_last));
+  CAPTURE(gradsync_test::last_kokkos_allocation());
   GRADSYNC_CHECK_ALL(heap == 0 && kokkos == 0);
   GRADSYNC_CHECK_ALL(sync.stats().steps == 6 && dopt.optimizer().step_count(0) == 6);
   GRADSYNC_CHECK_ALL(sync.stats().bytes_allreduced == 6 * 300 * sizeof(double));

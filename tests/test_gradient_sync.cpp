@@ -312,20 +312,11 @@ TEST_CASE("SelfBackend, MPI_COMM_SELF and a split communicator reduce over their
   }
 }
 
-namespace {
-std::atomic<long> g_kokkos_allocs{0};
-char g_kokkos_alloc_last[96] = "none";  // the space and label of the last one, for the failure message
-void count_kokkos_alloc(const Kokkos::Tools::SpaceHandle space, const char* label, const void*, std::uint64_t bytes) {
-  ++g_kokkos_allocs;
-  std::snprintf(g_kokkos_alloc_last, sizeof g_kokkos_alloc_last, "%s '%s' %llu bytes", space.name, label,
-                static_cast<unsigned long long>(bytes));
-}
-}  // namespace
-
 TEST_CASE("no allocation after the first synchronize") {
   using T = float;
   const int rank = world_rank();
-  Kokkos::Tools::Experimental::set_allocate_data_callback(count_kokkos_alloc);
+  REQUIRE(gradsync_test::kokkos_counting());           // Kokkos allocations are counted by the test main
+  const gradsync_test::DeepCopiesUncounted uncounted;  // Kokkos' own heap use when it reports copies
   for (int N : {1, 3}) {
     gradsync::Options opt;
     opt.backward_passes_per_step = N;
@@ -341,16 +332,17 @@ TEST_CASE("no allocation after the first synchronize") {
     int steps = 0;
     for (int p = 1; p <= 12; ++p) {
       fill(m, rank, p);  // the test's own copies to device memory are not counted
-      const long before = gradsync_test::heap_allocations(), kokkos_before = g_kokkos_allocs.load();
+      const long before = gradsync_test::heap_allocations();
+      const long kokkos_before = gradsync_test::kokkos_counts().allocations;
       steps += sync.synchronize();  // checked after the counted region
       heap += gradsync_test::heap_allocations() - before;
-      kokkos += g_kokkos_allocs.load() - kokkos_before;
+      kokkos += gradsync_test::kokkos_counts().allocations - kokkos_before;
     }
     CAPTURE(N);
     CHECK(steps == (13 / N) - (N == 1));  // calls 2..13 complete a step every Nth call
     CAPTURE(heap);
     CAPTURE(kokkos);
-    CAPTURE(std::string(g_kokkos_alloc_last));
+    CAPTURE(gradsync_test::last_kokkos_allocation());
     GRADSYNC_CHECK_ALL(heap == 0);
     GRADSYNC_CHECK_ALL(kokkos == 0);
     GRADSYNC_CHECK_ALL(sync.stats().allocations == after_first.allocations);
@@ -359,7 +351,6 @@ TEST_CASE("no allocation after the first synchronize") {
     const std::size_t expect_buffer = N == 1 ? 1024 : dense_bytes(m);
     GRADSYNC_CHECK_ALL(sync.stats().buffer_bytes >= expect_buffer);
   }
-  Kokkos::Tools::Experimental::set_allocate_data_callback(nullptr);
 }
 
 // Ring sums of ten sizes from 66 KiB to 1.2 MiB, all in flight at once: more sums than the ring's 4

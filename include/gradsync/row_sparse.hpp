@@ -426,17 +426,25 @@ class RowSparseSet {
     v = V(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), std::max<std::size_t>(n, 1));
   }
 
-  // op(pointers) on Views the backend can reach: the Views themselves, or host copies.
-  template <class Backend, class S, class R, class Op>
-  static void reachable(const Backend& b, const S& send, const R& recv, Op&& op) {
+  // v's host mirror, kept in m and made again only when v grew: v itself where MemorySpace is the
+  // host's. A mirror made per step would be a host allocation per step on a GPU.
+  template <class V>
+  static const typename V::HostMirror& mirror(typename V::HostMirror& m, const V& v) {
+    if (!m.data() || m.extent(0) != v.extent(0)) m = Kokkos::create_mirror_view(v);
+    return m;
+  }
+
+  // op(pointers) on Views the backend can reach: the Views themselves, or their host mirrors.
+  template <class Backend, class V, class Op>
+  static void reachable(const Backend& b, const V& send, typename V::HostMirror& send_h, const V& recv,
+                        typename V::HostMirror& recv_h, Op&& op) {
     if (b.template can_access<MemorySpace>()) {
       op(send.data(), recv.data());
       return;
     }
-    auto hs = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), send);
-    auto hr = Kokkos::create_mirror_view(Kokkos::HostSpace(), recv);
-    op(hs.data(), hr.data());
-    Kokkos::deep_copy(recv, hr);
+    Kokkos::deep_copy(mirror(send_h, send), send);
+    op(send_h.data(), mirror(recv_h, recv).data());
+    Kokkos::deep_copy(recv, recv_h);
   }
 
   template <class Backend>
@@ -447,15 +455,17 @@ class RowSparseSet {
     // Every rank's row count, capacity and count of bad row numbers, for every tensor: one allgather.
     grow(counts_, rec * S, "gradsync::row_sparse_counts");
     grow(all_counts_, rec * S * std::size_t(n), "gradsync::row_sparse_counts");
-    auto mine = Kokkos::create_mirror_view(counts_);
+    const auto& mine = mirror(counts_h_, counts_);
     for (std::size_t s = 0; s < S; ++s) {
       mine(rec * s) = dp[s]->rows();
       mine(rec * s + 1) = dp[s]->capacity;
       mine(rec * s + 2) = dp[s]->count_bad(exec);
     }
     Kokkos::deep_copy(counts_, mine);
-    reachable(b, counts_, all_counts_, [&](const std::int64_t* s, std::int64_t* r) { b.allgather(s, r, rec * S); });
-    auto all = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), all_counts_);
+    reachable(b, counts_, counts_h_, all_counts_, all_counts_h_,
+              [&](const std::int64_t* s, std::int64_t* r) { b.allgather(s, r, rec * S); });
+    const auto& all = mirror(all_counts_h_, all_counts_);
+    Kokkos::deep_copy(all, all_counts_);
     const auto at = [&](int r, std::size_t s, std::size_t k) { return all(std::size_t(r) * rec * S + rec * s + k); };
 
     for (std::size_t s = 0; s < S; ++s) {
@@ -507,15 +517,16 @@ class RowSparseSet {
     Kokkos::parallel_for("gradsync::row_sparse_values", sparse_range(exec, widest * w),
                          SparseReadValues<T>{t.values(), val_send_.data(), rows * w, weight});
     fence(exec, label_fence_pack());
-    reachable(b, idx_send_, idx_recv_,
+    reachable(b, idx_send_, idx_send_h_, idx_recv_, idx_recv_h_,
               [&](const std::int64_t* s, std::int64_t* r) { b.allgather(s, r, std::size_t(widest)); });
-    reachable(b, val_send_, val_recv_, [&](const T* s, T* r) { b.allgather(s, r, std::size_t(widest * w)); });
+    reachable(b, val_send_, val_send_h_, val_recv_, val_recv_h_,
+              [&](const T* s, T* r) { b.allgather(s, r, std::size_t(widest * w)); });
     stats.row_sparse_bytes += std::uint64_t(widest) * std::uint64_t(w * std::int64_t(sizeof(T)) + 8);
     stats.row_sparse_collectives += 2;
 
     // Which gathered rows go to which output row: row number, then rank order (host bookkeeping on
     // the row numbers only; the sums run in one kernel).
-    auto h = Kokkos::create_mirror_view(idx_recv_);
+    const auto& h = mirror(idx_recv_h_, idx_recv_);
     Kokkos::deep_copy(h, idx_recv_);
     order_.clear();
     const std::int64_t m = widest * n;
@@ -525,9 +536,9 @@ class RowSparseSet {
     grow(uniq_, order_.size(), "gradsync::row_sparse_rows");
     grow(begin_, order_.size() + 1, "gradsync::row_sparse_rows");
     grow(src_, order_.size(), "gradsync::row_sparse_rows");
-    auto hu = Kokkos::create_mirror_view(uniq_);
-    auto hb = Kokkos::create_mirror_view(begin_);
-    auto hs = Kokkos::create_mirror_view(src_);
+    const auto& hu = mirror(uniq_h_, uniq_);
+    const auto& hb = mirror(begin_h_, begin_);
+    const auto& hs = mirror(src_h_, src_);
     std::int64_t u = 0;
     for (std::size_t q = 0; q < order_.size(); ++q) {
       if (q == 0 || order_[q].first != order_[q - 1].first) {
@@ -558,7 +569,8 @@ class RowSparseSet {
     if (b.template can_access<MemorySpace>()) {
       b.allreduce_sum(dense_.data(), std::size_t(len));
     } else {
-      auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), dense_);
+      const auto& h = mirror(dense_h_, dense_);
+      Kokkos::deep_copy(h, dense_);
       b.allreduce_sum(h.data(), std::size_t(len));
       Kokkos::deep_copy(dense_, h);
     }
@@ -571,6 +583,9 @@ class RowSparseSet {
   std::vector<std::shared_ptr<Base>> all_;
   I64 counts_, all_counts_, idx_send_, idx_recv_, uniq_, begin_, src_;
   Vals val_send_, val_recv_, dense_;
+  // Their host mirrors (the Views themselves in host memory), made when the Views grow.
+  typename I64::HostMirror counts_h_, all_counts_h_, idx_send_h_, idx_recv_h_, uniq_h_, begin_h_, src_h_;
+  typename Vals::HostMirror val_send_h_, val_recv_h_, dense_h_;
   std::vector<std::pair<std::int64_t, std::int64_t>> order_;
 };
 

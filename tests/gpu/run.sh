@@ -137,6 +137,15 @@ skipped=$(grep -E "\(Skipped\)" "$build/ctest.log" | sed 's/^[[:space:]]*//' | t
 cuda_lines=$(grep -E "Test +#[0-9]+: (nccl_backend|gpu_sync)" "$build/ctest.log" |
   sed -E 's/^.*Test +#[0-9]+: //; s/ \.+ *(\*\*\*)?/ /; s/ +/ /g' | tr '\n' ';')
 [ $ctest_rc -eq 0 ] || grep -B2 -A20 -E "\*\*\*Failed|\*\*\*Timeout" "$build/ctest.log" | head -80
+# Each program that timed out, again at 1 rank for 60 s under doctest's XML reporter, which names
+# every test case and subcase as it starts: the last ones named are where it hangs or crawls. Its
+# Kokkos counts (deep copies, launches, allocations per case) are checked on the CPU already.
+for t in $(sed -nE 's/.*Test +#[0-9]+: ([A-Za-z0-9_]+)\.np[0-9]+ .*\*\*\*Timeout.*/\1/p' "$build/ctest.log" | sort -u); do
+  [ -x "$build/tests/test_$t" ] || continue
+  echo "== $t timed out; after 60 s a 1-rank run is in:"
+  (cd "$build" && timeout 60 mpirun -np 1 "./tests/test_$t" -r=xml 2>&1 | grep -E "<TestCase|<SubCase" | tail -4)
+done >"$build/timeouts.log" 2>&1
+cat "$build/timeouts.log"
 
 # ---- 4. the benchmark ----
 t0=$(date +%s)
@@ -182,7 +191,7 @@ if [ -n "${DIAG:-}" ]; then
 fi
 # Where the caller collects results (a batch system's output folder), the logs go there too.
 if [ -n "${OUT:-}" ] && [ -d "${OUT:-}" ]; then
-  cp "$build/ctest.log" "$build/bench.log" "$build/diag.log" "$OUT/" 2>/dev/null
+  cp "$build/ctest.log" "$build/bench.log" "$build/diag.log" "$build/timeouts.log" "$OUT/" 2>/dev/null
   tail -200 "$log" >"$OUT/build-tail.log" 2>/dev/null
 fi
 # Fail when a test failed, when a CUDA test skipped on a GPU machine, or the benchmark failed.
