@@ -171,8 +171,8 @@ namespace cuda {
 // bytes_per_thread bytes (four 16-byte vectors) before storing any. Why: the first H200 run had pack
 // at 63% of cudaMemcpy and unpack at 84%; their kernels (8 scalar values per thread, 64-bit index
 // math per value) took 78 and 64 registers, so 3 and 4 blocks of 256 fit an SM: 24 and 32 KB of
-// loads in flight per SM, the same 3:4 ratio. These take 40 (6 blocks, 96 KB in flight per SM) and
-// move 16-byte vectors (docs/GPU.md has the SASS).
+// loads in flight per SM, the same 3:4 ratio. These take 40 registers (6 blocks, 96 KB in flight per
+// SM) and move 16-byte vectors (docs/GPU.md, "Pack and unpack kernels: what the SASS says").
 inline constexpr unsigned threads_per_block = 256;
 inline constexpr int bytes_per_thread = 64;
 // The other kernels (local, scale, wire): two blocks per segment, a grid-stride loop each.
@@ -183,7 +183,7 @@ inline constexpr int values_per_thread = 8;
 // parallelism), consecutive threads touch consecutive items (coalesced).
 template <bool Acc, class V, class F>
 __device__ __forceinline__ void move_items(const V* __restrict__ in, V* __restrict__ out, std::int64_t n, const F& f) {
-  constexpr int U = bytes_per_thread / int(sizeof(V));
+  constexpr int U = (Acc ? bytes_per_thread / 2 : bytes_per_thread) / int(sizeof(V));  // Acc: in and out loaded
   // A compile-time stride: the k-th item's address is the thread's first plus an immediate offset,
   // so the U loads and stores need one address register pair, not U.
   constexpr std::int64_t step = threads_per_block;

@@ -99,10 +99,12 @@ struct ScaleAddOp {
 // The team form of pack and unpack (device backends; host ones run the plain per-segment loops):
 // out[j] = f(in[j], out[j]) for the n items j (T or Vec16<T>). Thread g of the team range takes the
 // items g, g + G, g + 2G, ... (G = n / U rounded up), U of them, loaded before any is stored; the
-// team's threads touch neighbouring items at each step (coalesced).
+// team's threads touch neighbouring items at each step (coalesced). 64 bytes of loads per thread
+// (Acc: 32 of in, 32 of out); scalars (a misaligned segment) 32, as each costs an address register
+// pair here (a runtime stride) and more would halve the blocks an SM holds.
 template <bool Acc, class V, class Member, class F>
 KOKKOS_INLINE_FUNCTION void team_move_items(const Member& team, const V* in, V* out, std::int64_t n, const F& f) {
-  constexpr int U = int(64 / sizeof(V));  // 64 bytes in flight per thread
+  constexpr int U = int((sizeof(V) < 16 || Acc ? 32 : 64) / sizeof(V));
   const std::int64_t groups = (n + U - 1) / U;
   Kokkos::parallel_for(Kokkos::TeamThreadRange(team, groups), [&](std::int64_t g) {
     V x[U] = {}, old[U] = {};  // every use is under its load's condition; GCC cannot tell
@@ -118,6 +120,10 @@ KOKKOS_INLINE_FUNCTION void team_move_items(const Member& team, const V* in, V* 
 
 template <bool Acc, class T, class Member, class F>
 KOKKOS_INLINE_FUNCTION void team_move(const Member& team, const T* in, T* out, std::int64_t n, const F& f) {
+#if defined(__CUDA_ARCH__)
+  // Segment pointers are read from memory: say they are global, for LDG/STG instead of generic LD/ST.
+  __builtin_assume(__isGlobal(in) && __isGlobal(out));
+#endif
   const VectorSplit sp = vector_split(in, out, n);
   if (sp.vectors < 0) return team_move_items<Acc>(team, in, out, n, f);
   // Head and tail: fewer than 2 * width scalars.
