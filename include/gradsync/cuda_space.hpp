@@ -167,63 +167,77 @@ struct team_member<CudaStream> {
 #if defined(__CUDACC__)
 namespace cuda {
 
-// Grid: x = segment, y = enough blocks to cover the longest segment (max_segment_elements values)
-// in one pass. Each thread loads its values_per_thread values before storing any, so that many
-// loads are in flight (memory-level parallelism close to cudaMemcpy's), with coalesced accesses.
+// Pack and unpack: one block per segment of floats (two for doubles), 256 threads, each loading
+// bytes_per_thread bytes (four 16-byte vectors) before storing any. Why: the first H200 run had pack
+// at 63% of cudaMemcpy and unpack at 84%; their kernels (8 scalar values per thread, 64-bit index
+// math per value) took 78 and 64 registers, so 3 and 4 blocks of 256 fit an SM: 24 and 32 KB of
+// loads in flight per SM, the same 3:4 ratio. These take 40 registers (6 blocks, 96 KB in flight per
+// SM) and move 16-byte vectors (docs/GPU.md, "Pack and unpack kernels: what the SASS says").
 inline constexpr unsigned threads_per_block = 256;
+inline constexpr int bytes_per_thread = 64;
+// The other kernels (local, scale, wire): two blocks per segment, a grid-stride loop each.
 inline constexpr int values_per_thread = 8;
 
-template <class T>
-__global__ void pack(const Segment<T>* segs, T* buf, std::int64_t first_seg, std::int64_t base, T pre, bool acc) {
-  constexpr int V = values_per_thread;
-  const Segment<T> s = segs[first_seg + blockIdx.x];
-  T* const out = buf + (s.off - base);
-  const T* const in = s.ptr;
-  const std::int64_t step = std::int64_t(blockDim.x);
-  for (std::int64_t start = std::int64_t(blockIdx.y) * step * V + threadIdx.x; start < s.count;
-       start += std::int64_t(gridDim.y) * step * V) {
-    T v[V];
+// out[j] = f(in[j], out[j] if Acc) for j < n items V (a T or a Vec16<T>), by this block of the
+// segment's gridDim.y: every load of a thread is issued before its first store (memory-level
+// parallelism), consecutive threads touch consecutive items (coalesced).
+template <bool Acc, class V, class F>
+__device__ __forceinline__ void move_items(const V* __restrict__ in, V* __restrict__ out, std::int64_t n, const F& f) {
+  constexpr int U = (Acc ? bytes_per_thread / 2 : bytes_per_thread) / int(sizeof(V));  // Acc: in and out loaded
+  // A compile-time stride: the k-th item's address is the thread's first plus an immediate offset,
+  // so the U loads and stores need one address register pair, not U.
+  constexpr std::int64_t step = threads_per_block;
+  for (std::int64_t j = std::int64_t(blockIdx.y) * step * U + threadIdx.x; j < n;
+       j += std::int64_t(gridDim.y) * step * U) {
+    const V* const src = in + j;
+    V* const dst = out + j;
+    const std::int64_t left = n - j;
+    V x[U], old[U];
 #pragma unroll
-    for (int k = 0; k < V; ++k) {
-      const std::int64_t i = start + k * step;
-      v[k] = i < s.count ? pre * in[i] : T(0);
-    }
-    if (acc) {
+    for (int k = 0; k < U; ++k)
+      if (k * step < left) x[k] = src[k * step];
 #pragma unroll
-      for (int k = 0; k < V; ++k) {
-        const std::int64_t i = start + k * step;
-        if (i < s.count) v[k] = out[i] + v[k];
-      }
-    }
+    for (int k = 0; k < U; ++k)
+      if (Acc && k * step < left) old[k] = dst[k * step];
 #pragma unroll
-    for (int k = 0; k < V; ++k) {
-      const std::int64_t i = start + k * step;
-      if (i < s.count) out[i] = v[k];
-    }
+    for (int k = 0; k < U; ++k)
+      if (k * step < left) dst[k * step] = apply_op(f, x[k], Acc ? old[k] : x[k]);
   }
 }
 
-template <class T>
-__global__ void unpack(const Segment<T>* segs, const T* buf, std::int64_t first_seg, std::int64_t base, T f) {
-  constexpr int V = values_per_thread;
-  const Segment<T> s = segs[first_seg + blockIdx.x];
-  const T* const in = buf + (s.off - base);
-  T* const out = s.ptr;
-  const std::int64_t step = std::int64_t(blockDim.x);
-  for (std::int64_t start = std::int64_t(blockIdx.y) * step * V + threadIdx.x; start < s.count;
-       start += std::int64_t(gridDim.y) * step * V) {
-    T v[V];
-#pragma unroll
-    for (int k = 0; k < V; ++k) {
-      const std::int64_t i = start + k * step;
-      v[k] = i < s.count ? in[i] : T(0);
-    }
-#pragma unroll
-    for (int k = 0; k < V; ++k) {
-      const std::int64_t i = start + k * step;
-      if (i < s.count) out[i] = f * v[k];
-    }
+// out[i] = f(in[i], out[i]) for the n values of one segment, in 16-byte vectors where in and out
+// allow (vector_split), the scalars before the first vector and after the last by block 0; in
+// scalars otherwise (a misaligned subview).
+template <bool Acc, class T, class F>
+__device__ __forceinline__ void move_segment(const T* in, T* out, std::int64_t n, const F& f) {
+  // Segment pointers are read from memory: say they are global, for LDG/STG instead of generic LD/ST.
+  __builtin_assume(__isGlobal(in) && __isGlobal(out));
+  const VectorSplit sp = vector_split(in, out, n);
+  if (sp.vectors < 0) return move_items<Acc>(in, out, n, f);
+  if (blockIdx.y == 0 && threadIdx.x < 2 * Vec16<T>::width) {  // fewer than 2 * width scalars
+    const std::int64_t t = threadIdx.x, i = t < sp.head ? t : sp.tail + t - sp.head;
+    if (i < n) out[i] = f(in[i], Acc ? out[i] : T(0));
   }
+  move_items<Acc>(reinterpret_cast<const Vec16<T>*>(in + sp.head), reinterpret_cast<Vec16<T>*>(out + sp.head),
+                  sp.vectors, f);
+}
+
+// Launched with threads_per_block threads (move_items relies on it).
+template <class T, bool Acc>
+__global__ void __launch_bounds__(threads_per_block)
+    pack(const Segment<T>* segs, T* buf, std::int64_t first_seg, std::int64_t base, T pre) {
+  const Segment<T> s = segs[first_seg + blockIdx.x];
+  if constexpr (Acc)
+    move_segment<true>(s.ptr, buf + (s.off - base), s.count, ScaleAddOp<T>{pre});
+  else
+    move_segment<false>(s.ptr, buf + (s.off - base), s.count, ScaleOp<T>{pre});
+}
+
+template <class T>
+__global__ void __launch_bounds__(threads_per_block)
+    unpack(const Segment<T>* segs, const T* buf, std::int64_t first_seg, std::int64_t base, T f) {
+  const Segment<T> s = segs[first_seg + blockIdx.x];
+  move_segment<false>(buf + (s.off - base), s.ptr, s.count, ScaleOp<T>{f});
 }
 
 template <class T>
@@ -290,6 +304,13 @@ inline dim3 grid(std::int64_t nsegs) {
   const std::int64_t y = (max_segment_elements + per_block - 1) / per_block;
   return dim3(unsigned(nsegs), unsigned(y < 1 ? 1 : y));
 }
+// Pack and unpack: enough blocks per segment for max_segment_elements values in one pass.
+template <class T>
+dim3 move_grid(std::int64_t nsegs) {
+  constexpr std::int64_t per_block = std::int64_t(threads_per_block) * bytes_per_thread / std::int64_t(sizeof(T));
+  const std::int64_t y = (max_segment_elements + per_block - 1) / per_block;
+  return dim3(unsigned(nsegs), unsigned(y < 1 ? 1 : y));
+}
 
 template <class T, class M>
 void launch(cudaStream_t s, std::int64_t nsegs, const PackKernel<T, CudaStream, M>& k) {
@@ -299,9 +320,12 @@ void launch(cudaStream_t s, std::int64_t nsegs, const PackKernel<T, CudaStream, 
   else if (k.format == Compression::bf16)
     pack_wire<T, WireBf16><<<grid(nsegs), threads_per_block, 0, s>>>(
         k.segs.data(), k.buf.data(), k.wire.data(), k.residual.data(), k.first_seg, k.base, k.prescale, k.accumulate);
+  else if (k.accumulate)
+    pack<T, true><<<move_grid<T>(nsegs), threads_per_block, 0, s>>>(k.segs.data(), k.buf.data(), k.first_seg, k.base,
+                                                                    k.prescale);
   else
-    pack<T><<<grid(nsegs), threads_per_block, 0, s>>>(k.segs.data(), k.buf.data(), k.first_seg, k.base, k.prescale,
-                                                      k.accumulate);
+    pack<T, false><<<move_grid<T>(nsegs), threads_per_block, 0, s>>>(k.segs.data(), k.buf.data(), k.first_seg, k.base,
+                                                                     k.prescale);
 }
 template <class T, class M>
 void launch(cudaStream_t s, std::int64_t nsegs, const UnpackKernel<T, CudaStream, M>& k) {
@@ -312,7 +336,8 @@ void launch(cudaStream_t s, std::int64_t nsegs, const UnpackKernel<T, CudaStream
     unpack_wire<T, WireBf16><<<grid(nsegs), threads_per_block, 0, s>>>(k.segs.data(), k.wire.data(), k.first_seg,
                                                                        k.base, k.factor, k.overflow.data());
   else
-    unpack<T><<<grid(nsegs), threads_per_block, 0, s>>>(k.segs.data(), k.buf.data(), k.first_seg, k.base, k.factor);
+    unpack<T>
+        <<<move_grid<T>(nsegs), threads_per_block, 0, s>>>(k.segs.data(), k.buf.data(), k.first_seg, k.base, k.factor);
 }
 template <class T, class M>
 void launch(cudaStream_t s, std::int64_t nsegs, const LocalKernel<T, CudaStream, M>& k) {

@@ -42,6 +42,99 @@ struct staging_space<Kokkos::CudaSpace> {
 template <class MemorySpace>
 using staging_space_t = typename staging_space<MemorySpace>::type;
 
+// Pack and unpack move a segment in 16-byte vectors where its source and destination lie at the same
+// offset modulo 16 (always, for tensors whose sizes are multiples of 16 bytes and 16-byte-aligned
+// allocations): 128-bit loads and stores on GPUs, a quarter of the instructions of 32-bit ones.
+// Each thread loads all its values before storing any, so that a GPU has enough bytes in flight to
+// approach cudaMemcpy's bandwidth (docs/GPU.md, "Pack and unpack kernels: what the SASS says").
+// Reading a T array through Vec16 is what CUDA's float4 loads do; GCC and Clang treat an aggregate
+// of T as aliasing T.
+template <class T>
+struct alignas(16) Vec16 {
+  static_assert(16 % sizeof(T) == 0, "a value type that divides 16 bytes");
+  static constexpr int width = int(16 / sizeof(T));
+  T v[width];
+};
+
+// f on one value, or on each value of a vector; `old` is what the destination held (for f's that
+// accumulate, else unused).
+template <class F, class T>
+GRADSYNC_HOST_DEVICE T apply_op(const F& f, T x, T old) {
+  return f(x, old);
+}
+template <class F, class T>
+GRADSYNC_HOST_DEVICE Vec16<T> apply_op(const F& f, Vec16<T> x, Vec16<T> old) {
+  for (int l = 0; l < Vec16<T>::width; ++l) x.v[l] = f(x.v[l], old.v[l]);
+  return x;
+}
+
+/// How the n values of a segment split into `head` scalars, `vectors` Vec16 from in + head and
+/// out + head, and the scalars from `tail` to n (fewer than head + width of them in all).
+/// `vectors` is -1 when in and out lie at different offsets modulo 16: all scalars.
+struct VectorSplit {
+  std::int64_t head, vectors, tail;
+};
+template <class T>
+GRADSYNC_HOST_DEVICE VectorSplit vector_split(const T* in, const T* out, std::int64_t n) {
+  const auto a = reinterpret_cast<std::uintptr_t>(in);
+  if (((a ^ reinterpret_cast<std::uintptr_t>(out)) & 15) != 0) return VectorSplit{0, -1, n};
+  const std::int64_t to_boundary = std::int64_t(((16 - (a & 15)) & 15) / sizeof(T));
+  const std::int64_t head = to_boundary < n ? to_boundary : n;
+  const std::int64_t vectors = (n - head) / Vec16<T>::width;
+  return VectorSplit{head, vectors, head + vectors * Vec16<T>::width};
+}
+
+// The per-value operations of pack (no accumulation, accumulation) and unpack.
+template <class T>
+struct ScaleOp {
+  T f;
+  GRADSYNC_HOST_DEVICE T operator()(T x, T) const { return f * x; }
+};
+template <class T>
+struct ScaleAddOp {
+  T f;
+  GRADSYNC_HOST_DEVICE T operator()(T x, T old) const { return old + f * x; }
+};
+
+// The team form of pack and unpack (device backends; host ones run the plain per-segment loops):
+// out[j] = f(in[j], out[j]) for the n items j (T or Vec16<T>). Thread g of the team range takes the
+// items g, g + G, g + 2G, ... (G = n / U rounded up), U of them, loaded before any is stored; the
+// team's threads touch neighbouring items at each step (coalesced). 64 bytes of loads per thread
+// (Acc: 32 of in, 32 of out); scalars (a misaligned segment) 32, as each costs an address register
+// pair here (a runtime stride) and more would halve the blocks an SM holds.
+template <bool Acc, class V, class Member, class F>
+KOKKOS_INLINE_FUNCTION void team_move_items(const Member& team, const V* in, V* out, std::int64_t n, const F& f) {
+  constexpr int U = int((sizeof(V) < 16 || Acc ? 32 : 64) / sizeof(V));
+  const std::int64_t groups = (n + U - 1) / U;
+  Kokkos::parallel_for(Kokkos::TeamThreadRange(team, groups), [&](std::int64_t g) {
+    V x[U] = {}, old[U] = {};  // every use is under its load's condition; GCC cannot tell
+    for (int k = 0; k < U; ++k)
+      if (g + k * groups < n) x[k] = in[g + k * groups];
+    if constexpr (Acc)
+      for (int k = 0; k < U; ++k)
+        if (g + k * groups < n) old[k] = out[g + k * groups];
+    for (int k = 0; k < U; ++k)
+      if (g + k * groups < n) out[g + k * groups] = apply_op(f, x[k], Acc ? old[k] : x[k]);
+  });
+}
+
+template <bool Acc, class T, class Member, class F>
+KOKKOS_INLINE_FUNCTION void team_move(const Member& team, const T* in, T* out, std::int64_t n, const F& f) {
+#if defined(__CUDA_ARCH__)
+  // Segment pointers are read from memory: say they are global, for LDG/STG instead of generic LD/ST.
+  __builtin_assume(__isGlobal(in) && __isGlobal(out));
+#endif
+  const VectorSplit sp = vector_split(in, out, n);
+  if (sp.vectors < 0) return team_move_items<Acc>(team, in, out, n, f);
+  // Head and tail: fewer than 2 * width scalars.
+  Kokkos::parallel_for(Kokkos::TeamThreadRange(team, 2 * Vec16<T>::width), [&](std::int64_t t) {
+    const std::int64_t i = t < sp.head ? t : sp.tail + t - sp.head;
+    if (i < n) out[i] = f(in[i], Acc ? out[i] : T(0));
+  });
+  team_move_items<Acc>(team, reinterpret_cast<const Vec16<T>*>(in + sp.head),
+                       reinterpret_cast<Vec16<T>*>(out + sp.head), sp.vectors, f);
+}
+
 // One value of a compressed chunk to the wire: prescale * in[i] (+ the sum of earlier passes, + this
 // rank's residual), rounded once; the residual keeps what the rounding dropped. Free functions, so
 // that the raw CUDA kernels (cuda_space.hpp) share them.
@@ -88,12 +181,10 @@ struct PackKernel {
     if (format == Compression::fp16) return team_wire<WireFp16>(team, s);
     if (format == Compression::bf16) return team_wire<WireBf16>(team, s);
     T* const out = buf.data() + (s.off - base);
-    const T* const in = s.ptr;
-    const T pre = prescale;
     if (accumulate)
-      Kokkos::parallel_for(Kokkos::TeamThreadRange(team, s.count), [&](std::int64_t i) { out[i] += pre * in[i]; });
+      team_move<true>(team, s.ptr, out, s.count, ScaleAddOp<T>{prescale});
     else
-      Kokkos::parallel_for(Kokkos::TeamThreadRange(team, s.count), [&](std::int64_t i) { out[i] = pre * in[i]; });
+      team_move<false>(team, s.ptr, out, s.count, ScaleOp<T>{prescale});
   }
 
   // Host execution spaces: one iteration per segment, a plain loop the compiler vectorizes.
@@ -166,10 +257,7 @@ struct UnpackKernel {
     const Segment<T> s = segs(k);
     if (format == Compression::fp16) return team_wire<WireFp16>(team, s, k);
     if (format == Compression::bf16) return team_wire<WireBf16>(team, s, k);
-    const T* const in = buf.data() + (s.off - base);
-    T* const out = s.ptr;
-    const T f = factor;
-    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, s.count), [&](std::int64_t i) { out[i] = f * in[i]; });
+    team_move<false>(team, buf.data() + (s.off - base), s.ptr, s.count, ScaleOp<T>{factor});
   }
 
   KOKKOS_INLINE_FUNCTION void operator()(const std::int64_t k) const {
