@@ -31,7 +31,9 @@ struct KokkosCounts {
   }
   /// Device time these events would take on a GPU build, in seconds: a deep copy is a fence and a
   /// transfer (taken as 25 us), a launch about 6 us, an allocation (cudaMalloc) about 50 us.
-  double device_seconds() const { return 25e-6 * double(deep_copies) + 6e-6 * double(launches) + 50e-6 * double(allocations); }
+  double device_seconds() const {
+    return 25e-6 * double(deep_copies) + 6e-6 * double(launches) + 50e-6 * double(allocations);
+  }
 };
 
 /// The counts so far.

@@ -10,11 +10,14 @@ using gradsync_test::kokkos_counts;
 TEST_CASE("the test main counts each deep copy, launch and allocation once") {
   REQUIRE(gradsync_test::kokkos_counting());
   double sum = 0;  // a first reduction, before counting: Kokkos allocates its reduction scratch once
-  Kokkos::parallel_reduce("warm", Kokkos::RangePolicy<>(0, 8), KOKKOS_LAMBDA(int i, double& s) { s += i; }, sum);
+  Kokkos::parallel_reduce(
+      "warm", Kokkos::RangePolicy<>(0, 8), KOKKOS_LAMBDA(int i, double& s) { s += i; }, sum);
   const auto before = kokkos_counts();
   Kokkos::View<double*> v(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("counted_view")), 8);
-  Kokkos::parallel_for("fill", Kokkos::RangePolicy<>(0, 8), KOKKOS_LAMBDA(int i) { v(i) = i; });
-  Kokkos::parallel_reduce("sum", Kokkos::RangePolicy<>(0, 8), KOKKOS_LAMBDA(int i, double& s) { s += v(i); }, sum);
+  Kokkos::parallel_for(
+      "fill", Kokkos::RangePolicy<>(0, 8), KOKKOS_LAMBDA(int i) { v(i) = i; });
+  Kokkos::parallel_reduce(
+      "sum", Kokkos::RangePolicy<>(0, 8), KOKKOS_LAMBDA(int i, double& s) { s += v(i); }, sum);
   double x = 0;
   Kokkos::deep_copy(x, Kokkos::subview(v, 3));  // one value
   const auto h = Kokkos::create_mirror_view(Kokkos::HostSpace(), v);
@@ -36,7 +39,8 @@ TEST_CASE("the test main counts each deep copy, launch and allocation once") {
   // The 8 values, and on a device build their mirror.
   const bool mirror_allocated = h.data() != v.data();
   CHECK(d.allocations == (mirror_allocated ? 2 : 1));
-  CHECK(gradsync_test::has(gradsync_test::last_kokkos_allocation(), mirror_allocated ? "counted_view" : "'counted_view' 64 bytes"));
+  CHECK(gradsync_test::has(gradsync_test::last_kokkos_allocation(),
+                           mirror_allocated ? "counted_view" : "'counted_view' 64 bytes"));
   CHECK(d.device_seconds() == doctest::Approx(2 * 25e-6 + 2 * 6e-6 + double(d.allocations) * 50e-6));
 }
 

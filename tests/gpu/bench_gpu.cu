@@ -193,6 +193,19 @@ int main(int argc, char** argv) {
       const std::string note = std::to_string(sizes.size()) + " tensors, " + std::to_string(nsegs) + " segments";
       rows.push_back({std::string("pack kernel/") + kind, note, bytes, t_pack, t_copy, 0.8});
       rows.push_back({std::string("unpack kernel/") + kind, note, bytes, t_unpack, t_copy, 0.8});
+      // One launch of a one-segment kernel and a fence, as a small sync issues them, on the host's
+      // clock. The first GPU run's timeouts were exactly the two test programs with the most launches
+      // (gradient_sync 90,000-95,000, overlap 53,000-67,000; the next, 19,000, passed): they fit about
+      // 1.3-1.8 ms per launch, where a launch should cost microseconds (docs/GPU.md).
+      const int launches = 2000;
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int k = 0; k < launches; ++k) {
+        launch_per_segment(label_pack(), exec, 1, pack);
+        exec.fence();
+      }
+      const double t_launch = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / launches;
+      rows.push_back({std::string("launch+fence/") + kind, "one segment; ms per launch, host clock",
+                      double(plan.segments[0].count * std::int64_t(sizeof(T))), t_launch, -1});
     };
     time_kernels("cuda", gradsync::CudaStream(s), gradsync::CudaDeviceSpace{});
 #if defined(KOKKOS_ENABLE_CUDA)
