@@ -54,8 +54,8 @@ int MPI_Allgather(const void* s, int sn, MPI_Datatype st, void* r, int rn, MPI_D
   return finish(PMPI_Iallgather(s, sn, st, r, rn, rt, c, &q), &q);
 }
 
-int MPI_Allgatherv(const void* s, int sn, MPI_Datatype st, void* r, const int* rn, const int* displs,
-                   MPI_Datatype rt, MPI_Comm c) {
+int MPI_Allgatherv(const void* s, int sn, MPI_Datatype st, void* r, const int* rn, const int* displs, MPI_Datatype rt,
+                   MPI_Comm c) {
   MPI_Request q;
   return finish(PMPI_Iallgatherv(s, sn, st, r, rn, displs, rt, c, &q), &q);
 }
