@@ -9,10 +9,12 @@ endif()
 # chosen for the MPI implementation CMake found (GRADSYNC_MPI_IMPL: openmpi, mpich or unknown):
 # - Open MPI: root needs the allow-run-as-root pair, a 2-core machine needs --oversubscribe for 3
 #   and 4 ranks, and idle ranks should yield (mpi_yield_when_idle) so oversubscription works.
-# - MPICH (Hydra, and its derivatives): oversubscribes without a flag and refuses Open MPI's. It has
-#   no yield setting that works here: MPIR_CVAR_POLLS_BEFORE_YIELD (ch3's) changed nothing measurable
-#   with Debian's MPICH 4.0.2 (ch4:ucx; test_checks on 4 ranks, 2 cores: 18.2-18.7 s without, 16.8-19.6 s
-#   with =1), so none is set; gradsync's own waits yield after 10 ms (impl/stall.hpp).
+# - MPICH (Hydra, and its derivatives): oversubscribes without a flag and refuses Open MPI's. Its
+#   blocking calls never yield (ch4: no setting does; MPIR_CVAR_POLLS_BEFORE_YIELD is ch3's,
+#   MPI_THREAD_MULTIPLE and MPIR_CVAR_ASYNC_PROGRESS measured no better or worse), so the ranks'
+#   environment preloads tests/tools/mpich_yield.cpp (GRADSYNC_TEST_MPICH_YIELD), which waits for
+#   the nonblocking forms with a yield between tests; gradsync's own waits yield by themselves
+#   (Tuning::spin_before_yield). docs/COMPATIBILITY.md, MPICH, has the measurements.
 # With a Kokkos OpenMP backend, idle OpenMP threads spin by default; with more ranks x threads than
 # cores they starve the ranks' MPI progress (gradient_sync.np3, 2 threads each, on 2 cores: over
 # 200 s spinning, 2.6 s passive), so the tests' threads sleep when idle and are not pinned.
@@ -39,7 +41,13 @@ if(GRADSYNC_MPI_IMPL STREQUAL "openmpi")
   set(GRADSYNC_MPI_ENV
     "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMPI_MCA_mpi_yield_when_idle=1;OMPI_MCA_rmaps_base_oversubscribe=1")
 elseif(GRADSYNC_MPI_IMPL STREQUAL "mpich")
+  option(GRADSYNC_TEST_MPICH_YIELD "MPICH: the test ranks' blocking MPI calls yield while they wait (tests/tools/mpich_yield.cpp)" ON)
   set(_gradsync_flags "")
+  if(GRADSYNC_TEST_MPICH_YIELD AND GRADSYNC_BUILD_TESTS)
+    # -genv: the ranks only, not mpiexec, Hydra's proxies or the cmake scripts some tests run.
+    set(GRADSYNC_MPICH_YIELD_LIB "${PROJECT_BINARY_DIR}/tests/libgradsync_mpich_yield.so")
+    set(_gradsync_flags "-genv LD_PRELOAD ${GRADSYNC_MPICH_YIELD_LIB}")
+  endif()
   set(GRADSYNC_MPI_ENV "")
 else()
   set(_gradsync_flags "")

@@ -469,6 +469,7 @@ TEST_CASE("invalid options are ConfigErrors naming the option") {
   bad([](gradsync::Options& o) { o.postscale_factor = -0.5; }, "postscale_factor must be finite and >= 0");
   bad([](gradsync::Options& o) { o.stall_timeout = -1; }, "stall_timeout must be finite and >= 0");
   bad([&](gradsync::Options& o) { o.tuning.stall_warning = nan; }, "stall_warning must be finite and >= 0");
+  bad([](gradsync::Options& o) { o.tuning.spin_before_yield = -0.5; }, "spin_before_yield must be finite and >= 0");
   bad([](gradsync::Options& o) { o.tuning.max_chunks_in_flight = -1; },
       "max_chunks_in_flight must be >= 0 (0: by topology), got -1");
 }
@@ -551,7 +552,7 @@ TEST_CASE("GRADSYNC_* environment variables override the code; malformed values 
     EnvVar a("GRADSYNC_FUSION_THRESHOLD", "64K"), b("GRADSYNC_BACKWARD_PASSES_PER_STEP", "3"),
         c("GRADSYNC_STALL_TIMEOUT_S", "12.5"), d("GRADSYNC_STALL_WARNING_S", "2"), e("GRADSYNC_STALL_ACTION", "abort"),
         f("GRADSYNC_CONSISTENCY_CHECK", "every_step"), g("GRADSYNC_CHECK_FINITE", "on"),
-        h("GRADSYNC_HOST_STAGING", "always");
+        h("GRADSYNC_HOST_STAGING", "always"), i("GRADSYNC_SPIN_BEFORE_YIELD_S", "0.001");
     Sync sync(gradsync::MpiBackend(MPI_COMM_WORLD), base);
     const gradsync::Options& o = sync.options();
     CHECK(o.tuning.fusion_threshold_bytes == 65536);
@@ -562,6 +563,14 @@ TEST_CASE("GRADSYNC_* environment variables override the code; malformed values 
     CHECK(o.tuning.consistency_check == gradsync::CheckMode::every_step);
     CHECK(o.check_finite);
     CHECK(o.tuning.host_staging == gradsync::HostStaging::always);
+    CHECK(o.tuning.spin_before_yield == 0.001);
+    {
+      gradsync::Options fixed = base;
+      fixed.tuning.spin_before_yield = 0;
+      EnvVar j("GRADSYNC_SPIN_BEFORE_YIELD_S", "auto");
+      Sync s(gradsync::MpiBackend(MPI_COMM_WORLD), fixed);
+      CHECK(s.options().tuning.spin_before_yield == gradsync::spin_before_yield_auto);
+    }
     gradsync::Options off = base;
     off.tuning.read_environment = false;
     Sync plain(gradsync::MpiBackend(MPI_COMM_WORLD), off);
@@ -575,7 +584,8 @@ TEST_CASE("GRADSYNC_* environment variables override the code; malformed values 
         {"GRADSYNC_STALL_TIMEOUT_S", "-1"},         {"GRADSYNC_STALL_TIMEOUT_S", "nan"},
         {"GRADSYNC_STALL_WARNING_S", "soon"},       {"GRADSYNC_STALL_ACTION", "explode"},
         {"GRADSYNC_CONSISTENCY_CHECK", "always"},   {"GRADSYNC_CHECK_FINITE", "maybe"},
-        {"GRADSYNC_HOST_STAGING", "sometimes"},     {"GRADSYNC_STALL_TIMEOUT_S", ""}};
+        {"GRADSYNC_HOST_STAGING", "sometimes"},     {"GRADSYNC_STALL_TIMEOUT_S", ""},
+        {"GRADSYNC_SPIN_BEFORE_YIELD_S", "-1"},     {"GRADSYNC_SPIN_BEFORE_YIELD_S", "fast"}};
     for (const auto& var_value : cases) {
       const char* const var = var_value.first;
       const char* const value = var_value.second;

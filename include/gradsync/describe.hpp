@@ -194,8 +194,12 @@ inline std::string describe_summary(const SyncSummary& s) {
      << impl::to_text(o.tuning.huge_pages) << ", consistency_check " << impl::to_text(o.tuning.consistency_check)
      << ", check_finite " << impl::to_text(o.check_finite) << ", stall_timeout " << o.stall_timeout
      << " s, stall_warning " << o.tuning.stall_warning << " s, stall_action "
-     << (o.tuning.stall_action == StallAction::abort ? "abort" : "throw") << ", compression "
-     << to_string(o.compression) << ", error_feedback " << impl::to_text(o.error_feedback);
+     << (o.tuning.stall_action == StallAction::abort ? "abort" : "throw") << ", spin_before_yield ";
+  if (o.tuning.spin_before_yield == spin_before_yield_auto)
+    os << "auto";
+  else
+    os << o.tuning.spin_before_yield << " s";
+  os << ", compression " << to_string(o.compression) << ", error_feedback " << impl::to_text(o.error_feedback);
   return os.str();
 }
 

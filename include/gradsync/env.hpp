@@ -43,6 +43,8 @@ inline const std::vector<EnvVar>& known_env_vars() {
       {"GRADSYNC_STALL_TIMEOUT_S", "stall_timeout", "seconds >= 0; 0 waits forever"},
       {"GRADSYNC_STALL_WARNING_S", "tuning.stall_warning", "seconds >= 0; 0 no warning"},
       {"GRADSYNC_STALL_ACTION", "tuning.stall_action", "throw, abort"},
+      {"GRADSYNC_SPIN_BEFORE_YIELD_S", "tuning.spin_before_yield",
+       "auto, or seconds >= 0; 0 yields after every poll that finds the collective unfinished"},
       {"GRADSYNC_CONSISTENCY_CHECK", "tuning.consistency_check", "off, on_change, every_step"},
       {"GRADSYNC_CHECK_FINITE", "check_finite", "1/0, true/false, on/off, yes/no"},
       {"GRADSYNC_ALGORITHM", "tuning.algorithm", "auto, flat, hierarchical"},
@@ -226,6 +228,7 @@ inline LogLevel env_log_level() {
 ///   GRADSYNC_STALL_TIMEOUT_S           stall_timeout (seconds, 0 = wait forever)
 ///   GRADSYNC_STALL_WARNING_S           stall_warning (seconds, 0 = no warning)
 ///   GRADSYNC_STALL_ACTION              stall_action: throw | abort
+///   GRADSYNC_SPIN_BEFORE_YIELD_S       spin_before_yield: auto | seconds (0 = yield at once)
 ///   GRADSYNC_CONSISTENCY_CHECK         consistency_check: off | on_change | every_step
 ///   GRADSYNC_CHECK_FINITE              check_finite: 1/0, true/false, on/off, yes/no
 ///   GRADSYNC_HOST_STAGING              host_staging: auto | always | never
@@ -244,6 +247,12 @@ inline Options apply_env(Options o) {
   static const char* const actions[] = {"throw", "abort", nullptr};
   if (impl::env_parse_choice("GRADSYNC_STALL_ACTION", i, actions, "one of: throw, abort"))
     o.tuning.stall_action = StallAction(i);
+  if (const char* v = impl::env_value("GRADSYNC_SPIN_BEFORE_YIELD_S")) {
+    if (std::string(v) == "auto")
+      o.tuning.spin_before_yield = spin_before_yield_auto;
+    else
+      impl::env_parse_seconds("GRADSYNC_SPIN_BEFORE_YIELD_S", o.tuning.spin_before_yield);
+  }
   static const char* const modes[] = {"off", "on_change", "every_step", nullptr};
   if (impl::env_parse_choice("GRADSYNC_CONSISTENCY_CHECK", i, modes, "one of: off, on_change, every_step"))
     o.tuning.consistency_check = CheckMode(i);

@@ -725,6 +725,9 @@ class GradientSync {
     if (bad(o.tuning.stall_warning))
       throw ConfigError(
           impl::cat("stall_warning must be finite and >= 0 seconds (0: no warning), got ", o.tuning.stall_warning));
+    if (bad(o.tuning.spin_before_yield) && o.tuning.spin_before_yield != spin_before_yield_auto)
+      throw ConfigError(impl::cat("spin_before_yield must be finite and >= 0 seconds, or spin_before_yield_auto, got ",
+                                  o.tuning.spin_before_yield));
   }
 
   // Local checks, then the agreement before the exchange (agree_before_exchange; on the blocking

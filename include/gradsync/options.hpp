@@ -72,6 +72,10 @@ inline constexpr std::size_t fusion_threshold_auto = ~std::size_t(0);
 /// (docs/BENCHMARKS.md, "Across hosts").
 inline constexpr std::size_t fusion_threshold_by_topology = ~std::size_t(0) - 1;
 
+/// Options::tuning.spin_before_yield = spin_before_yield_auto (the default): no spinning where this
+/// node runs more of the communicator's ranks than it has CPUs, else 50 microseconds.
+inline constexpr double spin_before_yield_auto = -1.0;
+
 /// The knobs a program rarely sets: how the plan fuses, orders and moves the gradients, and the
 /// diagnostics. The defaults decide by topology and measurement (docs/TUNING.md); set one to
 /// reproduce a measurement, to work around a machine, or to trace a run. Every one has its
@@ -112,6 +116,12 @@ struct Tuning {
   double stall_warning = 60.0;
   /// What a passed deadline does: throw a StallError on the waiting ranks (the default) or MPI_Abort.
   StallAction stall_action = StallAction::throw_error;
+  /// Seconds a rank waiting for a collective polls MPI back to back before it yields the core
+  /// between polls (sched_yield): spinning answers fastest on a core of its own, yielding lets the
+  /// ranks of an oversubscribed node progress. spin_before_yield_auto (the default): 0 where the
+  /// node runs more of the communicator's ranks than it has CPUs, else 50e-6. Only gradsync's own
+  /// waits: MPI's blocking calls wait as the MPI does. GRADSYNC_SPIN_BEFORE_YIELD_S.
+  double spin_before_yield = spin_before_yield_auto;
   /// A path: each rank writes a Chrome trace of every synchronize() there (".rank<r>" inserted before
   /// the extension with several ranks; docs/TIMELINE.md). Null or empty: nothing is recorded. Copied
   /// by the GradientSync constructor. A pointer so that Options stays trivially copyable. GRADSYNC_TIMELINE.

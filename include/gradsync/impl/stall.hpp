@@ -77,6 +77,14 @@ inline std::uint64_t next_side_channel_id(MPI_Comm comm) {
   return fnv1a(&k, sizeof k, fnv1a(in_world.data(), in_world.size() * sizeof(int)));
 }
 
+// Whether `local_ranks` processes on this node outnumber its CPUs: the online ones, not this
+// process's affinity (Open MPI binds each of 2 ranks on 2 cores to one core: no oversubscription).
+// False when unknown.
+inline bool node_oversubscribed(int local_ranks) {
+  const unsigned cpus = std::thread::hardware_concurrency();
+  return cpus > 0 && unsigned(local_ranks) > cpus;
+}
+
 // "[0, 2-4]" for ranks {0, 2, 3, 4}.
 inline std::string rank_list(const std::vector<int>& ranks) {
   std::string s = "[";
@@ -191,6 +199,7 @@ class Control {
   // complete before other collectives are issued on the parent communicator: it runs further
   // rounds of its context-id agreement during progress.)
   Control(const Backend& b, const Options& o) : rank_(b.rank()), size_(b.size()) {
+    if constexpr (has_topology<Backend>::value) oversubscribed_ = node_oversubscribed(b.topology().local_size);
     // Sized once here: the waits of synchronize() allocate nothing, even slow ones.
     arrived_.assign(std::size_t(size_), 0);
     where_.assign(std::size_t(size_), std::string());
@@ -286,6 +295,7 @@ class Control {
     const double notify_at = first > 0 ? 0.05 * first : -1.0;
     bool notified = false, warned = false;
     double polled = 0;
+    const double spin = spin_before_yield(o);
     if constexpr (mpi) reset_arrivals(site.step);
     for (;;) {
       if (test()) return;
@@ -323,9 +333,11 @@ class Control {
         fail(ErrorKind::stall, report(site, std::chrono::duration<double>(clock::now() - t0).count(), true), o);
       }
       // Like MPI_Wait: keep polling, since without an asynchronous progress thread the transfer
-      // advances only inside MPI_Test (sleeping here measurably slowed large reductions). After
-      // 10 ms, yield between polls so that oversubscribed ranks get the core.
-      if (waited > 0.010) std::this_thread::yield();
+      // advances only inside MPI_Test (sleeping here measurably slowed large reductions). Past the
+      // spin, yield between polls: a peer that shares this core then runs at once instead of at
+      // the end of this rank's time slice (MPICH's MPI_Test never yields; Open MPI's only with
+      // mpi_yield_when_idle).
+      if (waited >= spin) std::this_thread::yield();
     }
   }
 
@@ -420,6 +432,15 @@ class Control {
       delete comm;
     }
   };
+
+  // Tuning::spin_before_yield resolved: auto spins 50 us (a yield after every poll measured
+  // +2.4 us per synchronize() of 4 KiB on 2 ranks with a core each, none with 50 us) unless the
+  // ranks outnumber the CPUs (then every spin costs the peer that waits for the core:
+  // docs/COMPATIBILITY.md, MPICH).
+  double spin_before_yield(const Options& o) const {
+    if (o.tuning.spin_before_yield != spin_before_yield_auto) return o.tuning.spin_before_yield;
+    return oversubscribed_ ? 0.0 : 50e-6;
+  }
 
   static void check(int rc, const char* what) {
     if (rc != MPI_SUCCESS) throw Error(cat(what, " on the side channel failed (code ", rc, ")"));
@@ -599,8 +620,9 @@ class Control {
   std::int64_t arrival_step_ = 0;
   std::vector<std::shared_ptr<void>> keep_;
   std::shared_ptr<std::vector<unsigned char>> scratch_;
-  bool told_ = false;   // this rank sent its failure notice (once per sync)
-  bool heard_ = false;  // a peer's failure notice was received
+  bool told_ = false;            // this rank sent its failure notice (once per sync)
+  bool oversubscribed_ = false;  // more of the backend's ranks on this node than CPUs
+  bool heard_ = false;           // a peer's failure notice was received
   Observer observer_ = nullptr;
   void* observer_ctx_ = nullptr;
 };
