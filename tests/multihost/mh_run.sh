@@ -48,7 +48,7 @@ if [ "${GSMH_MPI_IMPL:-openmpi}" = mpich ]; then
   [ -n "${GSMH_PRELOAD:-}" ] && preload=(-genv LD_PRELOAD "$GSMH_PRELOAD")
   ip netns exec "$GSMH_NS_0" unshare --uts sh -c 'hostname "$0" && exec "$@"' "$GSMH_HOSTNAME_0" \
     "${GSMH_MPIEXEC:-mpiexec.mpich}" -launcher rsh -launcher-exec "$here/rsh_agent.sh" -f "$hostfile.hydra" -n "$n" \
-      -iface "$GSMH_IFACE" -genv UCX_NET_DEVICES "$GSMH_IFACE" -genv UCX_TLS tcp,sm,self \
+      -iface "$GSMH_IFACE" -genv UCX_NET_DEVICES "$GSMH_IFACE" -genv UCX_TLS tcp,self \
       -genv GSYNC_TEST_RANKS "$n" "${preload[@]}" "$@" || rc=$?
 else
   # --bind-to none: every "host" sees the same cores, so per-host binding would stack ranks on them.

@@ -99,6 +99,14 @@ up() {
     { echo "127.0.0.1 localhost"; for ((j = 0; j < hosts; j++)); do echo "10.77.0.$((j + 1)) gsmh-h$j"; done; } \
       > "/etc/netns/$tag-h$i/hosts"
   done
+  # Every host's end of the link is up (operstate) before anyone relies on it: a veth's carrier comes
+  # a moment after 'link set up', and UCX (MPICH) skips a device that is not up yet.
+  for ((i = 0; i < hosts; i++)); do
+    for ((k = 0; k < 100; k++)); do
+      [ "$(ip netns exec "$tag-h$i" cat "/sys/class/net/$iface/operstate")" = up ] && break
+      sleep 0.1
+    done
+  done
   # Each host reaches the others (the veth is up) before anyone relies on it.
   for ((i = 1; i < hosts; i++)); do
     ip netns exec "$tag-h0" ping -c 1 -W 2 "10.77.0.$((i + 1))" >/dev/null 2>&1 ||
