@@ -23,6 +23,8 @@ _gradsync_mode(GRADSYNC_ENABLE_NCCL _gradsync_nccl_mode)
 
 set(GRADSYNC_HAVE_CUDA OFF)
 set(GRADSYNC_HAVE_NCCL OFF)
+set(GRADSYNC_CUDA_WHY "GRADSYNC_ENABLE_CUDA=OFF, or no CUDA compiler and toolkit found")
+set(GRADSYNC_NCCL_WHY "GRADSYNC_ENABLE_NCCL=OFF, no CUDA, or nccl.h/libnccl not found (set NCCL_HOME)")
 if(NOT _gradsync_cuda_mode STREQUAL "OFF")
   include(CheckLanguage)
   if(NOT CMAKE_CUDA_COMPILER AND NOT DEFINED ENV{CUDACXX} AND EXISTS "/usr/local/cuda/bin/nvcc")

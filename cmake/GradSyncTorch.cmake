@@ -2,8 +2,10 @@
 # Header-only like the rest: an INTERFACE target that adds LibTorch to GradSync::gradsync.
 option(GRADSYNC_ENABLE_TORCH "Build GradSync::torch when LibTorch (find_package(Torch)) is found" ON)
 set(GRADSYNC_HAVE_TORCH OFF)
+set(GRADSYNC_TORCH_WHY "GRADSYNC_ENABLE_TORCH=OFF")
 if(GRADSYNC_ENABLE_TORCH)
   find_package(Torch QUIET)
+  set(GRADSYNC_TORCH_WHY "no LibTorch found (set Torch_DIR)")
   if(Torch_FOUND AND TARGET torch)
     set(GRADSYNC_HAVE_TORCH ON)
     add_library(gradsync_torch INTERFACE)

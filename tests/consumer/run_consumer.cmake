@@ -7,6 +7,7 @@
 #         -DVERSION=<project version> -DHAVE_CUDA=ON|OFF -DHAVE_NCCL=ON|OFF -DHAVE_C=ON|OFF -DHAVE_FORTRAN=ON|OFF -DHAVE_TORCH=ON|OFF -DHAVE_HDF5=ON|OFF
 #         -DKOKKOS_DIR=<Kokkos_DIR> -DCXX=<compiler> -DCXX_FLAGS=<flags> [-DCXX_STANDARD=<17|20|...>]
 #         -P run_consumer.cmake
+# Or, instead of -DBUILD, -DPREFIX=<an installation made elsewhere> (tests/spack.sh: Spack's).
 file(REMOVE_RECURSE "${WORK}")
 function(step)
   execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc)
@@ -14,7 +15,10 @@ function(step)
     message(FATAL_ERROR "consumer step failed (${rc}): ${ARGN}")
   endif()
 endfunction()
-step(${CMAKE_COMMAND} --install "${BUILD}" --prefix "${WORK}/prefix")
+if(NOT PREFIX)
+  set(PREFIX "${WORK}/prefix")
+  step(${CMAKE_COMMAND} --install "${BUILD}" --prefix "${PREFIX}")
+endif()
 
 set(have "")
 set(lacking "")
@@ -51,7 +55,7 @@ set(why_c "GradSync component 'c' was not built")
 set(why_fortran "GradSync component 'fortran' was not built")
 set(why_hdf5 "GradSync component 'hdf5' was not built: gradsync ${VERSION} was configured without a parallel HDF5")
 foreach(c IN LISTS lacking)
-  execute_process(COMMAND ${CMAKE_COMMAND} -S "${SRC}" -B "${WORK}/build-${c}" "-DCMAKE_PREFIX_PATH=${WORK}/prefix"
+  execute_process(COMMAND ${CMAKE_COMMAND} -S "${SRC}" -B "${WORK}/build-${c}" "-DCMAKE_PREFIX_PATH=${PREFIX}"
                           ${same_toolchain} "-DREQUIRE=${have_csv},${c}"
                   RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
   string(REGEX REPLACE "[ \n]+" " " all "${out} ${err}")  # CMake wraps long messages
@@ -63,7 +67,7 @@ foreach(c IN LISTS lacking)
 endforeach()
 
 # The components it has, required; the lacking ones optional; the version checked. Built and run.
-step(${CMAKE_COMMAND} -S "${SRC}" -B "${WORK}/build" "-DCMAKE_PREFIX_PATH=${WORK}/prefix" -DCMAKE_BUILD_TYPE=Release
+step(${CMAKE_COMMAND} -S "${SRC}" -B "${WORK}/build" "-DCMAKE_PREFIX_PATH=${PREFIX}" -DCMAKE_BUILD_TYPE=Release
      ${same_toolchain} "-DREQUIRE=${have_csv}" "-DOPTIONAL=${lacking_csv}" "-DEXPECTED_VERSION=${VERSION}")
 step(${CMAKE_COMMAND} --build "${WORK}/build")
 separate_arguments(launch UNIX_COMMAND "${MPIEXEC_FLAGS}")
