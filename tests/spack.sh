@@ -22,26 +22,24 @@ spec="gradsync@main $variants dev_path=$work/src"
 # An earlier run's installation from the same scratch path would make the spec below ambiguous.
 "$spack" uninstall -y --all "gradsync dev_path=$work/src" > /dev/null 2>&1 || true
 "$spack" dev-build -d "$work/src" gradsync@main $variants
-prefix="$("$spack" location -i "$spec")"
-echo "spack.sh: installed $("$spack" find --format '{name}@{version}{variants} ^{^mpi.name}@{^mpi.version}' "$spec" | tail -1) in $prefix"
+# What was built, from the installed spec itself (whatever spelling the variants were given in).
+IFS='|' read -r prefix built mpi_prefix kokkos_prefix < <("$spack" find --format \
+  '{prefix}|{name}@{version}{variants} ^{^mpi.name}@{^mpi.version}|{^mpi.prefix}|{^kokkos.prefix}' "$spec" | tail -1)
+echo "spack.sh: installed $built in $prefix"
 
 # The consumer with Spack's MPI launcher and the installation's Kokkos.
-mpi_prefix="$("$spack" find --format '{^mpi.prefix}' "$spec" | tail -1)"
 mpiexec="$mpi_prefix/bin/mpiexec"
 flags="-n 2"
 if "$mpiexec" --version 2>&1 | grep -q "Open MPI"; then
   flags="$flags --oversubscribe"
   [[ $(id -u) == 0 ]] && flags="$flags --allow-run-as-root"
 fi
-kokkos_prefix="$("$spack" find --format '{^kokkos.prefix}' "$spec" | tail -1)"
 kokkos_dir="$(dirname "$(find "$kokkos_prefix" -path '*cmake/Kokkos/KokkosConfig.cmake' -print -quit)")"
-have() { [[ " $variants " == *" +$1 "* ]] && echo ON || echo OFF; }
-# +c is the recipe's default: on unless the variants say ~c.
-have_c=ON; [[ " $variants " == *" ~c "* ]] && have_c=OFF
+have() { [[ "$built" =~ \+$1([~+[:space:]]|$) ]] && echo ON || echo OFF; }  # "+c~cuda+fortran..."
 version="$(sed -n 's/^project(GradSync VERSION \([0-9.]*\).*/\1/p' "$here/CMakeLists.txt")"
 cd "$work"  # the consumer writes its checkpoint file here
 cmake -DPREFIX="$prefix" -DSRC="$here/tests/consumer" -DWORK="$work/consumer" -DMPIEXEC="$mpiexec" \
   "-DMPIEXEC_FLAGS=$flags" -DVERSION="$version" -DHAVE_CUDA="$(have cuda)" -DHAVE_NCCL="$(have nccl)" \
-  -DHAVE_C="$have_c" -DHAVE_FORTRAN="$(have fortran)" -DHAVE_TORCH="$(have torch)" -DHAVE_HDF5="$(have hdf5)" \
+  -DHAVE_C="$(have c)" -DHAVE_FORTRAN="$(have fortran)" -DHAVE_TORCH="$(have torch)" -DHAVE_HDF5="$(have hdf5)" \
   -DKOKKOS_DIR="$kokkos_dir" -DCXX="${CXX:-c++}" -P "$here/tests/consumer/run_consumer.cmake"
 echo "spack.sh: consumer passed against $prefix"
