@@ -5,11 +5,15 @@
 #    packages: installed (cmake/deps.sh installs them as root when apt can reach a mirror), or
 #    unpacked without root from .gpu-deps/, made by tests/gpu/bundle_deps.sh on a machine with apt;
 # 2. builds everything with CUDA and NCCL required, for this GPU's architecture;
-# 3. runs the whole test suite; the CUDA tests must run, not skip (every semantics row on device
-#    memory through NcclBackend, staged MpiBackend and SelfBackend; every NcclBackend collective);
+# 3. measures a small launch and its wait with 1, 4, 8 and 16 processes on the GPU, and gives ctest
+#    the most processes (16 or 8, else 4) at which that latency stays within 10x of a lone process's;
 # 4. runs the GPU benchmark on two real models (pack/unpack against cudaMemcpy, target >= 80%, the raw
 #    CUDA and the Kokkos team kernels; the NCCL sync against one ncclAllReduce of the same bytes,
-#    target 1.1x, at 4 MiB, 64 MiB, one chunk and the plan's pick) and prints a short table last.
+#    target 1.1x, at 4 MiB, 64 MiB, one chunk and the plan's pick);
+# 5. runs the whole test suite; the CUDA tests must run, not skip (every semantics row on device
+#    memory through NcclBackend, staged MpiBackend and SelfBackend; every NcclBackend collective);
+#    a program that timed out is run again alone, to tell slow from slowed by sharing the GPU;
+#    and prints a short table last.
 # Environment: CUDA_HOME (default /usr/local/cuda), NCCL_HOME (if NCCL is elsewhere), GRADSYNC_GPU_DEPS
 # (the bundle folder, default .gpu-deps; GRADSYNC_USE_BUNDLED_DEPS=1 prefers it), OUT (logs are copied
 # there when it is a folder), BUILD_DIR
@@ -19,7 +23,9 @@
 # A short rerun of what failed (device minutes are few): TARGETS (build only these), CTEST_ARGS
 # (e.g. "-R process_set"), BENCH=0 (no benchmark), WERROR=ON (warnings fail the build; default OFF:
 # a GPU node's newer host compiler may warn where CI's does not, and the summary counts them),
-# DIAG (a command run last, in the same environment, e.g. one test binary under mpirun).
+# DIAG (a command run last, in the same environment, e.g. one test binary under mpirun), LATENCY=0
+# (no latency measurement), GPU_PROCS (ctest -j: processes on the GPU at once; default: from step 3),
+# SUITE_S (stop the suite after that many seconds and report what ran).
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 build="${BUILD_DIR:-$root/build-gpu}"
@@ -127,28 +133,50 @@ targets=()
 cmake --build "$build" -j "$jobs" "${targets[@]}" >>"$log" 2>&1 || { grep -E "error" "$log" | head -30; die "build failed (log: $log)"; }
 t_build=$(( $(date +%s) - t0 ))
 
-# ---- 3. the test suite, CUDA tests included ----
-t0=$(date +%s)
-# The two-host bed (label multihost) needs network namespaces: CI runs it, a GPU node need not.
-(cd "$build" && ctest -j "$jobs" --output-on-failure --timeout 300 -LE multihost ${CTEST_ARGS:-}) >"$build/ctest.log" 2>&1
-ctest_rc=$?
-t_test=$(( $(date +%s) - t0 ))
-tests_line=$(grep -E "tests passed|tests failed" "$build/ctest.log" | tail -1)
-skipped=$(grep -E "\(Skipped\)" "$build/ctest.log" | sed 's/^[[:space:]]*//' | tr '\n' ' ')
-cuda_lines=$(grep -E "Test +#[0-9]+: (nccl_backend|gpu_sync)" "$build/ctest.log" |
-  sed -E 's/^.*Test +#[0-9]+: //; s/ \.+ *(\*\*\*)?/ /; s/ +/ /g' | tr '\n' ';')
-[ $ctest_rc -eq 0 ] || grep -B2 -A20 -E "\*\*\*Failed|\*\*\*Timeout" "$build/ctest.log" | head -80
-# Each program that timed out, again at 1 rank for 60 s under doctest's XML reporter, which names
-# every test case and subcase as it starts: the last ones named are where it hangs or crawls. Its
-# Kokkos counts (deep copies, launches, allocations per case) are checked on the CPU already.
-for t in $(sed -nE 's/.*Test +#[0-9]+: ([A-Za-z0-9_]+)\.np[0-9]+ .*\*\*\*Timeout.*/\1/p' "$build/ctest.log" | sort -u); do
-  [ -x "$build/tests/test_$t" ] || continue
-  echo "== $t timed out; after 60 s a 1-rank run is in:"
-  (cd "$build" && timeout 60 mpirun -np 1 "./tests/test_$t" -r=xml 2>&1 | grep -E "<TestCase|<SubCase" | tail -4)
-done >"$build/timeouts.log" 2>&1
-cat "$build/timeouts.log"
+# ---- 3. launch latency with 1, 4, 8 and 16 processes on the GPU, and the suite's parallelism ----
+# Without MPS, kernels of different processes never run together: a small launch and its wait can
+# take every other busy process's turn on the GPU. The first run gave ctest 16 processes and its two
+# programs with the most launches timed out, at 1.3-1.8 ms a launch (docs/GPU.md). Every copy of
+# gpu_launch_latency runs the same phases in step; each phase's median over the copies is reported.
+latency() {  # $1: copies; prints "phase median_us ..." for the phases that ran
+  local k=$1 start i p
+  start=$(( $(date +%s) + 3 + k / 4 ))  # after every copy's CUDA and Kokkos start
+  for i in $(seq "$k"); do "$build/tests/cuda/gpu_launch_latency" --seconds 1 --start-at "$start" >"$build/latency.$k.$i" 2>&1 & done
+  wait
+  for p in cuda kokkos-range kokkos-team kokkos-copy1; do
+    grep -h "^latency $p " "$build"/latency."$k".* | awk '{print $4}' | sort -n |
+      awk -v p="$p" '{a[NR] = $1} END {if (NR) printf "%s %s ", p, a[int((NR + 1) / 2)]}'
+  done
+}
+declare -A lat
+latency_table=""
+if [ -x "$build/tests/cuda/gpu_launch_latency" ] && [ "${LATENCY:-1}" != 0 ]; then
+  for k in 1 4 8 16; do
+    lat[$k]=$(latency "$k")
+    latency_table+="$k: ${lat[$k]:-none}; "
+    [ -n "${lat[1]}" ] || { latency_table+="(no measurement: $(head -c 200 "$build/latency.1.1"))"; break; }
+  done
+  echo "== launch+wait, median us per phase, by processes on the GPU: $latency_table"
+fi
+# ctest -j counts every MPI test's ranks (PROCESSORS), so it bounds the processes, and with them the
+# CUDA contexts, sharing the GPU: the most (of 16 and 8) whose launch costs at most 10 times a lone
+# one's, else 4 (fewer would not finish the suite within one device call); GPU_PROCS overrides.
+us_of() { echo "${lat[$1]:-}" | awk '{for (i = 1; i < NF; i += 2) if ($i == "cuda") print $(i + 1)}'; }
+ctest_jobs=${GPU_PROCS:-}
+if [ -z "$ctest_jobs" ]; then
+  ctest_jobs=$jobs
+  alone=$(us_of 1)
+  if [ -n "$alone" ]; then
+    ctest_jobs=4
+    for k in 8 16; do
+      m=$(us_of "$k")
+      [ -n "$m" ] && awk -v m="$m" -v a="$alone" 'BEGIN {exit !(m <= 10 * a)}' && ctest_jobs=$k || break
+    done
+  fi
+  [ "$ctest_jobs" -gt "$jobs" ] && ctest_jobs=$jobs
+fi
 
-# ---- 4. the benchmark ----
+# ---- 4. the benchmark (before the suite: a run cut short still has its numbers) ----
 t0=$(date +%s)
 bench_out=""
 bench_rc=0
@@ -173,13 +201,54 @@ target="n/a"
 sync_target=$(echo "$bench_out" | awk '/^sync\/nccl\// && /in place/ && />=91%/ {n++; if (/MISSED/) m++}
   END {if (n) printf "%d of %d rows met (MISSED: %d)", n - m, n, m; else print "n/a"}')
 
+# ---- 5. the test suite, CUDA tests included ----
+t0=$(date +%s)
+# The two-host bed (label multihost) needs network namespaces: CI runs it, a GPU node need not.
+# SUITE_S bounds it (a device call has a time limit): the summary then counts what ran.
+suite_s=()
+[ -n "${SUITE_S:-}" ] && suite_s=(timeout -k 10 "$SUITE_S")
+(cd "$build" && "${suite_s[@]}" ctest -j "$ctest_jobs" --output-on-failure --timeout 300 -LE multihost ${CTEST_ARGS:-}) >"$build/ctest.log" 2>&1
+ctest_rc=$?
+t_test=$(( $(date +%s) - t0 ))
+tests_line=$(grep -E "tests passed|tests failed" "$build/ctest.log" | tail -1)
+if [ $ctest_rc -eq 124 ] || [ $ctest_rc -eq 137 ]; then
+  tests_line="STOPPED after SUITE_S=$SUITE_S s: $(grep -cE 'Test +#[0-9]+: .* Passed' "$build/ctest.log") passed, $(grep -cE 'Test +#[0-9]+: .*\*\*\*' "$build/ctest.log") failed or timed out before that"
+fi
+skipped=$(grep -E "\(Skipped\)" "$build/ctest.log" | sed 's/^[[:space:]]*//' | tr '\n' ' ')
+cuda_lines=$(grep -E "Test +#[0-9]+: (nccl_backend|gpu_sync)" "$build/ctest.log" |
+  sed -E 's/^.*Test +#[0-9]+: //; s/ \.+ *(\*\*\*)?/ /; s/ +/ /g' | tr '\n' ';')
+[ $ctest_rc -eq 0 ] || grep -B2 -A20 -E "\*\*\*Failed|\*\*\*Timeout" "$build/ctest.log" | head -80
+# The five slowest tests, for the launch counts of docs/GPU.md.
+slowest=$(sed -nE 's/.*Test +#[0-9]+: ([^ ]+) .* ([0-9.]+) sec$/\2 \1/p' "$build/ctest.log" | sort -rn | head -5 |
+  awk '{printf "%s %.0f s; ", $2, $1}')
+# Each program that timed out, again alone at 1 rank for 60 s under doctest's XML reporter, which
+# names every test case and subcase as it starts. Finishing alone says the suite's sharing of the
+# GPU made it slow; else the last cases named are where it hangs or crawls. Its Kokkos counts (deep
+# copies, launches, allocations per case) are checked on the CPU already.
+for t in $(sed -nE 's/.*Test +#[0-9]+: ([A-Za-z0-9_]+)\.np[0-9]+ .*\*\*\*Timeout.*/\1/p' "$build/ctest.log" | sort -u); do
+  [ -x "$build/tests/test_$t" ] || continue
+  t1=$(date +%s.%N)
+  (cd "$build" && timeout 60 mpirun -np 1 "./tests/test_$t" -r=xml >"$build/alone.$t.xml" 2>&1)
+  rc=$?
+  took=$(awk -v a="$t1" -v b="$(date +%s.%N)" 'BEGIN {printf "%.1f", b - a}')
+  if [ $rc -eq 124 ]; then
+    echo "== $t timed out in the suite; alone at 1 rank, still running after 60 s, in:"
+    grep -E "<TestCase|<SubCase" "$build/alone.$t.xml" | tail -4
+  else
+    echo "== $t timed out in the suite; alone at 1 rank it ended in $took s (exit $rc)"
+  fi
+done >"$build/timeouts.log" 2>&1
+cat "$build/timeouts.log"
+
 echo
 echo "$bench_out" | sed -n '/^gradsync GPU benchmark/,/^values checked/p'
 echo "================ gradsync GPU run ================"
 printf "%-28s %s\n" "GPU(s)" "$ngpu x $(echo "$gpus" | head -1)"
 printf "%-28s %s\n" "Kokkos" "$kokkos_line"
 printf "%-28s %s\n" "build (s)" "$t_build, $(grep -c 'warning' "$log") warning lines"
-printf "%-28s %s\n" "test suite (s)" "$t_test: ${tests_line:-no summary}"
+printf "%-28s %s\n" "launch+wait us, by procs" "${latency_table:-not measured}"
+printf "%-28s %s\n" "test suite (s)" "$t_test at ctest -j $ctest_jobs: ${tests_line:-no summary}"
+printf "%-28s %s\n" "slowest tests" "${slowest:-none}"
 printf "%-28s %s\n" "CUDA tests" "${cuda_lines:-none ran}"
 printf "%-28s %s\n" "skipped tests" "${skipped:-none}"
 if [ $bench_rc -ne 0 ]; then
@@ -196,7 +265,7 @@ if [ -n "${DIAG:-}" ]; then
 fi
 # Where the caller collects results (a batch system's output folder), the logs go there too.
 if [ -n "${OUT:-}" ] && [ -d "${OUT:-}" ]; then
-  cp "$build/ctest.log" "$build/bench.log" "$build/diag.log" "$build/timeouts.log" "$OUT/" 2>/dev/null
+  cp "$build/ctest.log" "$build/bench.log" "$build/diag.log" "$build/timeouts.log" "$build"/latency.* "$OUT/" 2>/dev/null
   tail -200 "$log" >"$OUT/build-tail.log" 2>/dev/null
 fi
 # Fail when a test failed, when a CUDA test skipped on a GPU machine, or the benchmark failed.
