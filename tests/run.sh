@@ -3,6 +3,8 @@
 #   bash tests/run.sh               # Release build in build/
 #   BUILD_DIR=... JOBS=... bash tests/run.sh
 #   KOKKOS_ROOT=<a Kokkos 4.x install> bash tests/run.sh     # OpenMP: also set OMP_NUM_THREADS
+# With a Kokkos-CUDA install on a GPU machine, ctest's parallelism is what tests/gpu/gpu_procs.sh
+# measures the GPU to bear (the test processes share it).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${BUILD_DIR:-$root/build}"
@@ -19,5 +21,11 @@ if [ -n "${KOKKOS_ROOT:-}" ]; then
 fi
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE="${BUILD_TYPE:-Release}" -DGRADSYNC_WERROR=ON "${kokkos[@]}" ${CMAKE_ARGS:-}
 cmake --build "$build" -j "$jobs"
+# With Kokkos' CUDA backend every test process holds a context on the GPU; without MPS they take
+# turns, so ctest runs as many at once as tests/gpu/gpu_procs.sh measures the GPU to bear.
+test_jobs=$jobs
+if [ -n "${arch:-}" ] && nvidia-smi -L >/dev/null 2>&1; then
+  test_jobs=$(bash "$root/tests/gpu/gpu_procs.sh" "$build" "$jobs")
+fi
 cd "$build"
-ctest -j "$jobs" --output-on-failure --timeout 600 ${CTEST_ARGS:-}
+ctest -j "$test_jobs" --output-on-failure --timeout 600 ${CTEST_ARGS:-}

@@ -133,48 +133,17 @@ targets=()
 cmake --build "$build" -j "$jobs" "${targets[@]}" >>"$log" 2>&1 || { grep -E "error" "$log" | head -30; die "build failed (log: $log)"; }
 t_build=$(( $(date +%s) - t0 ))
 
-# ---- 3. launch latency with 1, 4, 8 and 16 processes on the GPU, and the suite's parallelism ----
-# Without MPS, kernels of different processes never run together: a small launch and its wait can
-# take every other busy process's turn on the GPU. The first run gave ctest 16 processes and its two
-# programs with the most launches timed out, at 1.3-1.8 ms a launch (docs/GPU.md). Every copy of
-# gpu_launch_latency runs the same phases in step; each phase's median over the copies is reported.
-latency() {  # $1: copies; prints "phase median_us ..." for the phases that ran
-  local k=$1 start i p
-  start=$(( $(date +%s) + 3 + k / 4 ))  # after every copy's CUDA and Kokkos start
-  for i in $(seq "$k"); do "$build/tests/cuda/gpu_launch_latency" --seconds 1 --start-at "$start" >"$build/latency.$k.$i" 2>&1 & done
-  wait
-  for p in cuda kokkos-range kokkos-team kokkos-copy1; do
-    grep -h "^latency $p " "$build"/latency."$k".* | awk '{print $4}' | sort -n |
-      awk -v p="$p" '{a[NR] = $1} END {if (NR) printf "%s %s ", p, a[int((NR + 1) / 2)]}'
-  done
-}
-declare -A lat
-latency_table=""
-if [ -x "$build/tests/cuda/gpu_launch_latency" ] && [ "${LATENCY:-1}" != 0 ]; then
-  for k in 1 4 8 16; do
-    lat[$k]=$(latency "$k")
-    latency_table+="$k: ${lat[$k]:-none}; "
-    [ -n "${lat[1]}" ] || { latency_table+="(no measurement: $(head -c 200 "$build/latency.1.1"))"; break; }
-  done
-  echo "== launch+wait, median us per phase, by processes on the GPU: $latency_table"
-fi
-# ctest -j counts every MPI test's ranks (PROCESSORS), so it bounds the processes, and with them the
-# CUDA contexts, sharing the GPU: the most (of 16 and 8) whose launch costs at most 10 times a lone
-# one's, else 4 (fewer would not finish the suite within one device call); GPU_PROCS overrides.
-us_of() { echo "${lat[$1]:-}" | awk '{for (i = 1; i < NF; i += 2) if ($i == "cuda") print $(i + 1)}'; }
-ctest_jobs=${GPU_PROCS:-}
-if [ -z "$ctest_jobs" ]; then
+# ---- 3. how many processes may share the GPU: ctest's -j (tests/gpu/gpu_procs.sh) ----
+if [ -n "${GPU_PROCS:-}" ]; then
+  ctest_jobs=$GPU_PROCS
+  echo "measured nothing: GPU_PROCS=$GPU_PROCS" >"$build/latency.txt"
+elif [ "${LATENCY:-1}" = 0 ]; then
   ctest_jobs=$jobs
-  alone=$(us_of 1)
-  if [ -n "$alone" ]; then
-    ctest_jobs=4
-    for k in 8 16; do
-      m=$(us_of "$k")
-      [ -n "$m" ] && awk -v m="$m" -v a="$alone" 'BEGIN {exit !(m <= 10 * a)}' && ctest_jobs=$k || break
-    done
-  fi
-  [ "$ctest_jobs" -gt "$jobs" ] && ctest_jobs=$jobs
+  echo "not measured: LATENCY=0" >"$build/latency.txt"
+else
+  ctest_jobs=$(bash "$root/tests/gpu/gpu_procs.sh" "$build" "$jobs")
 fi
+latency_table=$(cat "$build/latency.txt")
 
 # ---- 4. the benchmark (before the suite: a run cut short still has its numbers) ----
 t0=$(date +%s)
@@ -246,7 +215,7 @@ echo "================ gradsync GPU run ================"
 printf "%-28s %s\n" "GPU(s)" "$ngpu x $(echo "$gpus" | head -1)"
 printf "%-28s %s\n" "Kokkos" "$kokkos_line"
 printf "%-28s %s\n" "build (s)" "$t_build, $(grep -c 'warning' "$log") warning lines"
-printf "%-28s %s\n" "launch+wait us, by procs" "${latency_table:-not measured}"
+printf "%-28s %s\n" "launch+wait us, by procs" "$latency_table"
 printf "%-28s %s\n" "test suite (s)" "$t_test at ctest -j $ctest_jobs: ${tests_line:-no summary}"
 printf "%-28s %s\n" "slowest tests" "${slowest:-none}"
 printf "%-28s %s\n" "CUDA tests" "${cuda_lines:-none ran}"
