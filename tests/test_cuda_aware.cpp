@@ -233,8 +233,55 @@ TEST_CASE("a backend ordered on the execution space is handed chunks without a f
     for (std::size_t i = 0; i < g.size(); ++i) worst = std::max(worst, rel_err(g(i), (n + 1) / 2.0 * double(i)));
     CAPTURE(worst);
     GRADSYNC_CHECK_ALL(worst <= gradsync_test::tol<double>());
-    // Asked once per chunk; never when staging (the host reads the mirror: always a fence).
+    // Asked once by the plan (its chunk size), then once per chunk; never per chunk when staging
+    // (the host reads the mirror: always a fence).
     CAPTURE(*asked);
-    GRADSYNC_CHECK_ALL(*asked == (staging == gradsync::HostStaging::always ? 0 : 8));
+    GRADSYNC_CHECK_ALL(*asked == 1 + (staging == gradsync::HostStaging::always ? 0 : 8));
   }
+}
+
+// By topology the plan cuts 64 MiB chunks for a backend ordered on the sync's stream (pack,
+// collective and unpack of every chunk run one after another there: smaller chunks overlap nothing)
+// and 4 MiB for any other on one node; fusion_threshold_auto tries 64 MiB first for it; a size the
+// program sets is kept. The sums are right either way.
+TEST_CASE("a backend ordered on the sync's stream gets 64 MiB chunks by topology") {
+  const int rank = world_rank(), n = world_size();
+  using HostView = Kokkos::View<double*, Kokkos::HostSpace>;
+  constexpr std::size_t mib = std::size_t(1) << 20;
+  auto summary_of = [&](auto backend, std::size_t threshold) {
+    gradsync::Options opt;
+    opt.tuning.fusion_threshold_bytes = threshold;
+    HostView g("g", 3000);
+    gradsync::GradientSync<decltype(backend), HostView> sync(backend, opt);
+    sync.template add<Dense>(g);
+    for (int step = 0; step < 2; ++step) {
+      for (std::size_t i = 0; i < g.size(); ++i) g(i) = double(rank + 1) * double(i);
+      GRADSYNC_CHECK_ALL(sync.synchronize());
+      double worst = 0;
+      for (std::size_t i = 0; i < g.size(); ++i) worst = std::max(worst, rel_err(g(i), (n + 1) / 2.0 * double(i)));
+      CAPTURE(worst);
+      GRADSYNC_CHECK_ALL(worst <= gradsync_test::tol<double>());
+    }
+    return sync.summary();
+  };
+  const gradsync::SyncSummary ordered =
+      summary_of(OrderedMpiBackend(MPI_COMM_WORLD), gradsync::fusion_threshold_by_topology);
+  const gradsync::SyncSummary plain =
+      summary_of(gradsync::MpiBackend(MPI_COMM_WORLD), gradsync::fusion_threshold_by_topology);
+  CAPTURE(ordered.fusion_threshold_bytes);
+  CAPTURE(plain.fusion_threshold_bytes);
+  GRADSYNC_CHECK_ALL(ordered.fusion_threshold_bytes == 64 * mib && ordered.plan_candidates == 1);
+  GRADSYNC_CHECK_ALL(plain.fusion_threshold_bytes == 4 * mib && plain.plan_candidates == 1);
+  // auto: one more candidate, the largest, tried first (the first steps run it).
+  const gradsync::SyncSummary ordered_auto =
+      summary_of(OrderedMpiBackend(MPI_COMM_WORLD), gradsync::fusion_threshold_auto);
+  const gradsync::SyncSummary plain_auto =
+      summary_of(gradsync::MpiBackend(MPI_COMM_WORLD), gradsync::fusion_threshold_auto);
+  const std::size_t candidates = gradsync::impl::chunk_candidates().size();
+  GRADSYNC_CHECK_ALL(ordered_auto.plan_candidates == candidates + 1 && plain_auto.plan_candidates == candidates);
+  GRADSYNC_CHECK_ALL(ordered_auto.tuning && ordered_auto.fusion_threshold_bytes == 64 * mib);
+  GRADSYNC_CHECK_ALL(plain_auto.tuning && plain_auto.fusion_threshold_bytes == gradsync::impl::chunk_candidates()[0]);
+  // A size the program sets wins.
+  const gradsync::SyncSummary ordered_set = summary_of(OrderedMpiBackend(MPI_COMM_WORLD), std::size_t(2048));
+  GRADSYNC_CHECK_ALL(ordered_set.fusion_threshold_bytes == 2048 && ordered_set.chunks == 12);
 }

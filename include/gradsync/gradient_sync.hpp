@@ -36,6 +36,7 @@
 #include "describe.hpp"
 #include "env.hpp"
 #include "error.hpp"
+#include "impl/backend_order.hpp"
 #include "impl/demangle.hpp"
 #include "impl/fusion_kernels.hpp"
 #include "impl/launcher.hpp"
@@ -111,7 +112,7 @@ class GradientSync {
         opt_(prepare_options(options)),
         log_(opt_.tuning.read_environment ? impl::env_log_level() : impl::LogLevel::off),
         exec_(exec),
-        plan_(backend_, opt_),
+        plan_(backend_, opt_, impl::ordered_on(backend_, exec_)),
         checks_(backend_, plan_.collectives_block(), Plan::staging_wanted(backend_, opt_), plan_.candidates_hash()),
         ctl_(backend_, opt_) {
     plan_.apply_choice(stats_);

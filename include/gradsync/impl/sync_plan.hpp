@@ -59,9 +59,10 @@ class SyncPlan {
     std::vector<std::pair<std::int64_t, std::int64_t>> tensor_chunks;  // per fused tensor
   };
 
-  SyncPlan(const Backend& backend, const Options& opt)
+  // stream_ordered: the backend's collectives run in order on the sync's own stream (ordered_on).
+  SyncPlan(const Backend& backend, const Options& opt, bool stream_ordered = false)
       : topology_(find_topology(backend)),
-        choices_(plan_candidates(opt, topology_)),
+        choices_(plan_candidates(opt, topology_, stream_ordered)),
         tuner_(choices_.size()),
         collectives_block_(opt.tuning.collectives == Collectives::blocking ||
                            (opt.tuning.collectives == Collectives::automatic && prefers_blocking(backend))) {}
@@ -291,16 +292,22 @@ class SyncPlan {
   // topology's. Across nodes (the network between some ranks) chunks are smaller and fewer are in
   // flight (docs/BENCHMARKS.md, "Across hosts"); Algorithm::automatic there times flat against
   // hierarchical when some node holds several ranks. Each further chunk size of
-  // fusion_threshold_auto is a candidate too.
-  static std::vector<PlanChoice> plan_candidates(const Options& o, const Topology& t) {
+  // fusion_threshold_auto is a candidate too. A backend ordered on the sync's stream (NcclBackend
+  // on the sync's own stream) runs pack, collective and unpack of every chunk one after another on
+  // that stream: smaller chunks overlap nothing there and only add calls and launches, so its chunks
+  // are 64 MiB (Horovod's fusion buffer), and auto tries that size first.
+  static std::vector<PlanChoice> plan_candidates(const Options& o, const Topology& t, bool stream_ordered) {
     const bool network = t.spans_nodes();
+    constexpr std::size_t ordered_chunk = std::size_t(64) << 20;
     std::vector<std::size_t> sizes;
-    if (o.tuning.fusion_threshold_bytes == fusion_threshold_auto)
+    if (o.tuning.fusion_threshold_bytes == fusion_threshold_auto) {
       sizes = chunk_candidates();
-    else if (o.tuning.fusion_threshold_bytes == fusion_threshold_by_topology)
-      sizes = {network ? std::size_t(1) << 20 : std::size_t(4) << 20};
-    else
+      if (stream_ordered) sizes.insert(sizes.begin(), ordered_chunk);
+    } else if (o.tuning.fusion_threshold_bytes == fusion_threshold_by_topology) {
+      sizes = {stream_ordered ? ordered_chunk : network ? std::size_t(1) << 20 : std::size_t(4) << 20};
+    } else {
       sizes = {o.tuning.fusion_threshold_bytes};
+    }
     const int in_flight = o.tuning.max_chunks_in_flight > 0 ? o.tuning.max_chunks_in_flight : network ? 2 : 16;
     std::vector<Algorithm> algorithms;
     if (o.tuning.algorithm == Algorithm::hierarchical) {
