@@ -77,6 +77,21 @@ class OrderedMpiBackend : public gradsync::MpiBackend {
   std::shared_ptr<int> asked = std::make_shared<int>(0);
 };
 
+using HostView = Kokkos::View<double*, Kokkos::HostSpace>;
+
+// One step of `sync` over g: rank r holds (r + 1) i, so every rank must end with the average
+// (n + 1) / 2 i.
+template <class Sync>
+void step_and_check_average(Sync& sync, const HostView& g) {
+  const int rank = world_rank(), n = world_size();
+  for (std::size_t i = 0; i < g.size(); ++i) g(i) = double(rank + 1) * double(i);
+  GRADSYNC_CHECK_ALL(sync.synchronize());
+  double worst = 0;
+  for (std::size_t i = 0; i < g.size(); ++i) worst = std::max(worst, rel_err(g(i), (n + 1) / 2.0 * double(i)));
+  CAPTURE(worst);
+  GRADSYNC_CHECK_ALL(worst <= gradsync_test::tol<double>());
+}
+
 }  // namespace
 
 template <>
@@ -216,8 +231,6 @@ TEST_CASE("a backend that cannot reach the gradients stages through host memory,
 TEST_CASE("a backend ordered on the execution space is handed chunks without a fence, unless staged") {
   static_assert(!gradsync::impl::has_ordered_on<gradsync::MpiBackend, Kokkos::DefaultHostExecutionSpace>::value);
   static_assert(gradsync::impl::has_ordered_on<OrderedMpiBackend, Kokkos::DefaultHostExecutionSpace>::value);
-  const int rank = world_rank(), n = world_size();
-  using HostView = Kokkos::View<double*, Kokkos::HostSpace>;
   HostView g("g", 1000);
   for (auto staging : {gradsync::HostStaging::automatic, gradsync::HostStaging::always}) {
     gradsync::Options opt;
@@ -227,12 +240,7 @@ TEST_CASE("a backend ordered on the execution space is handed chunks without a f
     auto asked = backend.asked;
     gradsync::GradientSync<OrderedMpiBackend, HostView> sync(backend, opt);
     sync.add<Dense>(g);
-    for (std::size_t i = 0; i < g.size(); ++i) g(i) = double(rank + 1) * double(i);
-    GRADSYNC_CHECK_ALL(sync.synchronize());
-    double worst = 0;
-    for (std::size_t i = 0; i < g.size(); ++i) worst = std::max(worst, rel_err(g(i), (n + 1) / 2.0 * double(i)));
-    CAPTURE(worst);
-    GRADSYNC_CHECK_ALL(worst <= gradsync_test::tol<double>());
+    step_and_check_average(sync, g);
     // Asked once by the plan (its chunk size), then once per chunk; never per chunk when staging
     // (the host reads the mirror: always a fence).
     CAPTURE(*asked);
@@ -245,8 +253,6 @@ TEST_CASE("a backend ordered on the execution space is handed chunks without a f
 // and 4 MiB for any other on one node; fusion_threshold_auto tries 64 MiB first for it; a size the
 // program sets is kept. The sums are right either way.
 TEST_CASE("a backend ordered on the sync's stream gets 64 MiB chunks by topology") {
-  const int rank = world_rank(), n = world_size();
-  using HostView = Kokkos::View<double*, Kokkos::HostSpace>;
   constexpr std::size_t mib = std::size_t(1) << 20;
   auto summary_of = [&](auto backend, std::size_t threshold) {
     gradsync::Options opt;
@@ -254,14 +260,7 @@ TEST_CASE("a backend ordered on the sync's stream gets 64 MiB chunks by topology
     HostView g("g", 3000);
     gradsync::GradientSync<decltype(backend), HostView> sync(backend, opt);
     sync.template add<Dense>(g);
-    for (int step = 0; step < 2; ++step) {
-      for (std::size_t i = 0; i < g.size(); ++i) g(i) = double(rank + 1) * double(i);
-      GRADSYNC_CHECK_ALL(sync.synchronize());
-      double worst = 0;
-      for (std::size_t i = 0; i < g.size(); ++i) worst = std::max(worst, rel_err(g(i), (n + 1) / 2.0 * double(i)));
-      CAPTURE(worst);
-      GRADSYNC_CHECK_ALL(worst <= gradsync_test::tol<double>());
-    }
+    for (int step = 0; step < 2; ++step) step_and_check_average(sync, g);
     return sync.summary();
   };
   const gradsync::SyncSummary ordered =
