@@ -1,6 +1,6 @@
 // Latency of one small kernel launch and its wait, on the host's clock: what a test that launches
-// tens of thousands of small kernels pays per launch. tests/gpu/run.sh starts 1, 4, 8 and 16 copies
-// of it at once to measure how the latency grows with the processes sharing the GPU: without MPS,
+// tens of thousands of small kernels pays per launch. tests/gpu/gpu_procs.sh starts 1, 4, 8 and 16
+// copies of it at once to measure how the latency grows with the processes sharing the GPU: without MPS,
 // kernels of different processes (different CUDA contexts) never run together; the GPU switches
 // between contexts, so a launch can wait for every other busy process's turn. The first H200 run
 // (docs/GPU.md) ran the suite with 16 processes on one GPU, and its two programs with the most

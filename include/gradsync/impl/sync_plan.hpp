@@ -60,7 +60,7 @@ class SyncPlan {
   };
 
   // stream_ordered: the backend's collectives run in order on the sync's own stream (ordered_on).
-  SyncPlan(const Backend& backend, const Options& opt, bool stream_ordered = false)
+  SyncPlan(const Backend& backend, const Options& opt, bool stream_ordered)
       : topology_(find_topology(backend)),
         choices_(plan_candidates(opt, topology_, stream_ordered)),
         tuner_(choices_.size()),
