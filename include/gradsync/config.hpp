@@ -41,6 +41,15 @@ GRADSYNC_LABEL(adam, "gradsync::adam_step")
 GRADSYNC_LABEL(norm, "gradsync::squared_norm")
 GRADSYNC_LABEL(clip, "gradsync::clip_grad_norm")
 GRADSYNC_LABEL(check_finite, "gradsync::check_finite")
+GRADSYNC_LABEL(process_set_scale, "gradsync::process_set_scale")
+GRADSYNC_LABEL(row_sparse_scale, "gradsync::row_sparse_scale")
+GRADSYNC_LABEL(row_sparse_check, "gradsync::row_sparse_check")
+GRADSYNC_LABEL(row_sparse_indices, "gradsync::row_sparse_indices")
+GRADSYNC_LABEL(row_sparse_values, "gradsync::row_sparse_values")
+GRADSYNC_LABEL(row_sparse_merge, "gradsync::row_sparse_merge")
+GRADSYNC_LABEL(row_sparse_zero, "gradsync::row_sparse_zero")
+GRADSYNC_LABEL(row_sparse_scatter, "gradsync::row_sparse_scatter")
+GRADSYNC_LABEL(row_sparse_compact, "gradsync::row_sparse_compact")
 
 // Fence labels fit std::string's small buffer (15 characters with libstdc++ and libc++): Kokkos 4
 // copies the label at every fence (Tools::beginFence takes it by value), so a longer one would

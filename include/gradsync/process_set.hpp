@@ -159,7 +159,10 @@ class ProcessSets {
       throw Error(cat(what, ": the set must contain this rank (each rank binds the set it reduces with)"));
     Set* s = find(tag);
     if (s && s->ranks != ranks) throw Error(cat(what, ": already bound to ", rank_list(s->ranks)));
-    if (!s) sets_.push_back(Set{tag, std::move(ranks), nullptr, {}, {}});
+    if (!s) {
+      sets_.push_back(Set{tag, std::move(ranks), nullptr, {}, {}});
+      tags_.push_back(tag);
+    }
   }
 
   Set& set_of(const std::string& tag, const std::string& name, const std::string& group, int me) {
@@ -311,19 +314,14 @@ class ProcessSets {
         });
         const T f = factor(t.scale, o, world, s.ranks.size(), weighted, total);
         if (f != T(1) && t.size > 0)
-          Kokkos::parallel_for(
-              "gradsync::process_set_scale",
-              Kokkos::RangePolicy<ExecutionSpace, Kokkos::IndexType<std::int64_t>>(exec, 0, std::int64_t(t.size)),
-              SetScaleKernel<T>{t.data, f});
+          Kokkos::parallel_for(label_process_set_scale(), step_range(exec, std::int64_t(t.size)),
+                               SetScaleKernel<T>{t.data, f});
       }
     }
   }
 
-  std::vector<std::string> tags_in_order() const {
-    std::vector<std::string> t;
-    for (const Set& s : sets_) t.push_back(s.tag);
-    return t;
-  }
+  /// The kinds of sets bound, in binding order (kept: asked at every step with row-sparse gradients).
+  const std::vector<std::string>& tags_in_order() const { return tags_; }
 
   bool has_tensors() const {
     return std::any_of(sets_.begin(), sets_.end(), [](const Set& s) { return !s.tensors.empty(); });
@@ -375,6 +373,7 @@ class ProcessSets {
   }
 
   std::vector<Set> sets_;
+  std::vector<std::string> tags_;  // the sets' tags, in binding order
   bool staged_ = false;
   std::size_t largest_ = 0;  // elements of the largest dense tensor over a set
   Staging staging_;          // host copy of one piece at a time, when staged_

@@ -160,13 +160,17 @@ struct SparseReadValues {  // dst[i] = f * src[i] for i < n, 0 (padding) up to t
   KOKKOS_INLINE_FUNCTION void operator()(std::int64_t i) const { dst[i] = i < n ? f * src[i] : T(0); }
 };
 
+// *bad += the row numbers outside [0, table_rows). A parallel_for with an atomic on the (rare) bad
+// row, not a parallel_reduce: Kokkos 4's parallel_reduce builds a std::string fence label at every
+// call (a heap allocation per step), and the count goes straight into the counts the ranks exchange.
 template <class I>
-struct SparseCountBad {  // row numbers outside [0, table_rows)
+struct SparseCountBad {
   const I* idx;
   std::int64_t table_rows;
-  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t i, std::int64_t& bad) const {
+  std::int64_t* bad;
+  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t i) const {
     const std::int64_t r = std::int64_t(idx[i]);
-    if (r < 0 || r >= table_rows) ++bad;
+    if (r < 0 || r >= table_rows) Kokkos::atomic_add(bad, std::int64_t(1));
   }
 };
 
@@ -208,15 +212,18 @@ struct SparseScatter {
   }
 };
 
-// The rows whose count is positive, ascending, scaled, into out (a scan over the table).
+// The rows whose count is positive, ascending, scaled, into out (a scan over the table's n rows);
+// their number into *total. The scan returns nothing: Kokkos 4's parallel_scan into a host value
+// fences with a std::string label at every call (a heap allocation per step).
 template <class T, class I>
 struct SparseCompact {
   using value_type = std::int64_t;
   const T* dense;
   T* out;
   I* out_idx;
-  std::int64_t w;
+  std::int64_t w, n;
   T f;
+  std::int64_t* total;
   KOKKOS_INLINE_FUNCTION void operator()(std::int64_t r, std::int64_t& pos, bool final) const {
     const bool hit = dense[r * (w + 1) + w] > T(0);
     if (final && hit) {
@@ -224,14 +231,9 @@ struct SparseCompact {
       for (std::int64_t j = 0; j < w; ++j) out[pos * w + j] = f * dense[r * (w + 1) + j];
     }
     if (hit) ++pos;
+    if (final && r == n - 1) *total = pos;
   }
 };
-
-template <class ExecutionSpace>
-Kokkos::RangePolicy<ExecutionSpace, Kokkos::IndexType<std::int64_t>> sparse_range(const ExecutionSpace& exec,
-                                                                                  std::int64_t n) {
-  return Kokkos::RangePolicy<ExecutionSpace, Kokkos::IndexType<std::int64_t>>(exec, 0, n);
-}
 
 // One registered row-sparse gradient, its View types erased.
 template <class T, class MemorySpace, class ExecutionSpace>
@@ -251,11 +253,11 @@ struct SparseTensorBase {
   virtual std::int64_t rows() const = 0;
   virtual void set_rows(std::int64_t n) const = 0;
   virtual T* values() const = 0;
-  virtual std::int64_t count_bad(const ExecutionSpace& exec) const = 0;
+  virtual void count_bad(const ExecutionSpace& exec, std::int64_t* bad) const = 0;
   virtual void read_indices(const ExecutionSpace& exec, const I64& dst, std::int64_t pad) const = 0;
   virtual void write_merged(const ExecutionSpace& exec, const I64& uniq, const I64& begin, const I64& src,
                             const Vals& recv, std::int64_t u, T f) const = 0;
-  virtual std::int64_t write_compacted(const ExecutionSpace& exec, const Vals& dense, T f) const = 0;
+  virtual void write_compacted(const ExecutionSpace& exec, const Vals& dense, T f, std::int64_t* total) const = 0;
 };
 
 template <class RS, class ExecutionSpace>
@@ -273,30 +275,26 @@ struct SparseTensor final : SparseTensorBase<typename RS::value_type, typename R
   T* values() const override { return rs.values().data(); }
   I* idx() const { return rs.indices().data(); }
 
-  std::int64_t count_bad(const ExecutionSpace& exec) const override {
-    std::int64_t bad = 0;
+  void count_bad(const ExecutionSpace& exec, std::int64_t* bad) const override {
     if (rows() > 0)
-      Kokkos::parallel_reduce("gradsync::row_sparse_check", sparse_range(exec, rows()),
-                              SparseCountBad<I>{idx(), this->table_rows}, bad);
-    return bad;
+      Kokkos::parallel_for(label_row_sparse_check(), step_range(exec, rows()),
+                           SparseCountBad<I>{idx(), this->table_rows, bad});
   }
   void read_indices(const ExecutionSpace& exec, const I64& dst, std::int64_t pad) const override {
     if (pad > 0)
-      Kokkos::parallel_for("gradsync::row_sparse_indices", sparse_range(exec, pad),
+      Kokkos::parallel_for(label_row_sparse_indices(), step_range(exec, pad),
                            SparseReadIndices<I>{idx(), dst.data(), rows()});
   }
   void write_merged(const ExecutionSpace& exec, const I64& uniq, const I64& begin, const I64& src, const Vals& recv,
                     std::int64_t u, T f) const override {
     if (u > 0)
       Kokkos::parallel_for(
-          "gradsync::row_sparse_merge", sparse_range(exec, u * this->width),
+          label_row_sparse_merge(), step_range(exec, u * this->width),
           SparseMerge<T, I>{uniq.data(), begin.data(), src.data(), recv.data(), values(), idx(), this->width, f});
   }
-  std::int64_t write_compacted(const ExecutionSpace& exec, const Vals& dense, T f) const override {
-    std::int64_t u = 0;
-    Kokkos::parallel_scan("gradsync::row_sparse_compact", sparse_range(exec, this->table_rows),
-                          SparseCompact<T, I>{dense.data(), values(), idx(), this->width, f}, u);
-    return u;
+  void write_compacted(const ExecutionSpace& exec, const Vals& dense, T f, std::int64_t* total) const override {
+    Kokkos::parallel_scan(label_row_sparse_compact(), step_range(exec, this->table_rows),
+                          SparseCompact<T, I>{dense.data(), values(), idx(), this->width, this->table_rows, f, total});
   }
 };
 
@@ -380,33 +378,36 @@ class RowSparseSet {
   template <class Backend, class Route, class Watch>
   void finish(const Backend& b, const ExecutionSpace& exec, T dp_factor, Stats& stats,
               const std::vector<std::string>& tags, Route&& route, Watch&& watch, const SampleWeights<T>& w = {}) {
-    std::vector<const Base*> dp;
+    // The lists below are members, cleared and refilled: a step allocates nothing once they have grown.
+    in_.clear();
     for (const auto& t : all_) {
       if (!t->set_tag.empty()) continue;
       if (!t->local) {
-        dp.push_back(t.get());
+        in_.push_back(t.get());
         continue;
       }
       const std::int64_t n = t->rows() * t->width;
       const T f = w.weighted ? w.before(t->weighting) * w.after(t->weighting) : t->local_factor;
       if (f != T(1) && n > 0)
-        Kokkos::parallel_for("gradsync::row_sparse_scale", sparse_range(exec, n), SparseScale<T>{t->values(), f});
+        Kokkos::parallel_for(label_row_sparse_scale(), step_range(exec, n), SparseScale<T>{t->values(), f});
     }
-    if (!dp.empty())
-      exchange(watch(b), exec, dp, std::vector<T>(dp.size(), dp_factor), std::vector<T>(dp.size(), w.own), stats);
+    if (!in_.empty()) {
+      factors_.assign(in_.size(), dp_factor);
+      weights_.assign(in_.size(), w.own);
+      exchange(watch(b), exec, stats);
+    }
     for (const std::string& tag : tags) {
-      std::vector<const Base*> in_set;
-      std::vector<T> factors, weights;
+      in_.clear(), factors_.clear(), weights_.clear();
       decltype(route(tag, SetScale::world_size).first) sb = nullptr;
       for (const auto& t : all_)
         if (t->set_tag == tag) {
           const auto [backend, f] = route(tag, t->set_scale);
           sb = backend;
-          in_set.push_back(t.get());
-          factors.push_back(f);
-          weights.push_back(w.before(t->weighting));
+          in_.push_back(t.get());
+          factors_.push_back(f);
+          weights_.push_back(w.before(t->weighting));
         }
-      if (!in_set.empty()) exchange(watch(*sb), exec, in_set, factors, weights, stats);
+      if (!in_.empty()) exchange(watch(*sb), exec, stats);
     }
     fence(exec, label_fence_sync());
   }
@@ -447,10 +448,11 @@ class RowSparseSet {
     Kokkos::deep_copy(recv, recv_h);
   }
 
+  // The tensors in_ (factors_, weights_: theirs) summed over b's ranks.
   template <class Backend>
-  void exchange(const Backend& b, const ExecutionSpace& exec, const std::vector<const Base*>& dp,
-                const std::vector<T>& factors, const std::vector<T>& weights, Stats& stats) {
+  void exchange(const Backend& b, const ExecutionSpace& exec, Stats& stats) {
     const int n = b.size();
+    const auto& dp = in_;
     const std::size_t S = dp.size(), rec = 3;
     // Every rank's row count, capacity and count of bad row numbers, for every tensor: one allgather.
     grow(counts_, rec * S, "gradsync::row_sparse_counts");
@@ -459,9 +461,11 @@ class RowSparseSet {
     for (std::size_t s = 0; s < S; ++s) {
       mine(rec * s) = dp[s]->rows();
       mine(rec * s + 1) = dp[s]->capacity;
-      mine(rec * s + 2) = dp[s]->count_bad(exec);
+      mine(rec * s + 2) = 0;
     }
     Kokkos::deep_copy(counts_, mine);
+    for (std::size_t s = 0; s < S; ++s) dp[s]->count_bad(exec, counts_.data() + rec * s + 2);
+    fence(exec, label_fence_pack());
     reachable(b, counts_, counts_h_, all_counts_, all_counts_h_,
               [&](const std::int64_t* s, std::int64_t* r) { b.allgather(s, r, rec * S); });
     const auto& all = mirror(all_counts_h_, all_counts_);
@@ -480,13 +484,15 @@ class RowSparseSet {
       const std::int64_t need = std::min(total, t.table_rows);
       for (int r = 0; r < n; ++r)
         if (at(r, s, 1) < need) small += cat(small.empty() ? "" : ", ", r, " (", at(r, s, 1), ")");
-      const std::string what =
-          cat("row-sparse gradient '", t.name, "' (group ", t.group, ", ", t.table_rows, " rows of ", t.width, ")");
+      const auto what = [&] {  // built for an error only
+        return cat("row-sparse gradient '", t.name, "' (group ", t.group, ", ", t.table_rows, " rows of ", t.width,
+                   ")");
+      };
       if (!bad.empty())
-        throw Error(cat(what, ": row numbers outside [0, ", t.table_rows, ") on rank(s) ", bad,
+        throw Error(cat(what(), ": row numbers outside [0, ", t.table_rows, ") on rank(s) ", bad,
                         "; every rank stops at this synchronize()"));
       if (!small.empty())
-        throw Error(cat(what, ": the summed rows may need ", need, " rows (the ", n, " ranks hold ", total,
+        throw Error(cat(what(), ": the summed rows may need ", need, " rows (the ", n, " ranks hold ", total,
                         " together) but the capacity is smaller on rank(s) ", small,
                         "; give every rank capacity for the union of the ranks' rows"));
       if (total == 0) {
@@ -498,9 +504,9 @@ class RowSparseSet {
       const double sparse_bytes = double(n) * double(widest) * double(t.width * std::int64_t(sizeof(T)) + 8);
       const double dense_bytes = 2.0 * double(t.table_rows) * double(t.width + 1) * double(sizeof(T));
       if (sparse_bytes <= dense_bytes)
-        gather(b, exec, t, widest, weights[s], factors[s], stats);
+        gather(b, exec, t, widest, weights_[s], factors_[s], stats);
       else
-        densify(b, exec, t, weights[s], factors[s], stats);
+        densify(b, exec, t, weights_[s], factors_[s], stats);
     }
   }
 
@@ -514,7 +520,7 @@ class RowSparseSet {
     grow(idx_recv_, std::size_t(widest) * std::size_t(n), "gradsync::row_sparse_recv");
     grow(val_recv_, std::size_t(widest * w) * std::size_t(n), "gradsync::row_sparse_recv");
     t.read_indices(exec, idx_send_, widest);
-    Kokkos::parallel_for("gradsync::row_sparse_values", sparse_range(exec, widest * w),
+    Kokkos::parallel_for(label_row_sparse_values(), step_range(exec, widest * w),
                          SparseReadValues<T>{t.values(), val_send_.data(), rows * w, weight});
     fence(exec, label_fence_pack());
     reachable(b, idx_send_, idx_send_h_, idx_recv_, idx_recv_h_,
@@ -561,9 +567,9 @@ class RowSparseSet {
     const std::int64_t w = t.width, rows = t.rows(), len = t.table_rows * (w + 1);
     grow(dense_, std::size_t(len), "gradsync::row_sparse_dense");
     grow(idx_send_, std::size_t(rows), "gradsync::row_sparse_send");
-    Kokkos::parallel_for("gradsync::row_sparse_zero", sparse_range(exec, len), SparseZero<T>{dense_.data()});
+    Kokkos::parallel_for(label_row_sparse_zero(), step_range(exec, len), SparseZero<T>{dense_.data()});
     t.read_indices(exec, idx_send_, rows);
-    Kokkos::parallel_for("gradsync::row_sparse_scatter", sparse_range(exec, rows * (w + 1)),
+    Kokkos::parallel_for(label_row_sparse_scatter(), step_range(exec, rows * (w + 1)),
                          SparseScatter<T>{idx_send_.data(), t.values(), dense_.data(), w, weight});
     fence(exec, label_fence_pack());
     if (b.template can_access<MemorySpace>()) {
@@ -577,16 +583,22 @@ class RowSparseSet {
     stats.row_sparse_bytes += std::uint64_t(len) * sizeof(T);
     stats.row_sparse_collectives += 1;
     stats.row_sparse_densified += 1;
-    t.set_rows(t.write_compacted(exec, dense_, f));
+    grow(compacted_, 1, "gradsync::row_sparse_rows");
+    t.write_compacted(exec, dense_, f, compacted_.data());
+    const auto& h = mirror(compacted_h_, compacted_);
+    Kokkos::deep_copy(h, compacted_);
+    t.set_rows(h(0));
   }
 
   std::vector<std::shared_ptr<Base>> all_;
-  I64 counts_, all_counts_, idx_send_, idx_recv_, uniq_, begin_, src_;
+  I64 counts_, all_counts_, idx_send_, idx_recv_, uniq_, begin_, src_, compacted_;
   Vals val_send_, val_recv_, dense_;
   // Their host mirrors (the Views themselves in host memory), made when the Views grow.
-  typename I64::HostMirror counts_h_, all_counts_h_, idx_send_h_, idx_recv_h_, uniq_h_, begin_h_, src_h_;
+  typename I64::HostMirror counts_h_, all_counts_h_, idx_send_h_, idx_recv_h_, uniq_h_, begin_h_, src_h_, compacted_h_;
   typename Vals::HostMirror val_send_h_, val_recv_h_, dense_h_;
   std::vector<std::pair<std::int64_t, std::int64_t>> order_;
+  std::vector<const Base*> in_;       // the tensors of one exchange
+  std::vector<T> factors_, weights_;  // theirs
 };
 
 /// What a GradientSync over memory without a Kokkos execution space (gradsync's raw CUDA spaces)

@@ -387,18 +387,23 @@ void launch_per_segment(const std::string& label, const ExecutionSpace& exec, st
   SegmentLaunch<ExecutionSpace>::run(label, exec, nsegs, k);
 }
 
+/// [0, n) on `exec`, for the element-wise kernels of a step. An explicit chunk size: Kokkos 4's
+/// automatic one asks a default-constructed execution space for its concurrency, a heap allocation
+/// at every launch (OpenMP with deprecated code on); device backends ignore it.
+template <class ExecutionSpace>
+Kokkos::RangePolicy<ExecutionSpace, Kokkos::IndexType<std::int64_t>> step_range(const ExecutionSpace& exec,
+                                                                                std::int64_t n) {
+  return Kokkos::RangePolicy<ExecutionSpace, Kokkos::IndexType<std::int64_t>>(exec, std::int64_t(0), n,
+                                                                              Kokkos::ChunkSize(1));
+}
+
 /// The fusion kernels (a team operator() and a per-segment one): plain loops over segments on host
 /// execution spaces, a team per segment elsewhere.
 template <class ExecutionSpace, class Kernel>
 void launch_segments(const std::string& label, const ExecutionSpace& exec, std::int64_t nsegs, const Kernel& k) {
   if (nsegs <= 0) return;
-  // An explicit chunk size: Kokkos 4's automatic one asks a default-constructed execution space for
-  // its concurrency, a heap allocation at every launch (OpenMP with deprecated code on).
   if constexpr (is_host_execution_space_v<ExecutionSpace>)
-    Kokkos::parallel_for(label,
-                         Kokkos::RangePolicy<ExecutionSpace, Kokkos::IndexType<std::int64_t>>(
-                             exec, std::int64_t(0), nsegs, Kokkos::ChunkSize(1)),
-                         k);
+    Kokkos::parallel_for(label, step_range(exec, nsegs), k);
   else
     launch_per_segment(label, exec, nsegs, k);
 }
