@@ -59,6 +59,10 @@ class DeepCopiesUncounted {
   bool was_ = false;
 };
 
+/// Tells Kokkos, before Kokkos::initialize, that the counting callbacks need no fences around the
+/// events they count. Called by the test main.
+void prepare_kokkos_counting();
+
 /// Installs the callbacks (after Kokkos::initialize, once). Called by the test main.
 void start_kokkos_counting();
 

@@ -107,6 +107,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   int result = 0;
+  gradsync_test::prepare_kokkos_counting();
   Kokkos::initialize(argc, argv);
   gradsync_test::start_kokkos_counting();
   {

@@ -62,6 +62,7 @@ GRADSYNC_FENCE_LABEL(fence_sync, "gradsync:synced")
 GRADSYNC_FENCE_LABEL(fence_optimizer, "gradsync:update")
 GRADSYNC_FENCE_LABEL(fence_clip, "gradsync:clip")
 GRADSYNC_FENCE_LABEL(fence_reduce, "gradsync:reduce")
+GRADSYNC_FENCE_LABEL(fence_copy, "gradsync:copy")
 #undef GRADSYNC_FENCE_LABEL
 #undef GRADSYNC_LABEL
 

@@ -302,13 +302,10 @@ class ProcessSets {
         for_pieces(t.size, piece, [&](std::size_t off, std::size_t count) {
           const auto part = Kokkos::subview(here, std::make_pair(off, off + count));
           const auto host = Kokkos::subview(staging_, std::make_pair(std::size_t(0), staged_ ? count : 0));
-          if (staged_) {  // the copy back of the previous piece is ordered before this one on exec
-            Kokkos::deep_copy(exec, host, part);
-            fence(exec, label_fence_pack());
-          }
+          if (staged_) copy_now(exec, host, part);  // after the copy back of the previous piece
           sum_over_set(sb, staged_ ? staging_.data() : t.data + off, count, o, ctl,
                        WaitSite{"process set allreduce", call, std::int64_t(j), std::int64_t(s.tensors.size())});
-          if (staged_) Kokkos::deep_copy(exec, part, host);
+          if (staged_) copy_now(exec, part, host);
           stats.process_set_bytes += count * sizeof(T);
           ++stats.process_set_calls;
         });

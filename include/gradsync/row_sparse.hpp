@@ -437,15 +437,15 @@ class RowSparseSet {
 
   // op(pointers) on Views the backend can reach: the Views themselves, or their host mirrors.
   template <class Backend, class V, class Op>
-  static void reachable(const Backend& b, const V& send, typename V::HostMirror& send_h, const V& recv,
-                        typename V::HostMirror& recv_h, Op&& op) {
+  static void reachable(const Backend& b, const ExecutionSpace& exec, const V& send, typename V::HostMirror& send_h,
+                        const V& recv, typename V::HostMirror& recv_h, Op&& op) {
     if (b.template can_access<MemorySpace>()) {
       op(send.data(), recv.data());
       return;
     }
-    Kokkos::deep_copy(mirror(send_h, send), send);
+    copy_now(exec, mirror(send_h, send), send);
     op(send_h.data(), mirror(recv_h, recv).data());
-    Kokkos::deep_copy(recv, recv_h);
+    copy_now(exec, recv, recv_h);
   }
 
   // The tensors in_ (factors_, weights_: theirs) summed over b's ranks.
@@ -463,13 +463,13 @@ class RowSparseSet {
       mine(rec * s + 1) = dp[s]->capacity;
       mine(rec * s + 2) = 0;
     }
-    Kokkos::deep_copy(counts_, mine);
+    copy_now(exec, counts_, mine);
     for (std::size_t s = 0; s < S; ++s) dp[s]->count_bad(exec, counts_.data() + rec * s + 2);
     fence(exec, label_fence_pack());
-    reachable(b, counts_, counts_h_, all_counts_, all_counts_h_,
+    reachable(b, exec, counts_, counts_h_, all_counts_, all_counts_h_,
               [&](const std::int64_t* s, std::int64_t* r) { b.allgather(s, r, rec * S); });
     const auto& all = mirror(all_counts_h_, all_counts_);
-    Kokkos::deep_copy(all, all_counts_);
+    copy_now(exec, all, all_counts_);
     const auto at = [&](int r, std::size_t s, std::size_t k) { return all(std::size_t(r) * rec * S + rec * s + k); };
 
     for (std::size_t s = 0; s < S; ++s) {
@@ -523,9 +523,9 @@ class RowSparseSet {
     Kokkos::parallel_for(label_row_sparse_values(), step_range(exec, widest * w),
                          SparseReadValues<T>{t.values(), val_send_.data(), rows * w, weight});
     fence(exec, label_fence_pack());
-    reachable(b, idx_send_, idx_send_h_, idx_recv_, idx_recv_h_,
+    reachable(b, exec, idx_send_, idx_send_h_, idx_recv_, idx_recv_h_,
               [&](const std::int64_t* s, std::int64_t* r) { b.allgather(s, r, std::size_t(widest)); });
-    reachable(b, val_send_, val_send_h_, val_recv_, val_recv_h_,
+    reachable(b, exec, val_send_, val_send_h_, val_recv_, val_recv_h_,
               [&](const T* s, T* r) { b.allgather(s, r, std::size_t(widest * w)); });
     stats.row_sparse_bytes += std::uint64_t(widest) * std::uint64_t(w * std::int64_t(sizeof(T)) + 8);
     stats.row_sparse_collectives += 2;
@@ -533,7 +533,7 @@ class RowSparseSet {
     // Which gathered rows go to which output row: row number, then rank order (host bookkeeping on
     // the row numbers only; the sums run in one kernel).
     const auto& h = mirror(idx_recv_h_, idx_recv_);
-    Kokkos::deep_copy(h, idx_recv_);
+    copy_now(exec, h, idx_recv_);
     order_.clear();
     const std::int64_t m = widest * n;
     for (std::int64_t k = 0; k < m; ++k)
@@ -555,9 +555,9 @@ class RowSparseSet {
       hs(q) = order_[q].second;
     }
     hb(std::size_t(u)) = std::int64_t(order_.size());
-    Kokkos::deep_copy(uniq_, hu);
-    Kokkos::deep_copy(begin_, hb);
-    Kokkos::deep_copy(src_, hs);
+    copy_now(exec, uniq_, hu);
+    copy_now(exec, begin_, hb);
+    copy_now(exec, src_, hs);
     t.write_merged(exec, uniq_, begin_, src_, val_recv_, u, f);
     t.set_rows(u);
   }
@@ -576,9 +576,9 @@ class RowSparseSet {
       b.allreduce_sum(dense_.data(), std::size_t(len));
     } else {
       const auto& h = mirror(dense_h_, dense_);
-      Kokkos::deep_copy(h, dense_);
+      copy_now(exec, h, dense_);
       b.allreduce_sum(h.data(), std::size_t(len));
-      Kokkos::deep_copy(dense_, h);
+      copy_now(exec, dense_, h);
     }
     stats.row_sparse_bytes += std::uint64_t(len) * sizeof(T);
     stats.row_sparse_collectives += 1;
@@ -586,7 +586,7 @@ class RowSparseSet {
     grow(compacted_, 1, "gradsync::row_sparse_rows");
     t.write_compacted(exec, dense_, f, compacted_.data());
     const auto& h = mirror(compacted_h_, compacted_);
-    Kokkos::deep_copy(h, compacted_);
+    copy_now(exec, h, compacted_);
     t.set_rows(h(0));
   }
 

@@ -11,10 +11,12 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <utility>
 
 #include "../config.hpp"
+#include "cuda_aware.hpp"  // host_accessible_v
 
 namespace gradsync::impl {
 
@@ -40,14 +42,39 @@ struct MemoryOps {
   }
 
   // dst[dpos, dpos + len) = src[spos, spos + len), ordered on `exec` (asynchronous where the
-  // backend allows: device <-> pinned host on a CUDA stream).
+  // backend allows: device <-> pinned host on a CUDA stream; between host Views, complete on return).
   template <class ExecutionSpace, class Dst, class Src>
   static void copy(const ExecutionSpace& exec, const Dst& dst, std::size_t dpos, const Src& src, std::size_t spos,
-                   std::size_t len) {
-    Kokkos::deep_copy(exec, Kokkos::subview(dst, std::make_pair(dpos, dpos + len)),
-                      Kokkos::subview(src, std::make_pair(spos, spos + len)));
-  }
+                   std::size_t len);
 };
+
+/// dst = src (Views of one extent), complete on return, with `exec`'s work before it. Between host
+/// Views a fence and memcpy, nothing when they are one View: Kokkos 4's deep_copy labels its fences
+/// and its host copy kernel with std::strings built per call, and runs that kernel from a
+/// default-constructed OpenMP instance, heap allocations at every step.
+template <class ExecutionSpace, class Dst, class Src>
+void copy_now(const ExecutionSpace& exec, const Dst& dst, const Src& src) {
+  if constexpr (host_accessible_v<typename Dst::memory_space> && host_accessible_v<typename Src::memory_space>) {
+    fence(exec, label_fence_copy());
+    if (static_cast<const void*>(dst.data()) != static_cast<const void*>(src.data()) && dst.span() > 0)
+      std::memcpy(dst.data(), src.data(), dst.span() * sizeof(typename Dst::value_type));
+  } else {
+    Kokkos::deep_copy(exec, dst, src);
+    fence(exec, label_fence_copy());
+  }
+}
+
+template <class MemorySpace, class Enable>
+template <class ExecutionSpace, class Dst, class Src>
+void MemoryOps<MemorySpace, Enable>::copy(const ExecutionSpace& exec, const Dst& dst, std::size_t dpos, const Src& src,
+                                          std::size_t spos, std::size_t len) {
+  const auto d = Kokkos::subview(dst, std::make_pair(dpos, dpos + len));
+  const auto s = Kokkos::subview(src, std::make_pair(spos, spos + len));
+  if constexpr (host_accessible_v<typename Dst::memory_space> && host_accessible_v<typename Src::memory_space>)
+    copy_now(exec, d, s);
+  else
+    Kokkos::deep_copy(exec, d, s);
+}
 
 template <class X, class MemorySpace>
 using BufferView = typename MemoryOps<MemorySpace>::template buffer<X>;
