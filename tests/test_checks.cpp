@@ -12,8 +12,10 @@
 #include <utility>
 #include <vector>
 
+#include "blind_backend.hpp"
 #include "gradsync_test.hpp"
 
+using gradsync_test::BlindBackend;
 using gradsync_test::value_at;
 using gradsync_test::world_rank;
 using gradsync_test::world_size;
@@ -419,18 +421,6 @@ TEST_CASE("a std::vector resized after registration is refused (on the rank that
                          "(50 -> 80 elements) on rank " +
                              std::to_string(last)));
 }
-
-namespace {
-// A backend that cannot reach the gradients' memory (as MPI without CUDA support and device Views).
-struct BlindBackend : gradsync::MpiBackend {
-  using MpiBackend::MpiBackend;
-  static constexpr const char* name() { return "blind"; }
-  template <class MemorySpace>
-  bool can_access() const {
-    return false;
-  }
-};
-}  // namespace
 
 TEST_CASE("a memory space the backend cannot reach: staged through host, or a ConfigError with never") {
   const int rank = world_rank();

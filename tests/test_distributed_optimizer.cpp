@@ -12,8 +12,10 @@
 #include <type_traits>
 #include <vector>
 
+#include "blind_backend.hpp"
 #include "gradsync_test.hpp"
 
+using gradsync_test::BlindBackend;
 using gradsync_test::error_of;
 using gradsync_test::fill_host;
 using gradsync_test::host_copy;
@@ -494,25 +496,10 @@ TEST_CASE("global_norm in float accumulates in double") {
   GRADSYNC_CHECK_ALL(rel_err(norm, expect) < 1e-6);
 }
 
-namespace {
-
-// A backend that reaches no memory space directly: every collective of broadcast_parameters and
-// global_norm goes through a staging copy (the path of device memory with an MPI that is not
-// CUDA-aware, and of host counters with a device-only backend), testable without a GPU.
-struct UnreachableBackend : gradsync::MpiBackend {
-  using gradsync::MpiBackend::MpiBackend;
-  template <class MemorySpace>
-  bool can_access() const {
-    return false;
-  }
-};
-
-}  // namespace
-
 TEST_CASE("broadcast_parameters and global_norm through staging copies") {
   const int rank = world_rank(), size = world_size(), root = size - 1;
-  using USync = gradsync::GradientSync<UnreachableBackend, View>;
-  gradsync::DistributedOptimizer dopt(gradsync::Adam<View>(), USync(UnreachableBackend(MPI_COMM_WORLD)));
+  using USync = gradsync::GradientSync<BlindBackend, View>;
+  gradsync::DistributedOptimizer dopt(gradsync::Adam<View>(), USync(BlindBackend(MPI_COMM_WORLD)));
   View a("a", 7), ga("ga", 7), t("t", std::size_t(1 + rank)), gt("gt", std::size_t(1 + rank));
   dopt.add<Dense>(a, ga);
   dopt.add<Tower>(t, gt);

@@ -9,9 +9,11 @@
 #include <type_traits>
 #include <vector>
 
+#include "blind_backend.hpp"
 #include "gradsync_test.hpp"
 
 using gradsync_test::all_ranks;
+using gradsync_test::BlindBackend;
 using gradsync_test::fill_host;
 using gradsync_test::has;
 using gradsync_test::host_values;
@@ -194,16 +196,6 @@ template <>
 struct gradsync::LocalVarPolicy<Local> : gradsync::KeepLocal<gradsync::LocalScale::world_size> {};
 
 namespace {
-
-// A backend that reaches no memory space directly: the sets' tensors go through the host staging
-// buffer (the path of device memory with an MPI that is not CUDA-aware), testable without a GPU.
-struct UnreachableBackend : gradsync::MpiBackend {
-  using gradsync::MpiBackend::MpiBackend;
-  template <class MemorySpace>
-  bool can_access() const {
-    return false;
-  }
-};
 
 // The communicator of this rank's pair, for the tests' own reference broadcasts.
 MPI_Comm pair_comm() {
@@ -453,5 +445,5 @@ TEST_CASE("process sets: tensors above the backend's count limit are reduced in 
                     sync.stats().process_set_bytes == 2 * 22 * sizeof(double)));
   };
   SUBCASE("in place") { run(gradsync::MpiBackend(MPI_COMM_WORLD)); }
-  SUBCASE("through the host staging buffer") { run(UnreachableBackend(MPI_COMM_WORLD)); }
+  SUBCASE("through the host staging buffer") { run(BlindBackend(MPI_COMM_WORLD)); }
 }

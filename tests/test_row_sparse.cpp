@@ -9,9 +9,11 @@
 #include <string>
 #include <vector>
 
+#include "blind_backend.hpp"
 #include "gradsync_test.hpp"
 
 using gradsync_test::all_ranks;
+using gradsync_test::BlindBackend;
 using gradsync_test::has;
 using gradsync_test::host_values;
 using gradsync_test::world_rank;
@@ -92,17 +94,6 @@ double error_against(const RS<T>& g, const std::map<int, std::vector<double>>& w
   }
   return err;
 }
-
-// A backend that cannot reach the gradients' memory (MPI without CUDA support and device Views): the
-// row exchange goes through the host mirrors the sync keeps (the Views themselves on a host build).
-struct BlindBackend : gradsync::MpiBackend {
-  using MpiBackend::MpiBackend;
-  static constexpr const char* name() { return "blind"; }
-  template <class MemorySpace>
-  bool can_access() const {
-    return false;
-  }
-};
 
 template <class T, class Backend = gradsync::MpiBackend>
 void data_parallel_case(std::int64_t table, int width, int base_k, gradsync::Options o, bool expect_dense, double tol) {

@@ -10,9 +10,11 @@
 #include <string>
 #include <vector>
 
+#include "blind_backend.hpp"
 #include "gradsync_test.hpp"
 #include "kokkos_counts.hpp"
 
+using gradsync_test::BlindBackend;
 using gradsync_test::host_values;
 using gradsync_test::world_rank;
 using gradsync_test::world_size;
@@ -180,17 +182,6 @@ void run_path(const Path& p, Backend backend, const std::vector<int>& members) {
   GRADSYNC_CHECK_ALL(counted.heap == 0);
   GRADSYNC_CHECK_ALL(counted.kokkos == 0);
 }
-
-// A backend that reaches no memory space: every exchange is staged through host memory (device
-// Views with an MPI that is not CUDA-aware).
-struct BlindBackend : gradsync::MpiBackend {
-  using MpiBackend::MpiBackend;
-  static constexpr const char* name() { return "blind"; }
-  template <class MemorySpace>
-  bool can_access() const {
-    return false;
-  }
-};
 
 // Row-sparse, data-parallel: rank r gives rows r and r + 1 (mod the table) of width 4 in step s,
 // shifted by s; the union holds every rank's rows, the rows two ranks give summed. A table of 1000
