@@ -69,6 +69,14 @@ struct Counted {
     heap += gradsync_test::heap_allocations() - h;
     kokkos += gradsync_test::kokkos_counts().allocations - k;
   }
+  // None of either, on every rank.
+  void check_none() const {
+    CAPTURE(heap);
+    CAPTURE(kokkos);
+    CAPTURE(gradsync_test::last_kokkos_allocation());
+    GRADSYNC_CHECK_ALL(heap == 0);
+    GRADSYNC_CHECK_ALL(kokkos == 0);
+  }
 };
 
 // A hybrid model: dense tensors (one of 80 KB, reduced in place by the nonblocking path's ring; a
@@ -173,14 +181,10 @@ void run_path(const Path& p, Backend backend, const std::vector<int>& members) {
     check_step(s);
   }
   CAPTURE(worst);
-  CAPTURE(counted.heap);
-  CAPTURE(counted.kokkos);
-  CAPTURE(gradsync_test::last_kokkos_allocation());
   GRADSYNC_CHECK_ALL(returns_right);
   GRADSYNC_CHECK_ALL(worst <= 1e-6);
   GRADSYNC_CHECK_ALL(sync.stats().steps == std::uint64_t(p.warmup + 4));
-  GRADSYNC_CHECK_ALL(counted.heap == 0);
-  GRADSYNC_CHECK_ALL(counted.kokkos == 0);
+  counted.check_none();
 }
 
 // Row-sparse, data-parallel: rank r gives rows r and r + 1 (mod the table) of width 4 in step s,
@@ -257,14 +261,10 @@ void run_row_sparse(const char* what, std::int64_t table_rows, bool densified) {
     }
   }
   CAPTURE(worst);
-  CAPTURE(counted.heap);
-  CAPTURE(counted.kokkos);
-  CAPTURE(gradsync_test::last_kokkos_allocation());
   GRADSYNC_CHECK_ALL(rows_ok);
   GRADSYNC_CHECK_ALL(worst <= 1e-6);
   GRADSYNC_CHECK_ALL(sync.stats().row_sparse_densified == (densified ? warmup + 4u : 0u));
-  GRADSYNC_CHECK_ALL(counted.heap == 0);
-  GRADSYNC_CHECK_ALL(counted.kokkos == 0);
+  counted.check_none();
 }
 
 gradsync::Options with(void (*f)(gradsync::Options&)) {

@@ -675,15 +675,12 @@ class GradientSync {
 
   // RowSparse gradients, after the dense exchange: world, then process sets in binding order.
   void finish_row_sparse() {
-    static const std::vector<std::string> no_sets;
-    const std::vector<std::string>* tags = &no_sets;
-    if constexpr (sets_supported) tags = &sets_.tags_in_order();
     // Weighted, the rows carry this rank's samples before the sum (pre_factor's share) and 1/N after.
     const impl::SampleWeights<value_type>& w = plan_.weights();
     const value_type dp_factor =
         weighted() ? value_type(opt_.prescale_factor) * plan_.post_factor() : plan_.pre_factor() * plan_.post_factor();
     sparse_.finish(
-        backend_, exec_, dp_factor, stats_, *tags,
+        backend_, exec_, dp_factor, stats_, sets_.sets(),
         [&](const std::string& tag, SetScale scale) -> std::pair<const set_backend_type*, value_type> {
           if constexpr (sets_supported)
             return {&sets_.backend_of(tag),

@@ -159,10 +159,7 @@ class ProcessSets {
       throw Error(cat(what, ": the set must contain this rank (each rank binds the set it reduces with)"));
     Set* s = find(tag);
     if (s && s->ranks != ranks) throw Error(cat(what, ": already bound to ", rank_list(s->ranks)));
-    if (!s) {
-      sets_.push_back(Set{tag, std::move(ranks), nullptr, {}, {}});
-      tags_.push_back(tag);
-    }
+    if (!s) sets_.push_back(Set{tag, std::move(ranks), nullptr, {}, {}});
   }
 
   Set& set_of(const std::string& tag, const std::string& name, const std::string& group, int me) {
@@ -317,9 +314,6 @@ class ProcessSets {
     }
   }
 
-  /// The kinds of sets bound, in binding order (kept: asked at every step with row-sparse gradients).
-  const std::vector<std::string>& tags_in_order() const { return tags_; }
-
   bool has_tensors() const {
     return std::any_of(sets_.begin(), sets_.end(), [](const Set& s) { return !s.tensors.empty(); });
   }
@@ -370,7 +364,6 @@ class ProcessSets {
   }
 
   std::vector<Set> sets_;
-  std::vector<std::string> tags_;  // the sets' tags, in binding order
   bool staged_ = false;
   std::size_t largest_ = 0;  // elements of the largest dense tensor over a set
   Staging staging_;          // host copy of one piece at a time, when staged_

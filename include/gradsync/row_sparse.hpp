@@ -370,14 +370,15 @@ class RowSparseSet {
 
   /// After the dense exchange: local ones scaled, data-parallel ones summed over the ranks and
   /// multiplied by `dp_factor` (prescale, postscale, 1/n for average), then those over process sets,
-  /// set by set in `tags` order: route(tag, scale) gives the set's backend and factor. watch(backend)
+  /// set by set in binding order (`sets`, each with its `tag`): route(tag, scale) gives the set's
+  /// backend and factor. watch(backend)
   /// gives the collectives to use on a backend (the sync's, waited under its watchdog: impl::Watched).
   /// Weighted (`w`, set_samples()): a data-parallel or world_size set's rows are weighted by this
   /// rank's samples before the sum (the factors then hold 1/N); local ones take their group's
   /// weighting instead of local_factor.
-  template <class Backend, class Route, class Watch>
-  void finish(const Backend& b, const ExecutionSpace& exec, T dp_factor, Stats& stats,
-              const std::vector<std::string>& tags, Route&& route, Watch&& watch, const SampleWeights<T>& w = {}) {
+  template <class Backend, class Sets, class Route, class Watch>
+  void finish(const Backend& b, const ExecutionSpace& exec, T dp_factor, Stats& stats, const Sets& sets, Route&& route,
+              Watch&& watch, const SampleWeights<T>& w = {}) {
     // The lists below are members, cleared and refilled: a step allocates nothing once they have grown.
     in_.clear();
     for (const auto& t : all_) {
@@ -396,7 +397,8 @@ class RowSparseSet {
       weights_.assign(in_.size(), w.own);
       exchange(watch(b), exec, stats);
     }
-    for (const std::string& tag : tags) {
+    for (const auto& set : sets) {
+      const std::string& tag = set.tag;
       in_.clear(), factors_.clear(), weights_.clear();
       decltype(route(tag, SetScale::world_size).first) sb = nullptr;
       for (const auto& t : all_)
@@ -613,8 +615,8 @@ struct NoRowSparse {
   template <class F>
   void for_each_registration(F&&) const {}
   void describe(std::vector<RegDesc>&) const {}
-  template <class Backend, class E, class T, class Route, class Watch, class W>
-  void finish(const Backend&, const E&, T, Stats&, const std::vector<std::string>&, Route&&, Watch&&, const W&) {}
+  template <class Backend, class E, class T, class Sets, class Route, class Watch, class W>
+  void finish(const Backend&, const E&, T, Stats&, const Sets&, Route&&, Watch&&, const W&) {}
   std::string set_size_tensor() const { return {}; }
 };
 

@@ -48,13 +48,18 @@ struct MemoryOps {
                    std::size_t len);
 };
 
+/// Whether host code reads and writes both Views' memory: copy_now copies them with memcpy.
+template <class Dst, class Src>
+inline constexpr bool host_to_host_v =
+    host_accessible_v<typename Dst::memory_space>&& host_accessible_v<typename Src::memory_space>;
+
 /// dst = src (Views of one extent), complete on return, with `exec`'s work before it. Between host
 /// Views a fence and memcpy, nothing when they are one View: Kokkos 4's deep_copy labels its fences
 /// and its host copy kernel with std::strings built per call, and runs that kernel from a
 /// default-constructed OpenMP instance, heap allocations at every step.
 template <class ExecutionSpace, class Dst, class Src>
 void copy_now(const ExecutionSpace& exec, const Dst& dst, const Src& src) {
-  if constexpr (host_accessible_v<typename Dst::memory_space> && host_accessible_v<typename Src::memory_space>) {
+  if constexpr (host_to_host_v<Dst, Src>) {
     fence(exec, label_fence_copy());
     if (static_cast<const void*>(dst.data()) != static_cast<const void*>(src.data()) && dst.span() > 0)
       std::memcpy(dst.data(), src.data(), dst.span() * sizeof(typename Dst::value_type));
@@ -70,7 +75,7 @@ void MemoryOps<MemorySpace, Enable>::copy(const ExecutionSpace& exec, const Dst&
                                           std::size_t spos, std::size_t len) {
   const auto d = Kokkos::subview(dst, std::make_pair(dpos, dpos + len));
   const auto s = Kokkos::subview(src, std::make_pair(spos, spos + len));
-  if constexpr (host_accessible_v<typename Dst::memory_space> && host_accessible_v<typename Src::memory_space>)
+  if constexpr (host_to_host_v<Dst, Src>)
     copy_now(exec, d, s);
   else
     Kokkos::deep_copy(exec, d, s);
