@@ -4,9 +4,10 @@
 // rank joins with ncclCommInitRank on its current CUDA device (select it before, e.g. by local rank;
 // Kokkos::initialize does). Every NCCL and CUDA error becomes a gradsync::Error naming the call.
 //
-// Stream semantics: the nonblocking iallreduce_* enqueue on the backend's stream and record an
-// event; wait() blocks the host until that event, test() polls it. The blocking collectives enqueue
-// and then synchronize the stream, so on return the result is visible to the host and every stream.
+// Stream semantics: the nonblocking forms (iallreduce_*, ibroadcast, iallgather) enqueue on the
+// backend's stream and record an event; wait() blocks the host until that event, test() polls it.
+// The blocking collectives enqueue and then synchronize the stream, so on return the result is
+// visible to the host and every stream.
 //
 // Failure: abort() (ncclCommAbort) terminates what the backend enqueued and never finished, so the
 // stream, the user's, is not left holding a kernel that waits for a peer which stalled or failed.
@@ -212,19 +213,39 @@ class NcclBackend {
   /// allocates nothing.
   template <class T>
   void broadcast(T* buf, std::size_t n, int root) const {
-    if (root < 0 || root >= size())
-      throw Error(impl::cat("broadcast root ", root, " is not a rank of this ", size(), "-rank NCCL communicator"));
-    impl::nccl_check(ncclBroadcast(buf, buf, n, impl::nccl_type<T>(), root, live_comm(), stream()), "ncclBroadcast",
-                     nccl_comm());
+    enqueue_broadcast(buf, n, root);
+    sync();
+  }
+  /// Blocking gather: recv holds size()*n values, rank r's `n` values at recv + r*n.
+  template <class T>
+  void allgather(const T* send, T* recv, std::size_t n) const {
+    enqueue_allgather(send, recv, n);
     sync();
   }
 
-  /// recv holds size()*n values: rank r's `n` values at recv + r*n.
+  // The nonblocking forms of the collectives gradsync's helpers use (broadcast_parameters, the
+  // norm's and the optimizer's agreements, the row-sparse exchange, process sets' setup): with
+  // them impl::Watched waits under the stall watchdog, so a rank that never joins is named at the
+  // deadline and the failure path's abort() releases the stream, where the blocking forms would
+  // wait in cudaStreamSynchronize forever.
+
+  /// Enqueues an in-place minimum; wait() or test() the request before reading `buf`.
   template <class T>
-  void allgather(const T* send, T* recv, std::size_t n) const {
-    impl::nccl_check(ncclAllGather(send, recv, n, impl::nccl_type<T>(), live_comm(), stream()), "ncclAllGather",
-                     nccl_comm());
-    sync();
+  Request iallreduce_min(T* buf, std::size_t n) const {
+    allreduce(buf, n, ncclMin);
+    return record();
+  }
+  /// Enqueues a broadcast of n values from `root` (an Error when root is not a rank).
+  template <class T>
+  Request ibroadcast(T* buf, std::size_t n, int root) const {
+    enqueue_broadcast(buf, n, root);
+    return record();
+  }
+  /// Enqueues allgather(send, recv, n).
+  template <class T>
+  Request iallgather(const T* send, T* recv, std::size_t n) const {
+    enqueue_allgather(send, recv, n);
+    return record();
   }
 
   /// Each rank sends n values to every rank (send and recv hold size()*n values): grouped
@@ -409,6 +430,18 @@ class NcclBackend {
   template <class T>
   void allreduce(T* buf, std::size_t n, ncclRedOp_t op) const {
     impl::nccl_check(ncclAllReduce(buf, buf, n, impl::nccl_type<T>(), op, live_comm(), stream()), "ncclAllReduce",
+                     nccl_comm());
+  }
+  template <class T>
+  void enqueue_broadcast(T* buf, std::size_t n, int root) const {
+    if (root < 0 || root >= size())
+      throw Error(impl::cat("broadcast root ", root, " is not a rank of this ", size(), "-rank NCCL communicator"));
+    impl::nccl_check(ncclBroadcast(buf, buf, n, impl::nccl_type<T>(), root, live_comm(), stream()), "ncclBroadcast",
+                     nccl_comm());
+  }
+  template <class T>
+  void enqueue_allgather(const T* send, T* recv, std::size_t n) const {
+    impl::nccl_check(ncclAllGather(send, recv, n, impl::nccl_type<T>(), live_comm(), stream()), "ncclAllGather",
                      nccl_comm());
   }
 

@@ -1,9 +1,12 @@
 // NcclBackend against analytic values on device memory, every collective, float and double, when
 // every rank has its own CUDA device. On a machine without one (CI), the same program checks that
 // building the backend fails with a gradsync::Error on every rank, naming them, and that none hangs.
-// Compiled by the host compiler: the backend itself needs no nvcc.
+// Compiled by the host compiler: the backend itself needs no nvcc. Built against a Kokkos with CUDA
+// (tests/gpu/run.sh), it also runs a DistributedOptimizer over NCCL on Kokkos::CudaSpace views.
 #include <gradsync/gradsync.hpp>
 
+#include <algorithm>
+#include <cmath>
 #include <set>
 #include <string>
 #include <vector>
@@ -27,6 +30,12 @@ static_assert(!gradsync::impl::has_abort<gradsync::MpiBackend>::value);
 static_assert(!gradsync::impl::reads_memory_space<gradsync::NcclBackend, Kokkos::HostSpace>::value);
 static_assert(gradsync::impl::reads_memory_space<gradsync::NcclBackend, gradsync::CudaDeviceSpace>::value);
 static_assert(gradsync::impl::reads_memory_space<gradsync::MpiBackend, Kokkos::HostSpace>::value);
+// The helpers' collectives (broadcast_parameters, the norm, the row-sparse exchange, process sets'
+// setup) have nonblocking forms, so impl::Watched waits for them under the stall watchdog instead
+// of in cudaStreamSynchronize.
+static_assert(gradsync::impl::has_ibroadcast<gradsync::NcclBackend>::value);
+static_assert(gradsync::impl::has_iallreduce_min<gradsync::NcclBackend>::value);
+static_assert(gradsync::impl::has_iallgather<gradsync::NcclBackend>::value);
 
 TEST_CASE("NcclBackend without a usable CUDA device: gradsync::Error on every rank, no hang") {
   if (gpu_setup().devices > 0) {
@@ -114,18 +123,34 @@ TEST_CASE_TEMPLATE("NcclBackend collectives on device memory", T, float, double)
       for (std::size_t i = 0; i < m; ++i) ok = ok && l[i] == value(0, i) && h[i] == value(n - 1, i);
     }
     GRADSYNC_CHECK_ALL(ok);
+    {  // the nonblocking forms, all three in flight at once, waited in reverse order
+      DeviceArray<T> lo(mine), bc(mine), gs(mine), gr(std::size_t(n) * m);
+      auto rl = b.iallreduce_min(lo.data(), m);
+      auto rb = b.ibroadcast(bc.data(), m, n - 1);
+      auto rg = b.iallgather(gs.data(), gr.data(), m);
+      b.wait(rg);
+      b.wait(rb);
+      b.wait(rl);
+      auto l = lo.download(), h = bc.download(), g = gr.download();
+      for (std::size_t i = 0; i < m; ++i) {
+        ok = ok && l[i] == value(0, i) && h[i] == value(n - 1, i);
+        for (int q = 0; q < n; ++q) ok = ok && g[std::size_t(q) * m + i] == value(q, i);
+      }
+    }
+    GRADSYNC_CHECK_ALL(ok);
     {  // broadcast from the last rank
       DeviceArray<T> d(mine);
       b.broadcast(d.data(), m, n - 1);
       auto h = d.download();
       for (std::size_t i = 0; i < m; ++i) ok = ok && h[i] == value(n - 1, i);
-      bool threw = false;
-      try {
-        b.broadcast(d.data(), m, n);
-      } catch (const gradsync::Error&) {
-        threw = true;
+      for (int root : {-1, n}) {
+        const std::string blocking = gradsync_test::error_of([&] { b.broadcast(d.data(), m, root); });
+        const std::string nonblocking = gradsync_test::error_of([&] { (void)b.ibroadcast(d.data(), m, root); });
+        const std::string expect = "gradsync: broadcast root " + std::to_string(root) + " is not a rank of this " +
+                                   std::to_string(n) + "-rank NCCL communicator";
+        CAPTURE(blocking);
+        ok = ok && blocking == expect && nonblocking == expect;
       }
-      ok = ok && threw;
     }
     GRADSYNC_CHECK_ALL(ok);
     {  // allgather and alltoall: rank r's block for rank q holds r * 100 + q
@@ -202,6 +227,79 @@ TEST_CASE("NcclBackend::abort releases a stream that waits for a missing peer, a
   MPI_Barrier(MPI_COMM_WORLD);
   cudaStreamDestroy(stream);
 }
+
+#if defined(KOKKOS_ENABLE_CUDA)
+struct Dense {};
+struct Tower {};
+template <>
+struct gradsync::LocalVarPolicy<Tower> : gradsync::KeepLocal<gradsync::LocalScale::world_size> {};
+
+// Horovod's GPU configuration: a DistributedOptimizer over NcclBackend on Kokkos::CudaSpace views.
+// broadcast_parameters (its count agreement and broadcasts), the global norm and clipping (an
+// allreduce of one value) run through the backend's nonblocking forms under the stall watchdog.
+// Checked against analytic per-rank values. Built only against a Kokkos with CUDA (tests/gpu/run.sh).
+TEST_CASE("DistributedOptimizer over NcclBackend on Kokkos::CudaSpace views: broadcast, norm, clip, step") {
+  if (!gpu_setup().nccl_ok) {
+    MESSAGE("skipped: " << gpu_setup().why);
+    return;
+  }
+  using V = Kokkos::View<double*, Kokkos::CudaSpace>;
+  using Sync = gradsync::GradientSync<gradsync::NcclBackend, V>;
+  const int rank = world_rank(), n = world_size(), root = n - 1;
+  const std::size_t m = 1000, k = std::size_t(3 + rank);  // the tower's size differs by rank
+  Kokkos::Cuda exec;
+  gradsync::SgdOptions so;
+  so.lr = 0.5;
+  gradsync::DistributedOptimizer dopt(gradsync::Sgd<V>(so),
+                                      Sync(gradsync::NcclBackend(MPI_COMM_WORLD, exec), gradsync::Options{}, exec));
+  V w("w", m), gw("gw", m), t("tower", k), gt("gt", k);
+  dopt.add<Dense>(w, gw, "w");
+  dopt.add<Tower>(t, gt, "tower");
+  auto w0 = [](int r, std::size_t i) { return 10.0 * r + double(i % 7); };
+  auto t0 = [](int r, std::size_t j) { return r + 0.25 * double(j); };
+  auto gw_of = [](int r, std::size_t i) { return r + 1.0 + double(i % 5) / 4; };
+  auto gt_of = [](int r, std::size_t j) { return (r + 1.0) * double(j + 1) / 8; };
+  gradsync_test::fill_host(w, [&](std::size_t i) { return w0(rank, i); });
+  gradsync_test::fill_host(t, [&](std::size_t j) { return t0(rank, j); });
+  dopt.broadcast_parameters(root);
+  bool ok = true;
+  {
+    const auto hw = gradsync_test::host_values(w), ht = gradsync_test::host_values(t);
+    for (std::size_t i = 0; i < m; ++i) ok = ok && hw[i] == w0(root, i);
+    for (std::size_t j = 0; j < k; ++j) ok = ok && ht[j] == t0(rank, j);  // local: kept
+  }
+  GRADSYNC_CHECK_ALL(ok);
+
+  gradsync_test::fill_host(gw, [&](std::size_t i) { return gw_of(rank, i); });
+  gradsync_test::fill_host(gt, [&](std::size_t j) { return gt_of(rank, j); });
+  GRADSYNC_CHECK_ALL(dopt.synchronize());
+  // The single-process norm on the global batch: the average of the data-parallel gradient, and
+  // every rank's tower gradient scaled by 1/n, each counted once.
+  auto average = [&](std::size_t i) {
+    double s = 0;
+    for (int r = 0; r < n; ++r) s += gw_of(r, i);
+    return s / n;
+  };
+  double sq = 0;
+  for (std::size_t i = 0; i < m; ++i) sq += average(i) * average(i);
+  for (int r = 0; r < n; ++r)
+    for (std::size_t j = 0; j < std::size_t(3 + r); ++j) sq += (gt_of(r, j) / n) * (gt_of(r, j) / n);
+  const double norm = std::sqrt(sq), max_norm = norm / 2, coef = max_norm / (norm + 1e-6);
+  const double got = dopt.clip_grad_norm(max_norm);
+  CAPTURE(got);
+  CAPTURE(norm);
+  GRADSYNC_CHECK_ALL(gradsync_test::rel_err(got, norm) < 1e-12);
+  dopt.apply();
+  double err = 0;
+  const auto hw = gradsync_test::host_values(w), ht = gradsync_test::host_values(t);
+  for (std::size_t i = 0; i < m; ++i)
+    err = std::max(err, gradsync_test::rel_err(hw[i], w0(root, i) - so.lr * coef * average(i)));
+  for (std::size_t j = 0; j < k; ++j)
+    err = std::max(err, gradsync_test::rel_err(ht[j], t0(rank, j) - so.lr * coef * gt_of(rank, j) / n));
+  CAPTURE(err);
+  GRADSYNC_CHECK_ALL(err < 1e-12);
+}
+#endif
 
 TEST_CASE("MpiBackend reaches gradsync::CudaDeviceSpace only when CUDA-aware") {
   gradsync::MpiBackend aware(MPI_COMM_WORLD, gradsync::CudaAwareMpi::yes);
