@@ -224,10 +224,10 @@ class NcclBackend {
   }
 
   // The nonblocking forms of the collectives gradsync's helpers use (broadcast_parameters, the
-  // norm's and the optimizer's agreements, the row-sparse exchange, process sets' setup): with
-  // them impl::Watched waits under the stall watchdog, so a rank that never joins is named at the
-  // deadline and the failure path's abort() releases the stream, where the blocking forms would
-  // wait in cudaStreamSynchronize forever.
+  // norm's and the optimizer's agreements, the row-sparse exchange): with them impl::Watched waits
+  // under the stall watchdog, so a rank that never joins is named at the deadline and the failure
+  // path's abort() releases the stream, where the blocking forms would wait in
+  // cudaStreamSynchronize forever.
 
   /// Enqueues an in-place minimum; wait() or test() the request before reading `buf`.
   template <class T>
