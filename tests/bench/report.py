@@ -68,6 +68,13 @@ def mib(b):
     return f"{b / 2**20:.1f}"
 
 
+def hand_written(name):
+    """A section of this page kept across its reruns: tests/bench/<name>, where it is edited (edits
+    made to docs/BENCHMARKS.md itself are lost at the next run)."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), name)
+    return [open(path).read().strip(), ""] if os.path.exists(path) else []
+
+
 def main():
     results, out_dir, docs_dir, machine_file, command = sys.argv[1:6]
     rows = load(results)
@@ -274,6 +281,8 @@ unset multiplot
     cg = os.path.join(out_dir, "callgrind.txt")
     if os.path.exists(cg):
         md += ["## Host path instruction count (regression reference)", "", open(cg).read().strip(), ""]
+        md += hand_written("host_path_notes.md")  # the count's history
+    md += hand_written("samples.md")  # the cost of set_samples()
 
     doc = ["# gradsync benchmarks", "",
            "Written by `tests/bench/run.sh`; rerun it to refresh this page and `benchmarks.png`.", "",
@@ -306,17 +315,9 @@ unset multiplot
            + "DDP (Debian python3-torch, gloo on 127.0.0.1) on a dummy module with the same parameter shapes: "
            "median backward time minus median backward time under `no_sync()`.", ""]
     doc += md
-    # Written by tests/bench/first_call.sh (its own command and date), kept across reruns of this page.
-    first = os.path.join(os.path.dirname(os.path.abspath(__file__)), "first_call.md")
-    if os.path.exists(first):
-        doc += [open(first).read().strip(), ""]
-    notes = os.path.join(os.path.dirname(os.path.abspath(__file__)), "benchmarks_notes.md")
-    if os.path.exists(notes):
-        doc += [open(notes).read().strip(), ""]
-    # Written by hand from tests/bench/checkpoint.sh's runs (issue 33), kept across reruns of this page.
-    checkpoint = os.path.join(os.path.dirname(os.path.abspath(__file__)), "checkpoint.md")
-    if os.path.exists(checkpoint):
-        doc += [open(checkpoint).read().strip(), ""]
+    doc += hand_written("first_call.md")  # written by tests/bench/first_call.sh (its own command and date)
+    doc += hand_written("benchmarks_notes.md")
+    doc += hand_written("checkpoint.md")  # from tests/bench/checkpoint.sh's runs (issue 33)
     if plot_ok:
         doc += ["## Plot", "", "![time against bytes and against tensor count](benchmarks.png)", ""]
     os.makedirs(docs_dir, exist_ok=True)
