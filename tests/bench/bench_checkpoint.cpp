@@ -176,7 +176,13 @@ struct Model {
         table_rows_here += rows[t];
       }
     dopt.broadcast_parameters(0);
-    // One step: Adam's moments and step counts are nonzero, as in a checkpoint of a training run.
+    first_step();
+  }
+
+  // One step: Adam's moments and step counts are nonzero, as in a checkpoint of a training run. (A
+  // member function, not the constructor: CUDA's extended lambdas need a parent whose address can
+  // be taken.)
+  void first_step() {
     for (std::size_t k = 0; k < grads.size(); ++k) {
       View g = grads[k];
       Kokkos::parallel_for(
