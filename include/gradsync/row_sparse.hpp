@@ -371,8 +371,8 @@ class RowSparseSet {
   /// After the dense exchange: local ones scaled, data-parallel ones summed over the ranks and
   /// multiplied by `dp_factor` (prescale, postscale, 1/n for average), then those over process sets,
   /// set by set in binding order (`sets`, each with its `tag`): route(tag, scale) gives the set's
-  /// backend and factor. watch(backend)
-  /// gives the collectives to use on a backend (the sync's, waited under its watchdog: impl::Watched).
+  /// backend and factor. watch(backend) gives the collectives to use on a backend (the sync's, waited
+  /// under its watchdog: impl::Watched).
   /// Weighted (`w`, set_samples()): a data-parallel or world_size set's rows are weighted by this
   /// rank's samples before the sum (the factors then hold 1/N); local ones take their group's
   /// weighting instead of local_factor.

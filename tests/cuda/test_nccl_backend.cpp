@@ -30,9 +30,9 @@ static_assert(!gradsync::impl::has_abort<gradsync::MpiBackend>::value);
 static_assert(!gradsync::impl::reads_memory_space<gradsync::NcclBackend, Kokkos::HostSpace>::value);
 static_assert(gradsync::impl::reads_memory_space<gradsync::NcclBackend, gradsync::CudaDeviceSpace>::value);
 static_assert(gradsync::impl::reads_memory_space<gradsync::MpiBackend, Kokkos::HostSpace>::value);
-// The helpers' collectives (broadcast_parameters, the norm, the row-sparse exchange, process sets'
-// setup) have nonblocking forms, so impl::Watched waits for them under the stall watchdog instead
-// of in cudaStreamSynchronize.
+// The helpers' collectives (broadcast_parameters, the norm, the row-sparse exchange) have
+// nonblocking forms, so impl::Watched waits for them under the stall watchdog instead of in
+// cudaStreamSynchronize.
 static_assert(gradsync::impl::has_ibroadcast<gradsync::NcclBackend>::value);
 static_assert(gradsync::impl::has_iallreduce_min<gradsync::NcclBackend>::value);
 static_assert(gradsync::impl::has_iallgather<gradsync::NcclBackend>::value);
@@ -246,7 +246,8 @@ TEST_CASE("DistributedOptimizer over NcclBackend on Kokkos::CudaSpace views: bro
   using V = Kokkos::View<double*, Kokkos::CudaSpace>;
   using Sync = gradsync::GradientSync<gradsync::NcclBackend, V>;
   const int rank = world_rank(), n = world_size(), root = n - 1;
-  const std::size_t m = 1000, k = std::size_t(3 + rank);  // the tower's size differs by rank
+  auto tower_size = [](int r) { return std::size_t(3 + r); };  // differs by rank
+  const std::size_t m = 1000, k = tower_size(rank);
   Kokkos::Cuda exec;
   gradsync::SgdOptions so;
   so.lr = 0.5;
@@ -283,7 +284,7 @@ TEST_CASE("DistributedOptimizer over NcclBackend on Kokkos::CudaSpace views: bro
   double sq = 0;
   for (std::size_t i = 0; i < m; ++i) sq += average(i) * average(i);
   for (int r = 0; r < n; ++r)
-    for (std::size_t j = 0; j < std::size_t(3 + r); ++j) sq += (gt_of(r, j) / n) * (gt_of(r, j) / n);
+    for (std::size_t j = 0; j < tower_size(r); ++j) sq += (gt_of(r, j) / n) * (gt_of(r, j) / n);
   const double norm = std::sqrt(sq), max_norm = norm / 2, coef = max_norm / (norm + 1e-6);
   const double got = dopt.clip_grad_norm(max_norm);
   CAPTURE(got);
