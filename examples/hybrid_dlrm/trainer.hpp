@@ -32,6 +32,7 @@
 #include <numeric>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -534,8 +535,8 @@ class Trainer {
       for (int t : tables_of_[std::size_t(q)])
         for (Index s = 0; s < b_; ++s) *out++ = ids_local_h_(s, t);
     }
-    group_.alltoallv(ids_send_.data(), id_scount_.data(), id_sdispl_.data(), ids_recv_.data(), id_rcount_.data(),
-                     id_rdispl_.data());
+    watched_alltoallv(ids_send_.data(), id_scount_.data(), id_sdispl_.data(), ids_recv_.data(), id_rcount_.data(),
+                      id_rdispl_.data(), "all-to-all of embedding ids");
     count_sent(id_scount_, sizeof(int), stats_.ids);
     const Index m = Index(my_.size());
     for (int p = 0; p < gn_; ++p)
@@ -586,9 +587,21 @@ class Trainer {
                  const std::vector<int>& rcount, const std::vector<int>& rdispl, std::uint64_t& bytes) {
     Kokkos::fence();
     Kokkos::deep_copy(send_h, send);
-    group_.alltoallv(send_h.data(), scount.data(), sdispl.data(), recv_h.data(), rcount.data(), rdispl.data());
+    watched_alltoallv(send_h.data(), scount.data(), sdispl.data(), recv_h.data(), rcount.data(), rdispl.data(),
+                      "all-to-all of embeddings");
     Kokkos::deep_copy(recv, recv_h);
     count_sent(scount, sizeof(Real), bytes);
+  }
+
+  // Over MPI, waited under the sync's stall watchdog (gradsync::alltoallv): a stopped or failed rank
+  // of the group ends the others' wait with an error naming the exchange instead of hanging them.
+  template <class T>
+  void watched_alltoallv(const T* send, const int* scount, const int* sdispl, T* recv, const int* rcount,
+                         const int* rdispl, const char* what) {
+    if constexpr (std::is_same_v<Backend, gradsync::MpiBackend>)
+      gradsync::alltoallv(sync_, send, scount, sdispl, recv, rcount, rdispl, group_.comm(), what);
+    else
+      group_.alltoallv(send, scount, sdispl, recv, rcount, rdispl);
   }
 
   void count_sent(const std::vector<int>& scount, std::size_t elem, std::uint64_t& bytes) {

@@ -62,19 +62,24 @@ class Halo {
     recv_h_ = Kokkos::create_mirror_view(recv_);
   }
 
-  /// Fills the halo of `u` (n interior cells).
-  void exchange(const View1& u, Index n) {
+  /// Fills the halo of `u` (n interior cells). The messages are waited under `sync`'s stall
+  /// watchdog (gradsync::wait_all): a stopped or failed neighbour ends this rank's wait with an error
+  /// naming the exchange, at the deadline or at once, instead of hanging it.
+  template <class Sync>
+  void exchange(const View1& u, Index n, Sync& sync) {
     if (size_ == 1) {
       Kokkos::parallel_for("closure::periodic_halo", range(width_), PeriodicHalo{u, n, width_});
       return;
     }
     Kokkos::parallel_for("closure::pack_halo", range(width_), PackHalo{u, send_, n, width_});
     Kokkos::deep_copy(send_h_, send_);  // fences: the packed values are complete before MPI reads them
-    // My last cells go right while the left neighbour's last cells arrive; then the reverse.
-    MPI_Sendrecv(send_h_.data() + width_, width_, MPI_DOUBLE, right_, 0, recv_h_.data(), width_, MPI_DOUBLE, left_, 0,
-                 comm_, MPI_STATUS_IGNORE);
-    MPI_Sendrecv(send_h_.data(), width_, MPI_DOUBLE, left_, 1, recv_h_.data() + width_, width_, MPI_DOUBLE, right_, 1,
-                 comm_, MPI_STATUS_IGNORE);
+    // My last cells go right while the left neighbour's last cells arrive, and the reverse.
+    MPI_Request req[4];
+    MPI_Irecv(recv_h_.data(), width_, MPI_DOUBLE, left_, 0, comm_, &req[0]);
+    MPI_Irecv(recv_h_.data() + width_, width_, MPI_DOUBLE, right_, 1, comm_, &req[1]);
+    MPI_Isend(send_h_.data() + width_, width_, MPI_DOUBLE, right_, 0, comm_, &req[2]);
+    MPI_Isend(send_h_.data(), width_, MPI_DOUBLE, left_, 1, comm_, &req[3]);
+    gradsync::wait_all(sync, 4, req, "halo exchange");
     Kokkos::deep_copy(recv_, recv_h_);
     Kokkos::parallel_for("closure::unpack_halo", range(width_), UnpackHalo{u, recv_, n, width_});
     bytes_ += 2 * std::uint64_t(width_) * sizeof(Real);
@@ -186,14 +191,14 @@ class Simulation {
   bool step(bool train) {
     const Real t = Real(step_) * cfg_.dt;
     Kokkos::parallel_for("closure::restrict", range(n_), Restrict{fine_, coarse_, 1, coarse_halo, cfg_.refine});
-    chalo_.exchange(coarse_, n_);
+    chalo_.exchange(coarse_, n_, opt_.sync());
     Kokkos::parallel_for("closure::coarse_step", range(n_),
                          BurgersStep{coarse_, ustar_, coarse_halo, 0, lo_, dxc_, cfg_.dt, cfg_.nu, t, force_});
     if (rollout_ > 0) advance_rollouts(t);
 
     const Real dtf = cfg_.fine_dt();
     for (int s = 0; s < cfg_.substeps; ++s) {
-      fhalo_.exchange(fine_, nf_);
+      fhalo_.exchange(fine_, nf_, opt_.sync());
       Kokkos::parallel_for(
           "closure::fine_step", range(nf_),
           BurgersStep{fine_, fine_next_, 1, 1, lo_ * cfg_.refine, dxf_, dtf, cfg_.nu, t + Real(s) * dtf, force_});
@@ -473,7 +478,7 @@ class Simulation {
       roll_left_ = rollout_;
     }
     for (View1* u : {&roll_plain_, &roll_corr_}) {
-      chalo_.exchange(*u, n_);
+      chalo_.exchange(*u, n_, opt_.sync());
       Kokkos::parallel_for("closure::rollout_step", range(n_),
                            BurgersStep{*u, roll_tmp_, coarse_halo, 0, lo_, dxc_, cfg_.dt, cfg_.nu, t, force_});
       const View1 next = u == &roll_corr_ ? roll_pred_ : roll_tmp_;

@@ -294,6 +294,14 @@ template <class B>
 struct has_mpi_comm<B, std::enable_if_t<std::is_same_v<decltype(std::declval<const B&>().comm()), MPI_Comm>>>
     : std::true_type {};
 
+// MPI_Comm notice_comm() const: the group's notice communicator (impl/notice_comm.hpp), where a
+// sync that ends tells its peers; without it, they learn at the deadline.
+template <class B, class = void>
+struct has_notice_comm : std::false_type {};
+template <class B>
+struct has_notice_comm<B, std::enable_if_t<std::is_same_v<decltype(std::declval<const B&>().notice_comm()), MPI_Comm>>>
+    : std::true_type {};
+
 template <class Backend, class ExecutionSpace, class = void>
 struct has_ordered_on : std::false_type {};
 template <class Backend, class ExecutionSpace>

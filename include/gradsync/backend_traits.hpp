@@ -3,8 +3,12 @@
 #pragma once
 
 #include <cstddef>
+#include <string>
+#include <type_traits>
+#include <utility>
 
 #include "backend.hpp"
+#include "error.hpp"
 
 namespace gradsync {
 namespace impl {
@@ -37,6 +41,37 @@ void abort_collectives(const Backend& b) noexcept {
     static_assert(noexcept(b.abort()), "gradsync: a backend's abort() is called on the failure path: noexcept");
     b.abort();
   }
+}
+
+template <class B, class = void>
+struct has_retire : std::false_type {};
+template <class B>
+struct has_retire<B, std::void_t<decltype(std::declval<const B&>().retire(std::string())),
+                                 decltype(std::declval<const B&>().retired())>> : std::true_type {};
+
+/// The failure path's mark on a backend whose communicator a failed sync may have left with
+/// collectives pending (in different numbers on different ranks): every copy refuses a new sync.
+template <class Backend>
+void retire_backend(const Backend& b, const std::string& why) noexcept {
+  if constexpr (has_retire<Backend>::value) {
+    static_assert(noexcept(b.retire(why)), "gradsync: a backend's retire() is called on the failure path: noexcept");
+    b.retire(why);
+  }
+}
+
+/// `b`, unless a failed sync retired its communicator: a new sync over it would pair its collectives
+/// with the pending ones of the failed sync and return wrong sums, silently. Every rank's sync
+/// failed, so every rank throws this, before anything collective.
+template <class Backend>
+Backend unfailed(Backend b) {
+  if constexpr (has_retire<Backend>::value)
+    if (!b.retired().empty())
+      throw Error(cat("this ", Backend::name(), " backend (rank ", b.rank(), ") served a GradientSync that failed (",
+                      b.retired(),
+                      "); its communicator may still hold that sync's collectives, which would pair with a new "
+                      "sync's and corrupt its sums. Build a new backend from your communicator for the new "
+                      "GradientSync, on every rank (e.g. gradsync::MpiBackend(MPI_COMM_WORLD))"));
+  return b;
 }
 
 /// Whether `b.iallreduce_sum(buf, n, factor)` multiplies a sum of `bytes` by factor inside the

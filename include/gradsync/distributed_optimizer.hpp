@@ -27,6 +27,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <memory>
 #include <string>
@@ -225,6 +226,7 @@ class DistributedOptimizer {
   /// documents the weights). The first call turns the fold of the local scale off (the weighted
   /// scale is the sync's own pass). Local; before the pass's first mark_ready() or synchronize().
   void set_samples(std::int64_t n) {
+    impl::SyncAccess::check_samples(sync(), n);  // set_samples' own refusals, before the fold changes
     if (!sync().weighted() && fold_) fold_local_scale(false);
     sync().set_samples(n);
   }
@@ -507,8 +509,10 @@ class DistributedOptimizer {
 
   // Every member of `b` learns every member's first entry of `es` that differs from `root`'s (count
   // or size) with one broadcast of root's sizes and one allreduce_min: the message (empty when all
-  // agree) says the same on every member but for its own part. `world[r]` is b's rank r as a rank of
-  // the sync, `head` what is broadcast, `kind` the parameters, `from` the root.
+  // agree) is the same on every member: on a difference, root and the lowest differing rank each
+  // broadcast their entry at the first difference (two more small broadcasts, on failure only).
+  // `world[r]` is b's rank r as a rank of the sync, `head` what is broadcast, `kind` the
+  // parameters, `from` the root.
   template <class B>
   std::string disagreement(const std::vector<const Entry*>& es, const B& b, int root, const std::vector<int>& world,
                            const std::string& head, const char* kind, const std::string& from) {
@@ -532,22 +536,32 @@ class DistributedOptimizer {
     impl::allreduce_min_over<Kokkos::HostSpace, memory_space>(b, firsts.data(), firsts.size());
     std::string ranks;
     std::int64_t at = none;
+    int culprit = -1;  // the lowest rank that differs at the first difference
     for (int r = 0; r < n; ++r)
       if (firsts[std::size_t(r)] != none) {
         ranks += impl::cat(ranks.empty() ? "" : ", ", world[std::size_t(r)]);
-        at = std::min(at, firsts[std::size_t(r)]);
+        if (firsts[std::size_t(r)] < at) at = firsts[std::size_t(r)], culprit = r;
       }
     if (ranks.empty()) return {};
     const std::size_t i = std::size_t(at);
-    const std::string here = i < es.size()
-                                 ? impl::cat("'", es[i]->name, "' (group ", es[i]->group, ", ", es[i]->size, " values)")
-                                 : std::string("none");
-    const std::string there =
-        i < std::size_t(root_count) ? impl::cat(root_sizes[i + 1], " values") : std::string("none");
+    // A rank's entry #i and its count, as every rank then reads it.
+    const auto entry_of = [&](int r) {
+      std::int64_t cell[64] = {};  // 512 bytes of text
+      if (me == r) {
+        const std::string d = impl::cat(
+            i < es.size() ? impl::cat("'", es[i]->name, "' (group ", es[i]->group, ", ", es[i]->size, " values)")
+                          : std::string("none"),
+            " of its ", es.size());
+        std::memcpy(cell, d.data(), std::min(d.size(), sizeof cell - 1));
+      }
+      impl::broadcast_over<Kokkos::HostSpace, memory_space>(b, cell, 64, r);
+      reinterpret_cast<char*>(cell)[sizeof cell - 1] = '\0';
+      return std::string(reinterpret_cast<const char*>(cell));
+    };
+    const std::string there = entry_of(root), here = entry_of(culprit);
     return impl::cat(head, ": the ", kind, " parameters of rank(s) ", ranks, " differ from ", from, ", first at ", kind,
-                     " parameter #", i, ": on rank ", world[std::size_t(me)], " ", here, ", on rank ",
-                     world[std::size_t(root)], " ", there, " (", es.size(), " vs ", root_count, " ", kind,
-                     " parameters)");
+                     " parameter #", i, ": on rank ", world[std::size_t(culprit)], " ", here, ", on rank ",
+                     world[std::size_t(root)], " ", there, " ", kind, " parameters");
   }
 
   Optimizer opt_;
@@ -596,7 +610,8 @@ void broadcast_set_parameter(Sync& sync, const P& param) {
   Kokkos::fence();  // pending kernels may still write the parameter
   // Waited under the sync's stall watchdog, over the set's communicator (see broadcast_parameters).
   impl::SyncAccess::collective(
-      sync, "broadcast_set_parameter()", "broadcast of a set's parameter", [&](const auto& world) {
+      sync, "broadcast_set_parameter()", "broadcast of a set's parameter",
+      [&](const auto& world) {
         const auto b = world.over(*s->backend);
         std::int64_t n = std::int64_t(PT::size(param)), first = n;
         impl::broadcast_over<Kokkos::HostSpace, Space>(b, &first, 1, 0);
@@ -607,7 +622,8 @@ void broadcast_set_parameter(Sync& sync, const P& param) {
                                         "'s parameter differs in size from the set's first rank's (rank ",
                                         s->ranks.front(), ", ", first, " values; rank ", me, " has ", n, ")"));
         impl::broadcast_over<Space, Kokkos::HostSpace>(b, PT::data(param), std::size_t(n), 0);
-      });
+      },
+      false);
   Kokkos::fence();
 }
 

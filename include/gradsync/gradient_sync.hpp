@@ -40,6 +40,7 @@
 #include "impl/demangle.hpp"
 #include "impl/fusion_kernels.hpp"
 #include "impl/launcher.hpp"
+#include "impl/one_thread.hpp"
 #include "impl/profiling.hpp"
 #include "impl/stall.hpp"
 #include "impl/sync_access.hpp"
@@ -108,8 +109,8 @@ class GradientSync {
   /// collective call); allocates only bookkeeping, the fusion buffer comes at the first
   /// synchronize() or prepare().
   explicit GradientSync(Backend backend, Options options = {}, execution_space exec = {})
-      : backend_(std::move(backend)),
-        opt_(prepare_options(options)),
+      : backend_(impl::unfailed(std::move(backend))),
+        opt_(prepare_options(options, backend_)),
         log_(opt_.tuning.read_environment ? impl::env_log_level() : impl::LogLevel::off),
         exec_(exec),
         plan_(backend_, opt_, impl::ordered_on(backend_, exec_)),
@@ -134,7 +135,11 @@ class GradientSync {
   /// its peers are told (each throws an Error naming this rank) and everything its collectives in
   /// flight may still touch is parked, never freed, so later MPI calls of the program are safe.
   ~GradientSync() {
-    if (!step_.open()) return;
+    if (step_.state() == impl::StepState::moved_from || step_.failed()) return;  // a failed one told its peers
+    if (!step_.open()) {  // peers that wait in a call this rank never makes stop at once (GONE)
+      ctl_.tell_gone(std::uncaught_exceptions() > 0, last_error_);
+      return;
+    }
     fail_step(impl::ErrorKind::error,
               impl::cat("rank ", backend_.rank(),
                         " abandoned its step with the exchange in flight: its GradientSync was "
@@ -150,60 +155,9 @@ class GradientSync {
   /// registrations at the next collective call, which also rebuilds the plan (and its buffers).
   template <class Group, class U>
   void add(const U& tensor, std::string name = {}) {
-    using UT = TensorTraits<U>;
-    step_.require_between_steps("add()", opt_.backward_passes_per_step);
     static_assert(is_tensor_v<U>, "gradsync::GradientSync::add: argument is not a tensor gradsync knows");
-    static_assert(std::is_same_v<typename UT::value_type, value_type>,
-                  "gradsync::GradientSync::add: the tensor's value type differs from the sync's");
-    static_assert(std::is_same_v<typename UT::memory_space, memory_space>,
-                  "gradsync::GradientSync::add: the tensor lives in another memory space than the sync's");
-    static_assert(UT::is_writable, "gradsync::GradientSync::add: a gradient must be writable (not const)");
-    Entry e;
-    e.data = UT::data(tensor);
-    e.size = UT::size(tensor);
-    e.group = impl::type_name<Group>();
-    e.index_in_group = registry_.count_in_group(e.group);
-    e.named = !name.empty();
-    e.name = name.empty() ? impl::cat(e.group, "[", e.index_in_group, "]") : std::move(name);
-    e.policy_local = is_local_v<Group>;
-    e.policy_scale = local_scale_v<Group>;
-    e.weighting = impl::sample_weighting_of<Group>();
-    e.compression = impl::group_compression<Group>();
-    if (!UT::is_contiguous(tensor))
-      throw Error(impl::cat("tensor '", e.name, "' (group ", e.group,
-                            ") is not contiguous: register a contiguous View or copy it into one"));
-    if constexpr (Kokkos::is_view<U>::value) e.keepalive = std::make_shared<U>(tensor);
-    // A vector is registered by reference: synchronize() re-reads its data and size and throws if
-    // it was resized or reallocated since. (A View is held by value: reassigning or
-    // Kokkos::resize-ing the caller's View cannot be seen; re-register it instead.)
-    if constexpr (impl::is_std_vector<U>::value)
-      e.requery = [&tensor] { return std::make_pair(UT::data(tensor), UT::size(tensor)); };
-    if (const Entry* o = registry_.find_overlap(e.data, e.size))  // O(log n): 100,000 tensors register
-      throw Error(impl::cat("tensor '", e.name, "' (group ", e.group, ") overlaps tensor '", o->name, "' (group ",
-                            o->group, ") already registered",
-                            e.data == o->data ? " (the same tensor registered twice)" : ""));
-    sparse_.for_each_values([&](const value_type* p, std::size_t n, const std::string& on, const std::string& og) {
-      if (impl::overlaps(e.data, e.size, p, n))
-        throw Error(impl::cat("tensor '", e.name, "' (group ", e.group, ") overlaps row-sparse gradient '", on,
-                              "' (group ", og, ") already registered"));
-    });
-    if constexpr (is_set_reduced_v<Group>)
-      if (weighted() && LocalVarPolicy<Group>::set_scale == SetScale::set_size)
-        unsupported_with_samples(impl::cat("tensor '", e.name, "' (group ", e.group, ", SetScale::set_size)"));
-    begin_change();
-    if constexpr (impl::needs_samples<Group>())
-      note_needs_samples(impl::cat("tensor '", e.name, "' (group ", e.group, ")"));
-    if constexpr (is_set_reduced_v<Group>)
-      sets_.add(impl::type_name<typename LocalVarPolicy<Group>::set_tag>(), e.data, e.size, e.name, e.group,
-                LocalVarPolicy<Group>::set_scale, backend_.rank());
-    const value_type* data = e.data;
-    try {
-      registry_.push_back(std::move(e));
-    } catch (...) {  // all or nothing: the set forgets it too
-      if constexpr (is_set_reduced_v<Group>)
-        sets_.withdraw(impl::type_name<typename LocalVarPolicy<Group>::set_tag>(), data);
-      throw;
-    }
+    impl::OneThread::Scope one(one_thread_, "add()", backend_.rank());
+    refusing([&] { add_dense<Group>(tensor, std::move(name)); });
   }
 
   /// Refused at compile time: a temporary container would dangle, since the sync refers to a
@@ -226,9 +180,12 @@ class GradientSync {
     static_assert(impl::has_split<Backend>::value,
                   "gradsync::GradientSync::bind_process_set: the backend cannot split its communicator "
                   "(MpiBackend and SelfBackend can)");
-    step_.require_between_steps("bind_process_set()", opt_.backward_passes_per_step);
-    begin_change();
-    sets_.bind(impl::type_name<Tag>(), std::move(ranks), backend_.rank(), backend_.size());
+    impl::OneThread::Scope one(one_thread_, "bind_process_set()", backend_.rank());
+    refusing([&] {
+      step_.require_between_steps("bind_process_set()", opt_.backward_passes_per_step);
+      begin_change();
+      sets_.bind(impl::type_name<Tag>(), std::move(ranks), backend_.rank(), backend_.size());
+    });
   }
 
   /// Registers a row-sparse gradient (row_sparse.hpp): only its rows are scaled (local group) or
@@ -236,14 +193,26 @@ class GradientSync {
   /// (ConfigError). Local; legal between steps only.
   template <class Group, class V, class I>
   void add(const RowSparse<V, I>& rows, std::string name = {}) {
-    step_.require_between_steps("add()", opt_.backward_passes_per_step);
     static_assert(std::is_same_v<typename RowSparse<V, I>::value_type, value_type>,
                   "gradsync::GradientSync::add: the RowSparse values' type differs from the sync's");
     static_assert(std::is_same_v<typename RowSparse<V, I>::memory_space, memory_space>,
                   "gradsync::GradientSync::add: the RowSparse lives in another memory space than the sync's");
+    impl::OneThread::Scope one(one_thread_, "add()", backend_.rank());
+    refusing([&] { add_sparse<Group>(rows, std::move(name)); });
+  }
+
+ private:
+  // add<Group>(rows)'s body.
+  template <class Group, class V, class I>
+  void add_sparse(const RowSparse<V, I>& rows, std::string name) {
+    step_.require_between_steps("add()", opt_.backward_passes_per_step);
     const std::string group = impl::type_name<Group>();
     const std::size_t index = registry_.count_in_group(group) + sparse_.count_in_group(group);
     const std::string shown = name.empty() ? impl::cat(group, "[", index, "]") : name;
+    if (rows.capacity() == 0)
+      throw Error(impl::cat("row-sparse gradient '", shown, "' (group ", group, ") on rank ", backend_.rank(),
+                            " is an empty RowSparse handle (default-constructed): register one built from values and "
+                            "indices"));
     if (opt_.backward_passes_per_step != 1)
       throw ConfigError(impl::cat("row-sparse gradient '", shown, "' (group ", group,
                                   "): backward_passes_per_step must be 1 for RowSparse gradients (got ",
@@ -266,6 +235,7 @@ class GradientSync {
     sparse_.template add<Group>(rows, std::move(name), index, backend_.size(), backend_.rank());
   }
 
+ public:
   /// Horovod parity: at run time, makes a registered gradient local (never communicated). It is
   /// scaled by 1/world_size when Options::scale_local_gradients is set. Local; legal between steps
   /// only (the ranks compare the change at the next collective call).
@@ -273,14 +243,17 @@ class GradientSync {
   void register_local_var(const U& tensor) {
     using UT = TensorTraits<U>;
     static_assert(is_tensor_v<U>, "gradsync::GradientSync::register_local_var: argument is not a tensor");
-    step_.require_between_steps("register_local_var()", opt_.backward_passes_per_step);
-    Entry* e = registry_.find(UT::data(tensor), UT::size(tensor));
-    if (!e)
-      throw Error(impl::cat("register_local_var: the tensor (", UT::size(tensor),
-                            " elements) is not registered with add<Group>() on rank ", backend_.rank()));
-    if (e->runtime_local) return;
-    begin_change();
-    e->runtime_local = true;
+    impl::OneThread::Scope one(one_thread_, "register_local_var()", backend_.rank());
+    refusing([&] {
+      step_.require_between_steps("register_local_var()", opt_.backward_passes_per_step);
+      Entry* e = registry_.find(UT::data(tensor), UT::size(tensor));
+      if (!e)
+        throw Error(impl::cat("register_local_var: the tensor (", UT::size(tensor),
+                              " elements) is not registered with add<Group>() on rank ", backend_.rank()));
+      if (e->runtime_local) return;
+      begin_change();
+      e->runtime_local = true;
+    });
   }
 
   /// Uneven data: this rank's number of samples in the current backward pass, `n >= 0` (0: the
@@ -297,16 +270,8 @@ class GradientSync {
   /// SetScale::set_size or a deferred local scale. Local; call it before the pass's first
   /// mark_ready() or synchronize(); the first call is legal between steps only.
   void set_samples(std::int64_t n) {
-    step_.require_usable("set_samples()");
-    if (n < 0)
-      throw Error(impl::cat("set_samples(", n, ") on rank ", backend_.rank(), ": a sample count is 0 or more"));
-    if (step_.open())
-      throw Error(impl::cat("set_samples() called while a step is open on rank ", backend_.rank(),
-                            " (mark_ready() started its exchange): give the pass's count before its first "
-                            "mark_ready()"));
-    if (!weighted()) become_weighted();
-    pass_samples_ = n;
-    counted_ = true;
+    impl::OneThread::Scope one(one_thread_, "set_samples()", backend_.rank());
+    refusing([&] { count_samples(n); });
   }
 
   /// Call after each backward pass. Returns true when the gradients hold synchronized values
@@ -318,11 +283,13 @@ class GradientSync {
   /// Allocates the plan's buffers at the first call and after registrations change; a steady step
   /// allocates nothing.
   [[nodiscard]] bool synchronize() {
+    impl::OneThread::Scope one(one_thread_, "synchronize()", backend_.rank());
     step_.require_usable("synchronize()");
     impl::ProfileRegion region(impl::Region::synchronize);
     call_ = std::int64_t(stats_.passes) + 1;
     const value_type* overflow = nullptr;
     const bool done = collective("synchronize()", [&] { return sync_pass(overflow); });
+    ctl_.call_done();
     if (overflow) {  // every rank holds the same sums, so every rank throws this; the sync goes on
       Context cx = ctx();
       Checks::throw_wire_overflow(cx, registry_, overflow);
@@ -340,6 +307,7 @@ class GradientSync {
   /// Allocates what the first synchronize() would (the fusion buffer, staging, process sets'
   /// communicators).
   void prepare() {
+    impl::OneThread::Scope one(one_thread_, "prepare()", backend_.rank());
     step_.require_between_steps("prepare()", opt_.backward_passes_per_step);
     impl::ProfileRegion region(impl::Region::prepare);
     call_ = std::int64_t(stats_.passes) + 1;
@@ -347,6 +315,7 @@ class GradientSync {
       checks_before_pass(true);
       if (plan_.dirty()) build_plan();
     });
+    ctl_.call_done();
   }
 
   /// Overlap with backward: tells the sync that this gradient is final for the current pass. A
@@ -364,6 +333,7 @@ class GradientSync {
   template <class U>
   void mark_ready(const U& tensor) {
     static_assert(is_tensor_v<U>, "gradsync::GradientSync::mark_ready: argument is not a tensor");
+    impl::OneThread::Scope one(one_thread_, "mark_ready()", backend_.rank());
     step_.require_usable("mark_ready()");
     const value_type* p = TensorTraits<U>::data(tensor);
     std::int64_t i = plan_.dirty() ? -1 : engine_.find_ready_slot(p);
@@ -395,6 +365,7 @@ class GradientSync {
   /// requests and launches chunks every rank launches in the same order); legal in every state but
   /// failed; allocates nothing.
   void progress() {
+    impl::OneThread::Scope one(one_thread_, "progress()", backend_.rank());
     step_.require_usable("progress()");
     if (!step_.open() || plan_.blocking()) return;
     impl::ProfileRegion region(impl::Region::progress);
@@ -495,6 +466,65 @@ class GradientSync {
   }
 
  private:
+  // add<Group>(tensor)'s body (refusing() records what it throws).
+  template <class Group, class U>
+  void add_dense(const U& tensor, std::string name) {
+    using UT = TensorTraits<U>;
+    step_.require_between_steps("add()", opt_.backward_passes_per_step);
+    static_assert(std::is_same_v<typename UT::value_type, value_type>,
+                  "gradsync::GradientSync::add: the tensor's value type differs from the sync's");
+    static_assert(std::is_same_v<typename UT::memory_space, memory_space>,
+                  "gradsync::GradientSync::add: the tensor lives in another memory space than the sync's");
+    static_assert(UT::is_writable, "gradsync::GradientSync::add: a gradient must be writable (not const)");
+    Entry e;
+    e.data = UT::data(tensor);
+    e.size = UT::size(tensor);
+    e.group = impl::type_name<Group>();
+    // The group's row-sparse gradients count too: default names stay unique within it.
+    e.index_in_group = registry_.count_in_group(e.group) + sparse_.count_in_group(e.group);
+    e.named = !name.empty();
+    e.name = name.empty() ? impl::cat(e.group, "[", e.index_in_group, "]") : std::move(name);
+    e.policy_local = is_local_v<Group>;
+    e.policy_scale = local_scale_v<Group>;
+    e.weighting = impl::sample_weighting_of<Group>();
+    e.compression = impl::group_compression<Group>();
+    if (!UT::is_contiguous(tensor))
+      throw Error(impl::cat("tensor '", e.name, "' (group ", e.group,
+                            ") is not contiguous: register a contiguous View or copy it into one"));
+    if constexpr (Kokkos::is_view<U>::value) e.keepalive = std::make_shared<U>(tensor);
+    // A vector is registered by reference: synchronize() re-reads its data and size and throws if
+    // it was resized or reallocated since. (A View is held by value: reassigning or
+    // Kokkos::resize-ing the caller's View cannot be seen; re-register it instead.)
+    if constexpr (impl::is_std_vector<U>::value)
+      e.requery = [&tensor] { return std::make_pair(UT::data(tensor), UT::size(tensor)); };
+    if (const Entry* o = registry_.find_overlap(e.data, e.size))  // O(log n): 100,000 tensors register
+      throw Error(impl::cat("tensor '", e.name, "' (group ", e.group, ") overlaps tensor '", o->name, "' (group ",
+                            o->group, ") already registered",
+                            e.data == o->data ? " (the same tensor registered twice)" : ""));
+    sparse_.for_each_values([&](const value_type* p, std::size_t n, const std::string& on, const std::string& og) {
+      if (impl::overlaps(e.data, e.size, p, n))
+        throw Error(impl::cat("tensor '", e.name, "' (group ", e.group, ") overlaps row-sparse gradient '", on,
+                              "' (group ", og, ") already registered"));
+    });
+    if constexpr (is_set_reduced_v<Group>)
+      if (weighted() && LocalVarPolicy<Group>::set_scale == SetScale::set_size)
+        unsupported_with_samples(impl::cat("tensor '", e.name, "' (group ", e.group, ", SetScale::set_size)"));
+    begin_change();
+    if constexpr (impl::needs_samples<Group>())
+      note_needs_samples(impl::cat("tensor '", e.name, "' (group ", e.group, ")"));
+    if constexpr (is_set_reduced_v<Group>)
+      sets_.add(impl::type_name<typename LocalVarPolicy<Group>::set_tag>(), e.data, e.size, e.name, e.group,
+                LocalVarPolicy<Group>::set_scale, backend_.rank());
+    const value_type* data = e.data;
+    try {
+      registry_.push_back(std::move(e));
+    } catch (...) {  // all or nothing: the set forgets it too
+      if constexpr (is_set_reduced_v<Group>)
+        sets_.withdraw(impl::type_name<typename LocalVarPolicy<Group>::set_tag>(), data);
+      throw;
+    }
+  }
+
   // gradsync's own helpers (DistributedOptimizer, GlobalNorm, broadcast_set_parameter) reach what
   // follows through impl::SyncAccess: the deferred local scale and the watched collectives are an
   // agreement between them and the sync, not a user's API.
@@ -546,6 +576,7 @@ class GradientSync {
   /// synchronize() would have left without deferral), after which nothing is pending. Local; legal
   /// in every state but failed.
   void apply_local_scale() {
+    impl::OneThread::Scope one(one_thread_, "apply_local_scale()", backend_.rank());
     step_.require_usable("apply_local_scale()");
     if (!pending_) return;
     Context cx = ctx();
@@ -565,17 +596,44 @@ class GradientSync {
   /// (impl::Watched) has the backend's collectives, each waited under the stall watchdog and listening for the peers'
   /// failures; `what` names them in reports. An exception fails the sync like any collective phase.
   /// Collective; legal in every state but open and failed.
+  // `world`: false for a call over a process set (its members only), which the ledger of calls over
+  // every rank does not count.
   template <class F>
-  decltype(auto) helper_collective(const char* call, const char* what, F&& run) {
+  decltype(auto) helper_collective(const char* call, const char* what, F&& run, bool world = true) {
+    impl::OneThread::Scope one(one_thread_, call, backend_.rank());
     step_.require_usable(call);
     if (step_.open())
       throw Error(impl::cat(call,
                             " called while a step is open (mark_ready() started its exchange); call it after "
                             "synchronize() returned"));
+    const CallDone done{ctl_, world};
     return collective(call, [&]() -> decltype(auto) {
       return run(impl::Watched<Backend>(backend_, ctl_, opt_, std::int64_t(stats_.passes), what));
     });
   }
+  // gradsync::wait_all (watch.hpp): the program's own requests waited under this sync's watchdog, in
+  // any state but failed. Not a call of the ledger (the program's exchange may involve some ranks
+  // only); a peer whose sync ended normally may still take part, so only an error ends the wait.
+  template <class Done>
+  void watch_program(const char* what, Done&& done) {
+    impl::OneThread::Scope one(one_thread_, "gradsync::wait_all()", backend_.rank());
+    step_.require_usable("gradsync::wait_all()");
+    const char* outer = ctl_.call_name();
+    collective("gradsync::wait_all()", [&] {
+      ctl_.wait_for_program(done, opt_, impl::WaitSite{what, std::int64_t(stats_.passes), -1, 0});
+    });
+    ctl_.enter_call(outer);
+  }
+
+  // Counts a helper's collective call in the ledger when it returns (not when it throws).
+  struct CallDone {
+    impl::Control<Backend>& ctl;
+    bool counted = true;
+    int unwinding = std::uncaught_exceptions();
+    ~CallDone() {
+      if (counted && std::uncaught_exceptions() == unwinding) ctl.call_done();
+    }
+  };
 
   // For helpers that call MPI themselves (save_checkpoint, load_checkpoint): the state check of
   // helper_collective() without its failure path, so that a refused checkpoint leaves the sync usable.
@@ -697,12 +755,21 @@ class GradientSync {
         w);
   }
 
-  // Environment overrides applied, then validated, before anything collective starts.
-  static Options prepare_options(const Options& given) {
-    Options o = given.tuning.read_environment ? apply_env(given) : given;
-    o.tuning.timeline = impl::keep_timeline_path(o.tuning.timeline);
-    validate_options(o);
-    return o;
+  // Environment overrides applied, then validated, before anything collective starts. A rank whose
+  // options are refused still joins the side channel's creation, to tell its peers (which have built
+  // their syncs) before it throws: their first collective call then fails at once, naming it.
+  static Options prepare_options(const Options& given, const Backend& backend) {
+    try {
+      Options o = given.tuning.read_environment ? apply_env(given) : given;
+      o.tuning.timeline = impl::keep_timeline_path(o.tuning.timeline);
+      validate_options(o);
+      return o;
+    } catch (const std::exception& e) {
+      impl::tell_peers_at_construction(
+          backend, given, impl::kind_of(e),
+          impl::cat(e.what(), " (in the GradientSync constructor on rank ", backend.rank(), ")"));
+      throw;
+    }
   }
 
   static void validate_options(const Options& o) {
@@ -780,6 +847,60 @@ class GradientSync {
                                opt_.backward_passes_per_step);
     ++stats_.consistency_checks;
     checks_.registrations_compared();
+  }
+
+  // The most samples one rank may count in one step: 2^40 (10^12), so that the sum over 2^23 ranks
+  // fits 64 bits, and over 8192 ranks a double exactly (a backend without a side channel sums as
+  // doubles). A larger count is an uninitialised or runaway counter, not a batch.
+  static constexpr std::int64_t max_step_samples = std::int64_t(1) << 40;
+
+  // set_samples()' rules, checked before anything changes (DistributedOptimizer::set_samples runs
+  // them before it turns its fold off: its errors name set_samples, never an internal call).
+  void check_samples(std::int64_t n) const {
+    step_.require_usable("set_samples()");
+    const int r = backend_.rank();
+    if (n < 0 || n > max_step_samples - cycle_samples_)
+      throw Error(impl::cat("set_samples(", n, ") on rank ", r,
+                            ": a sample count is 0 or more, and a rank's counts in one step ", "at most 2^40 (",
+                            max_step_samples, "; this step's earlier passes counted ", cycle_samples_,
+                            "), so that the ranks' sum fits 64 bits: an uninitialised counter?"));
+    if (step_.open())
+      throw Error(impl::cat("set_samples() called while a step is open on rank ", r,
+                            " (mark_ready() started its exchange): give the pass's count before its first "
+                            "mark_ready()"));
+    if (counted_)
+      throw Error(impl::cat("set_samples(", n, ") called twice for pass ", step_.pass() + 1, " of synchronize() call ",
+                            stats_.passes + 1, " on rank ", r,
+                            ": give one count per pass, before the pass's synchronize() (a count given after "
+                            "synchronize() would weigh the next pass)"));
+    if (!weighted() && stats_.passes > 0)
+      throw Error(impl::cat("set_samples(", n, ") on rank ", r, " after ", stats_.passes,
+                            " synchronize() call(s) without counts: a sync is weighted from its first pass, and a "
+                            "pass's count comes before its synchronize() (given after it, it would weigh the next "
+                            "pass); call set_samples() before every synchronize() from the first one on"));
+  }
+
+  // set_samples()' body: its rules, then the count.
+  void count_samples(std::int64_t n) {
+    check_samples(n);
+    if (!weighted()) become_weighted();
+    pass_samples_ = n;
+    counted_ = true;
+  }
+
+  // A local call's refusal (the sync stays usable) is remembered: if the sync is then destroyed by
+  // the unwinding, its peers are told this error instead of waiting for the deadline.
+  template <class F>
+  void refusing(F&& f) {
+    try {
+      f();
+    } catch (const std::exception& e) {
+      try {
+        last_error_ = e.what();
+      } catch (...) {  // out of memory: the peers are told less
+      }
+      throw;
+    }
   }
 
   // set_samples()' first call: the combinations it cannot weight yet are refused here, before
@@ -1013,6 +1134,7 @@ class GradientSync {
   // Every collective phase runs through here: an exception leaving it fails the sync (fail_step).
   template <class F>
   decltype(auto) collective(const char* call, F&& f) {
+    ctl_.enter_call(call);
     try {
       return f();
     } catch (const std::exception& e) {
@@ -1034,6 +1156,10 @@ class GradientSync {
         reason = impl::cat(reason, " (in ", call, " on rank ", backend_.rank(), ")");
       step_.fail(kind, call, call_, backend_.rank(), reason);
       impl::abort_collectives(backend_);  // NCCL: ncclCommAbort releases the user's stream; MPI: nothing
+      // Collectives of this sync may still be pending on the backend's communicator, in different
+      // numbers on different ranks: a new sync over it would pair its own with them. (Not after an
+      // agreed mismatch: every rank found it in a completed collective, nothing is pending.)
+      if (tell) impl::retire_backend(backend_, reason);
       // What collectives in flight may still write into: the chunks' requests (with the buffers
       // ctl_ keeps), the row-sparse exchange's buffers, the process sets' communicators and staging.
       ctl_.abandon(kind, reason,
@@ -1066,6 +1192,8 @@ class GradientSync {
   std::int64_t call_ = 1;              // the synchronize() call the current (or next) collective phase belongs to
   bool pending_ = false;               // deferred local scales not yet applied (local_scale_pending)
   impl::Control<Backend> ctl_;         // side channel: consistency check, stall reports, peer failures
+  std::string last_error_;             // the last refusal of a local call (refusing), told if the sync is destroyed
+  impl::OneThread one_thread_;         // one thread at a time
   std::unique_ptr<impl::Timeline> timeline_;                                  // Options::tuning.timeline; null when off
   impl::row_sparse_set_t<value_type, memory_space, execution_space> sparse_;  // RowSparse gradients
   impl::ProcessSets<Backend, value_type, execution_space> sets_;              // ReduceOver groups' sets

@@ -24,6 +24,7 @@
 #include "self_backend.hpp"
 #include "stats.hpp"
 #include "tensor_traits.hpp"
+#include "watch.hpp"
 
 // The CUDA parts, when the build found them (GradSync::cuda and GradSync::nccl define these).
 #if defined(GRADSYNC_HAVE_CUDA)

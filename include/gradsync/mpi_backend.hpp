@@ -9,12 +9,14 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <type_traits>
 
 #include "compression.hpp"
 #include "config.hpp"
 #include "error.hpp"
 #include "impl/cuda_aware.hpp"
+#include "impl/notice_comm.hpp"
 #include "impl/ring_allreduce.hpp"
 #include "impl/test_hooks.hpp"
 #include "topology.hpp"
@@ -158,6 +160,9 @@ class MpiBackend {
   int size() const { return size_; }
   /// gradsync's duplicate of the user's communicator (never the user's own). Local.
   MPI_Comm comm() const { return comm_->comm; }
+  /// The notice communicator of this backend's group of processes (impl/notice_comm.hpp): where a
+  /// GradientSync that ends tells its peers. Made by the group's first backend, kept until exit.
+  MPI_Comm notice_comm() const { return comm_->notices; }
 
   /// Host memory always; CUDA device memory only when the MPI library is CUDA-aware.
   template <class MemorySpace>
@@ -385,6 +390,21 @@ class MpiBackend {
   /// MPI_Barrier on the backend's communicator. Collective.
   void barrier() const { impl::mpi_check(MPI_Barrier(comm()), "MPI_Barrier"); }
 
+  /// Called by a GradientSync that failed with collectives possibly pending on this communicator:
+  /// every copy of this backend then refuses to serve a new GradientSync (impl::unfailed). Local.
+  void retire(const std::string& why) const noexcept {
+    comm_->retired_flag = true;
+    try {
+      comm_->retired = why;
+    } catch (...) {  // out of memory: retired() still says so
+    }
+  }
+  /// Why a failed GradientSync retired this communicator; empty when none did. Local.
+  std::string retired() const {
+    if (!comm_->retired_flag) return {};
+    return comm_->retired.empty() ? std::string("a GradientSync failed on it") : comm_->retired;
+  }
+
   /// A backend over the ranks that give the same `color` (MPI_Comm_split; collective over this
   /// backend's ranks), ordered by `key`: the communicator of a process set.
   MpiBackend split(int color, int key) const {
@@ -403,12 +423,16 @@ class MpiBackend {
     MPI_Comm leaders = MPI_COMM_NULL;     // each node's first rank (MPI_COMM_NULL on the others)
     MPI_Comm node_bcast = MPI_COMM_NULL;  // node's duplicate: the broadcasts of hierarchical sums
     Topology topology;
-    impl::RingPool rings;  // shared by copies of the backend, like the communicator
+    impl::RingPool rings;       // shared by copies of the backend, like the communicator
+    bool retired_flag = false;  // retire(): a failed sync may have left collectives pending
+    std::string retired;
+    MPI_Comm notices = MPI_COMM_NULL;  // the group's, not owned (impl::group_notice_comm)
     explicit Comm(MPI_Comm user) {
       impl::mpi_check(MPI_Comm_dup(user, &comm), "MPI_Comm_dup");
       // Errors come back as codes and become gradsync::Error instead of aborting the job.
       MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
       find_topology();
+      notices = impl::group_notice_comm(comm);  // collective too, at the group's first backend
     }
     ~Comm() {
       int finalized = 0;

@@ -18,9 +18,11 @@
 //   IndexedSlices, DDP's sparse gradients), or, when the rows cover much of the table, an
 //   allreduce of the densified table with a count column that marks the rows in the union.
 // Row-sparse gradients are exchanged after the fused dense chunks, in registration order, with
-// blocking collectives of their own. The capacity must hold the union (at most the sum of every
-// rank's rows, and the table's rows): every rank checks every rank's capacity and row numbers from
-// the counts exchange and throws the same error, naming the tensor and the ranks at fault.
+// collectives of their own, waited under the stall watchdog (impl::Watched: the backend's
+// nonblocking forms; blocking only on a backend that has none). The capacity must hold the union (at
+// most the sum of every rank's rows, and the table's rows): every rank checks every rank's capacity
+// and row numbers from the counts exchange and throws the same error, naming the tensor and the
+// ranks at fault.
 // global_norm and clip_grad_norm count and scale the rows() rows a gradient holds after the sync (a
 // local one's as given: a row number given twice counts as two rows, not as their sum).
 // Limits: backward_passes_per_step must be 1.
@@ -107,6 +109,10 @@ class RowSparse {
   /// This step's row count; shared by every copy (the sync keeps one). Local; set it before the
   /// step's synchronize() (a data-parallel sync then sets it to the union's count); allocates nothing.
   void set_rows(std::int64_t n) const {
+    if (!count_)
+      throw Error(impl::cat("RowSparse::set_rows(", n,
+                            ") on an empty handle (default-constructed): assign it a RowSparse built from values "
+                            "and indices first"));
     if (n < 0 || n > capacity_)
       throw Error(impl::cat("RowSparse::set_rows(", n, "): the capacity is ", capacity_, " rows"));
     *count_ = n;

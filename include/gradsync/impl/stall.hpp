@@ -10,6 +10,10 @@
 //   - FAILED: "I threw <error> before the exchange". A rank that fails a local check (NaN in a
 //     gradient, a resized tensor) tells its peers first, so they throw the same error at once
 //     instead of waiting for the deadline.
+//   - GONE: "my GradientSync was destroyed after its k-th collective call". A peer waiting in a
+//     later call throws at once, naming that rank and its last call (a rank that skipped a call
+//     or left the loop early, or whose own error unwound its sync); a peer waiting in call k or
+//     before stays silent, since the destroyed rank took part in it (a normal end).
 // The consistency check's small fixed-size collectives run on the side channel too, nonblocking,
 // under the same deadline. Options::stall_timeout = 0 removes the deadline (and the warning), not
 // the listening: a rank waits forever for a missing peer, yet stops when a peer reports a failure,
@@ -38,6 +42,7 @@
 #include "../backend.hpp"
 #include "../error.hpp"
 #include "../options.hpp"
+#include "notice_comm.hpp"
 #include "test_hooks.hpp"
 
 namespace gradsync::impl {
@@ -56,17 +61,9 @@ inline std::uint64_t fnv1a(const void* p, std::size_t n, std::uint64_t h = 14695
 // give a freed side channel's context to a new one (MPICH does), and notices sent on the old one
 // that nobody received would otherwise be read by the new sync. (A construction that failed on
 // some ranks only leaves their counts apart, as it leaves their collectives.)
+
 inline std::uint64_t next_side_channel_id(MPI_Comm comm) {
-  MPI_Group group = MPI_GROUP_NULL, world = MPI_GROUP_NULL;
-  MPI_Comm_group(comm, &group);
-  MPI_Comm_group(MPI_COMM_WORLD, &world);
-  int n = 0;
-  MPI_Group_size(group, &n);
-  std::vector<int> ranks(static_cast<std::size_t>(n)), in_world(static_cast<std::size_t>(n));
-  std::iota(ranks.begin(), ranks.end(), 0);
-  MPI_Group_translate_ranks(group, n, ranks.data(), world, in_world.data());
-  MPI_Group_free(&group);
-  MPI_Group_free(&world);
+  const std::vector<int> in_world = world_ranks_of(comm);
   static std::mutex m;
   static auto* counts = new std::map<std::vector<int>, std::uint64_t>();  // leaked: used until exit
   std::uint64_t k = 0;
@@ -119,6 +116,46 @@ inline std::string by_rank(const std::vector<std::string>& what) {
     s += cat(g.size() == 1 ? "rank " : "ranks ", g.size() == 1 ? std::to_string(g[0]) : rank_list(g), ": ", order[k]);
   }
   return s;
+}
+
+// A message on a side channel or the notice communicator (Control's notices), under this tag ("gs").
+constexpr int kNoticeTag = 0x6773;
+struct Notice {
+  std::int64_t kind = 0, step = 0;
+  std::uint64_t sync = 0;  // the sender's side channel (next_side_channel_id)
+  char text[496] = {};
+};
+
+// Sends `n` to every rank of `comm` but `self` (or to `to` only). A send may complete after the sync
+// that made it is gone, so the buffers belong to the process: they are kept here, reachable (leak
+// checkers see no leak), until their sends completed; each new notice first frees those that did.
+inline void send_notice(const Notice& n, MPI_Comm comm, int self, int size, int to) {
+  struct Sent {
+    std::unique_ptr<Notice> notice;
+    std::vector<MPI_Request> requests;
+  };
+  static std::mutex m;
+  static auto* outbox = new std::vector<Sent>();  // intentionally leaked: used until exit
+  std::lock_guard<std::mutex> lock(m);
+  for (std::size_t i = 0; i < outbox->size();) {
+    int done = 0;
+    auto& q = (*outbox)[i].requests;
+    MPI_Testall(int(q.size()), q.data(), &done, MPI_STATUSES_IGNORE);
+    if (done) {
+      (*outbox)[i] = std::move(outbox->back());
+      outbox->pop_back();
+    } else {
+      ++i;
+    }
+  }
+  Sent sent{std::make_unique<Notice>(n), {}};
+  for (int r = 0; r < size; ++r) {
+    if (r == self || (to >= 0 && r != to)) continue;
+    MPI_Request q = MPI_REQUEST_NULL;
+    if (MPI_Isend(sent.notice.get(), int(sizeof(Notice)), MPI_BYTE, r, kNoticeTag, comm, &q) == MPI_SUCCESS)
+      sent.requests.push_back(q);
+  }
+  outbox->push_back(std::move(sent));
 }
 
 // Memory a collective that never completed may still write into (the peers' late contributions
@@ -204,10 +241,13 @@ class Control {
     arrived_.assign(std::size_t(size_), 0);
     where_.assign(std::size_t(size_), std::string());
     seen_step_.assign(std::size_t(size_), -1);
+    elsewhere_.assign(std::size_t(size_), std::string());
+    gone_after_.assign(std::size_t(size_), -1);
     if constexpr (mpi) {
       state_ = std::make_shared<State>();
       if (size_ == 1) return;
       id_ = next_side_channel_id(b.comm());
+      if constexpr (has_notice_comm<Backend>::value) notices_ = b.notice_comm();
       check(MPI_Comm_idup(b.comm(), state_->comm, &state_->dup_req), "MPI_Comm_idup");
       try {
         ready(o, WaitSite{"creation of the side channel (MPI_Comm_idup) in the GradientSync constructor", 0, -1, 0});
@@ -220,6 +260,60 @@ class Control {
   }
   int rank() const { return rank_; }
   int size() const { return size_; }
+
+  // --- The ledger of this sync's collective calls (synchronize(), prepare(), the helpers). Every
+  // rank makes the same sequence of them, so their count compares the ranks' progress: a GONE
+  // notice carries it, and reports name the call a wait belongs to. A few stores per call. ---
+
+  /// Entering collective call `name` (a string literal: kept by address).
+  void enter_call(const char* name) { call_name_ = name; }
+  /// The call entered last.
+  const char* call_name() const { return call_name_; }
+
+  /// wait_until_done() for a program's own exchange (gradsync::wait_all): a peer whose sync ended
+  /// normally may still take part in it, so only a GONE notice of an error ends this wait.
+  template <class Test>
+  void wait_for_program(Test&& request_done, const Options& o, const WaitSite& site) {
+    program_wait_ = true;
+    try {
+      wait_until_done(request_done, o, site);
+    } catch (...) {
+      program_wait_ = false;
+      throw;
+    }
+    program_wait_ = false;
+  }
+  /// The call entered last completed on this rank.
+  void call_done() {
+    ++calls_done_;
+    last_call_ = call_name_;
+  }
+  /// Collective calls completed on this rank.
+  std::int64_t calls_done() const { return calls_done_; }
+
+  /// The sync is destroyed between steps: peers waiting in a later call than the ones this rank
+  /// completed learn it at once (GONE). `unwinding`: an exception unwinds this rank's stack;
+  /// `last_error`: the last error this sync threw on this rank outside a collective (or empty).
+  /// Costs n-1 small eager sends. Never throws.
+  void tell_gone(bool unwinding, const std::string& last_error) noexcept {
+    if constexpr (mpi) {
+      try {
+        if (size_ == 1 || notices_ == MPI_COMM_NULL || !comm_ready() || told_ || heard_) return;
+        told_ = true;
+        Notice n;
+        n.kind = unwinding || !last_error.empty() ? kGoneError : kGone;
+        n.step = calls_done_;
+        n.sync = id_;
+        std::string why = cat("its GradientSync was destroyed after ", calls_done_, " collective call",
+                              calls_done_ == 1 ? "" : "s", calls_done_ ? cat(" (the last: ", last_call_, ")") : "",
+                              unwinding ? " while an exception unwound its stack" : "");
+        if (!last_error.empty()) why += cat("; its last error: ", last_error);
+        std::strncpy(n.text, why.c_str(), sizeof(n.text) - 1);
+        send_notice(n, notices_, rank_, size_, -1);
+      } catch (...) {  // out of memory at destruction: the peers meet the deadline instead
+      }
+    }
+  }
 
   /// MIN over ranks of n int64 values, in place.
   void allreduce_min(const Backend& b, std::int64_t* buf, int n, const Options& o, const WaitSite& site) {
@@ -283,7 +377,7 @@ class Control {
       done = done || request_done();
       return done && (hold <= 0 || std::chrono::duration<double>(clock::now() - held_since).count() >= hold);
     };
-    if (test()) return;  // the fast path
+    if (test()) return done_with(site);  // the fast path
     const auto t0 = clock::now();
     const double warn = o.stall_timeout > 0 && o.tuning.stall_warning > 0 && o.tuning.stall_warning < o.stall_timeout
                             ? o.tuning.stall_warning
@@ -298,7 +392,7 @@ class Control {
     const double spin = spin_before_yield(o);
     if constexpr (mpi) reset_arrivals(site.step);
     for (;;) {
-      if (test()) return;
+      if (test()) return done_with(site);
       const double waited = std::chrono::duration<double>(clock::now() - t0).count();
       if constexpr (mpi)
         if (waited - polled >= 0.001) {  // the side channel, once a millisecond
@@ -307,7 +401,7 @@ class Control {
         }
       if (notify_at >= 0 && !notified && waited >= notify_at) {
         notified = true;
-        if constexpr (mpi) post_arrived(site.step, where_of(site));
+        if constexpr (mpi) post_arrived(site.step, where_in_call(site, call_name_));
       }
       if (warn > 0 && !warned && waited >= warn) {
         warned = true;
@@ -318,14 +412,14 @@ class Control {
       }
       if (o.stall_timeout > 0 && waited >= o.stall_timeout) {
         if constexpr (mpi) {
-          if (!notified) post_arrived(site.step, where_of(site));
+          if (!notified) post_arrived(site.step, where_in_call(site, call_name_));
           // A rank that arrived just before this deadline posts its notice up to notify_at later:
           // wait that long (at most) so that it is not reported missing, but never past 1.09x the
           // deadline (the promise is 1.1x).
           const double grace = std::min(1.2 * notify_at + 0.05, 0.09 * o.stall_timeout);
           const auto grace_end = clock::now() + std::chrono::duration<double>(grace);
           while (!all_arrived() && clock::now() < grace_end) {
-            if (test()) return;
+            if (test()) return done_with(site);
             poll_notices(site);
             std::this_thread::sleep_for(std::chrono::milliseconds(1));
           }
@@ -347,16 +441,11 @@ class Control {
     if constexpr (mpi) {
       if (size_ == 1 || !comm_ready() || told_) return;
       told_ = true;
-      auto* n = new Notice();  // leaked: the send may complete after this object is gone
-      n->kind = std::int64_t(k) + kFailedBase;
-      n->sync = id_;
-      std::strncpy(n->text, msg.c_str(), sizeof(n->text) - 1);
-      for (int r = 0; r < size_; ++r) {
-        if (r == rank_) continue;
-        MPI_Request q;
-        if (MPI_Isend(n, int(sizeof(Notice)), MPI_BYTE, r, kTag, *state_->comm, &q) == MPI_SUCCESS)
-          MPI_Request_free(&q);
-      }
+      Notice n;
+      n.kind = std::int64_t(k) + kFailedBase;
+      n.sync = id_;
+      std::strncpy(n.text, msg.c_str(), sizeof(n.text) - 1);
+      send_notice(n, *state_->comm, rank_, size_, -1);
     }
   }
 
@@ -403,13 +492,9 @@ class Control {
   }
 
  private:
-  static constexpr int kTag = 0x6773;  // "gs"
-  static constexpr std::int64_t kArrived = 1, kFailedBase = 100;
-  struct Notice {
-    std::int64_t kind = 0, step = 0;
-    std::uint64_t sync = 0;  // the sender's side channel (next_side_channel_id)
-    char text[496] = {};
-  };
+  static constexpr int kTag = kNoticeTag;
+  // GONE: destroyed between steps after a normal return (kGone) or by an error (kGoneError).
+  static constexpr std::int64_t kArrived = 1, kGone = 2, kGoneError = 3, kFailedBase = 100;
   struct State {
     // On the heap: MPI_Comm_idup writes the handle when it completes, possibly after this State
     // is gone (a peer never built its GradientSync); then the handle is leaked, not written late.
@@ -479,8 +564,10 @@ class Control {
   void reset_arrivals(std::int64_t step) {
     std::fill(arrived_.begin(), arrived_.end(), 0);
     for (auto& w : where_) w.clear();
+    for (auto& w : elsewhere_) w.clear();
     arrived_[std::size_t(rank_)] = 1;
     arrival_step_ = step;
+    replied_ = false;
     for (std::size_t r = 0; r < seen_step_.size(); ++r)
       if (seen_step_[r] >= step) arrived_[r] = 1;
   }
@@ -519,18 +606,22 @@ class Control {
 
   bool all_arrived() const { return std::find(arrived_.begin(), arrived_.end(), 0) == arrived_.end(); }
 
-  void post_arrived(std::int64_t step, const std::string& where) {
+  // `to`: one rank, or -1 for every peer.
+  void post_arrived(std::int64_t step, const std::string& where, int to = -1) {
     if (size_ == 1 || !comm_ready()) return;
-    auto* n = new Notice();  // leaked on purpose, see tell_peers; one per stalled wait
-    n->kind = kArrived;
-    n->step = step;
-    n->sync = id_;
-    std::strncpy(n->text, where.c_str(), sizeof(n->text) - 1);
-    for (int r = 0; r < size_; ++r) {
-      if (r == rank_) continue;
-      MPI_Request q;
-      if (MPI_Isend(n, int(sizeof(Notice)), MPI_BYTE, r, kTag, *state_->comm, &q) == MPI_SUCCESS) MPI_Request_free(&q);
-    }
+    Notice n;
+    n.kind = kArrived;
+    n.step = step;
+    n.sync = id_;
+    std::strncpy(n.text, where.c_str(), sizeof(n.text) - 1);
+    send_notice(n, *state_->comm, rank_, size_, to);
+  }
+
+  // The wait of `site` completed: it is the last collective every rank took part in with this one
+  // (what a stall report says the missing ranks were last seen in).
+  void done_with(const WaitSite& site) {
+    last_wait_ = site;
+    last_wait_call_ = call_name_;
   }
 
   // Not while the constructor waits for the duplicate (dup_done is set when that wait ends): a
@@ -539,22 +630,41 @@ class Control {
   // (MPICH completes the duplicate at different times on different ranks).
   void poll_notices(const WaitSite& site) {
     if (size_ == 1 || !state_ || !state_->dup_done) return;
+    const bool gone_too = notices_ != MPI_COMM_NULL;
     for (;;) {
       int flag = 0;
       MPI_Status st;
-      MPI_Iprobe(MPI_ANY_SOURCE, kTag, *state_->comm, &flag, &st);
-      if (!flag) return;
+      MPI_Comm from = *state_->comm;
+      MPI_Iprobe(MPI_ANY_SOURCE, kTag, from, &flag, &st);
+      if (!flag && gone_too) {
+        from = notices_;
+        MPI_Iprobe(MPI_ANY_SOURCE, kTag, from, &flag, &st);
+      }
+      if (!flag) break;
       Notice n;
-      MPI_Recv(&n, int(sizeof(Notice)), MPI_BYTE, st.MPI_SOURCE, kTag, *state_->comm, MPI_STATUS_IGNORE);
+      MPI_Recv(&n, int(sizeof(Notice)), MPI_BYTE, st.MPI_SOURCE, kTag, from, MPI_STATUS_IGNORE);
       n.text[sizeof(n.text) - 1] = '\0';
       if (n.sync != id_) continue;  // an earlier side channel's, on a context MPI reused: drained
+      const auto src = std::size_t(st.MPI_SOURCE);
       if (n.kind == kArrived) {
-        auto& s = seen_step_[std::size_t(st.MPI_SOURCE)];
+        auto& s = seen_step_[src];
         s = std::max(s, n.step);
         if (n.step >= arrival_step_) {
-          arrived_[std::size_t(st.MPI_SOURCE)] = 1;
-          where_[std::size_t(st.MPI_SOURCE)] = n.text;
+          arrived_[src] = 1;
+          where_[src] = n.text;
+          // A peer waits for this rank in a later call: say where this rank is, once per wait,
+          // so that its report names it (the reply's earlier step asks for no reply).
+          if (n.step > arrival_step_ && !replied_) {
+            replied_ = true;
+            post_arrived(arrival_step_, where_in_call(site, call_name_), int(src));
+          }
+        } else {
+          elsewhere_[src] = n.text;  // waits in an earlier call: named if it is reported missing
         }
+      } else if (n.kind == kGone || n.kind == kGoneError) {
+        gone_after_[src] = n.step;
+        gone_why_.resize(std::size_t(size_));
+        gone_why_[src] = cat(n.kind == kGoneError ? 'E' : 'M', n.text);
       } else if (n.kind >= kFailedBase) {
         std::string msg = n.text;
         if (msg.rfind("gradsync: ", 0) == 0) msg = msg.substr(10);
@@ -566,6 +676,30 @@ class Control {
         throw_kind(ErrorKind(n.kind - kFailedBase), m);
       }
     }
+    if (!gone_why_.empty()) check_gone(site);
+  }
+
+  // A peer whose sync was destroyed before this call will never join it: stop now, naming it. One
+  // that completed this call took part in it and ended normally: nothing to say.
+  void check_gone(const WaitSite& site) {
+    for (int r = 0; r < size_; ++r) {
+      const std::int64_t after = gone_after_[std::size_t(r)];
+      if (after < 0 || after > calls_done_) continue;
+      const std::string& why = gone_why_[std::size_t(r)];
+      const ErrorKind k = why[0] == 'E' ? ErrorKind::error : ErrorKind::mismatch;
+      if (program_wait_ && k == ErrorKind::mismatch) continue;
+      const std::string m =
+          cat("rank ", r, " will not join the ", where_in_call(site, call_name_), " (this sync's collective call ",
+              calls_done_ + 1, " on rank ", rank_, "): ", why.substr(1),
+              k == ErrorKind::mismatch
+                  ? ". The ranks made different numbers of collective calls: a rank skipped one (synchronize() "
+                    "on a pass without samples: call set_samples(0) and synchronize() instead) or left the loop early"
+                  : "");
+      heard_ = true;
+      bury();
+      if (observer_) observer_(observer_ctx_, k, true, m);
+      throw_kind(k, m);
+    }
   }
 
   static std::string where_of(const WaitSite& site) {
@@ -573,11 +707,21 @@ class Control {
     if (site.chunk >= 0) where += cat(" of chunk ", site.chunk + 1, " of ", site.chunks);
     return where;
   }
+  // Where a wait is, with its call: what peers are told and reports name.
+  // A step's calls carry its number (synchronize() call k); a helper, the number of the last one.
+  std::string where_in_call(const WaitSite& site, const char* call) const {
+    const std::string where = where_of(site);
+    if (std::strcmp(call, "synchronize()") == 0) return cat(where, " in synchronize() call ", site.step);
+    if (std::strcmp(call, "mark_ready()") == 0 || std::strcmp(call, "progress()") == 0 ||
+        std::strcmp(call, "prepare()") == 0)
+      return cat(where, " in ", call, " of synchronize() call ", site.step);
+    if (site.step <= 0) return cat(where, " in ", call, " before the first synchronize()");
+    return cat(where, " in ", call, " after synchronize() call ", site.step);
+  }
 
   std::string report(const WaitSite& site, double waited, bool final_report) {
-    const std::string where = where_of(site);
-    std::string s =
-        cat("rank ", rank_, " has waited ", waited, " s for the ", where, " in synchronize() call ", site.step, "; ");
+    const std::string where = where_in_call(site, call_name_);
+    std::string s = cat("rank ", rank_, " has waited ", waited, " s for the ", where, "; ");
     if constexpr (mpi) {
       if (comm_ready()) {
         std::vector<int> missing, present;
@@ -585,8 +729,12 @@ class Control {
         if (missing.empty())
           s += "every rank arrived, yet the collective has not completed (a rank gave up on an earlier one, or "
                "the ranks' collectives do not match)";
+        else if (program_wait_)  // a point-to-point exchange needs some peers only: say what is known
+          s += cat("ranks not waiting in it: ", rank_list(missing), " (waiting: ", rank_list(present),
+                   "); the peer this rank waits for is among them, unless it completed its part already") +
+               last_seen(missing);
         else
-          s += cat("missing ranks: ", rank_list(missing), " (arrived: ", rank_list(present), ")");
+          s += cat("missing ranks: ", rank_list(missing), " (arrived: ", rank_list(present), ")") + last_seen(missing);
         // Arrived ranks waiting in different collectives: typically registrations changed on some
         // ranks only (they run the consistency check, the others the allreduce).
         bool differ = false;
@@ -611,12 +759,51 @@ class Control {
            "Options::stall_timeout (GRADSYNC_STALL_TIMEOUT_S) allows";
   }
 
+  // Where the missing ranks were last seen: the last collective they completed with this rank, and
+  // where each is now (a wait it reported, or none: computing, in the program's own MPI, stopped).
+  std::string last_seen(const std::vector<int>& missing) const {
+    std::string s = last_wait_call_ ? cat("; last seen with rank ", rank_, " in the ",
+                                          where_in_call(last_wait_, last_wait_call_), ", which they completed")
+                                    : cat("; no collective of this sync completed with them yet");
+    std::vector<std::string> now;
+    std::vector<int> ranks;
+    for (int r : missing) {
+      const std::string& e = elsewhere_[std::size_t(r)];
+      ranks.push_back(r);
+      now.push_back(e.empty() ? "in no wait of this sync (computing, in the program's own MPI, or stopped)"
+                              : cat("waiting in the ", e));
+    }
+    std::string each;
+    for (std::size_t k = 0; k < ranks.size(); ++k) {  // "rank 1: X; ranks [2-3]: Y", missing ranks only
+      std::size_t j = 0;
+      while (j < k && now[j] != now[k]) ++j;
+      if (j < k) continue;
+      std::vector<int> same;
+      for (std::size_t m = k; m < ranks.size(); ++m)
+        if (now[m] == now[k]) same.push_back(ranks[m]);
+      each += cat(each.empty() ? "" : "; ", same.size() == 1 ? cat("rank ", same[0]) : cat("ranks ", rank_list(same)),
+                  " now ", now[k]);
+    }
+    return cat(s, "; ", each);
+  }
+
   int rank_ = 0, size_ = 1;
-  std::uint64_t id_ = 0;  // this side channel's, in every notice (next_side_channel_id)
+  std::uint64_t id_ = 0;              // this side channel's, in every notice (next_side_channel_id)
+  MPI_Comm notices_ = MPI_COMM_NULL;  // the group's notice communicator (GONE; impl/notice_comm.hpp)
   std::shared_ptr<State> state_;
   std::vector<char> arrived_;
   std::vector<std::int64_t> seen_step_;
   std::vector<std::string> where_;
+  std::vector<std::string> elsewhere_;    // peers waiting in an earlier call (their notices)
+  std::vector<std::int64_t> gone_after_;  // peers whose sync was destroyed: the calls they completed (-1: not gone)
+  std::vector<std::string> gone_why_;     // their reasons (first letter: E error, M mismatch); empty if none
+  bool replied_ = false;                  // this wait told a peer waiting further on where it is
+  bool program_wait_ = false;             // the wait is a program's own exchange (wait_for_program)
+  const char* call_name_ = "the GradientSync constructor";  // the collective call this rank is in (enter_call)
+  const char* last_call_ = nullptr;                         // the last one completed
+  std::int64_t calls_done_ = 0;                             // collective calls completed (call_done)
+  WaitSite last_wait_;                                      // the last wait completed ...
+  const char* last_wait_call_ = nullptr;                    // ... and its call
   std::int64_t arrival_step_ = 0;
   std::vector<std::shared_ptr<void>> keep_;
   std::shared_ptr<std::vector<unsigned char>> scratch_;
@@ -626,6 +813,20 @@ class Control {
   Observer observer_ = nullptr;
   void* observer_ctx_ = nullptr;
 };
+
+/// A rank whose GradientSync constructor refuses its options (a ConfigError) while its peers build
+/// theirs: it joins the side channel's creation (the peers' constructors complete) and tells them,
+/// so that their first collective call fails at once, naming this rank's error. Never throws.
+template <class Backend>
+void tell_peers_at_construction(const Backend& b, const Options& given, ErrorKind k, const std::string& msg) noexcept {
+  try {
+    Options o;  // the defaults, but the caller's deadline when it is valid
+    if (given.stall_timeout >= 0 && given.stall_timeout < 1e9) o.stall_timeout = given.stall_timeout;
+    Control<Backend> c(b, o);
+    c.tell_peers(k, msg);
+  } catch (...) {  // the peers meet the deadline instead
+  }
+}
 
 /// Waits for a backend request with the deadline of Options::stall_timeout (0: none). Over an MPI
 /// communicator it polls even without a deadline, listening for the peers' failure notices;

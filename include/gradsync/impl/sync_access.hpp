@@ -1,6 +1,7 @@
 // gradsync internals: impl::SyncAccess, the one door into a GradientSync's private members.
 #pragma once
 
+#include <cstdint>
 #include <utility>
 
 namespace gradsync::impl {
@@ -37,9 +38,19 @@ struct SyncAccess {
   static void for_each_gradient(const S& s, F&& f) {
     s.for_each_gradient(std::forward<F>(f));
   }
+  // `call` is a string literal (kept by address in reports); `world`: false for a call over a
+  // process set's members only.
   template <class S, class F>
-  static decltype(auto) collective(S& s, const char* call, const char* what, F&& run) {
-    return s.helper_collective(call, what, std::forward<F>(run));
+  static decltype(auto) collective(S& s, const char* call, const char* what, F&& run, bool world = true) {
+    return s.helper_collective(call, what, std::forward<F>(run), world);
+  }
+  template <class S, class Done>
+  static void watch_program(S& s, const char* what, Done&& done) {
+    s.watch_program(what, std::forward<Done>(done));
+  }
+  template <class S>
+  static void check_samples(const S& s, std::int64_t n) {
+    s.check_samples(n);
   }
   template <class S>
   static void require_between_steps(const S& s, const char* call) {
