@@ -32,11 +32,18 @@
     "gradsync/checkpoint.hpp: this hdf5.h is a serial HDF5; checkpoints are written with MPI-IO and need a parallel HDF5 (Debian: libhdf5-openmpi-dev)"
 #endif
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <map>
 #include <memory>
+#include <random>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -197,11 +204,11 @@ struct CheckpointStateAccess {
   static const auto& shards(const CheckpointState& s) { return s.shards_; }
 };
 
-// One rank's checkpoint: its items, its communicator, and a refusal found before any collective.
+// One rank's checkpoint: its items, and a refusal found before any collective.
 struct CkptJob {
-  MPI_Comm comm = MPI_COMM_NULL;
-  int rank = 0;
+  int rank = 0, size = 1;
   std::string what, refusal;
+  std::string id;  // this save's, alike on every rank: the partial file's suffix, the file's save_id
   std::vector<CkptItem> items;
   std::string optimizer = "none";
   // The sync's error-feedback residuals (per rank; /residuals), when it has any.
@@ -214,6 +221,23 @@ struct CkptJob {
   }
 };
 
+// A name no other save shares, of this job or of another one writing the same path at the same time
+// (a requeued job while the old one still runs): random bits, the process, the time, a count.
+inline std::string ckpt_unique_id() {
+  static std::atomic<std::uint64_t> count{0};
+  std::uint64_t v[5] = {0, 0, std::uint64_t(::getpid()),
+                        std::uint64_t(std::chrono::system_clock::now().time_since_epoch().count()), count++};
+  try {
+    std::random_device rd;
+    v[0] = rd();
+    v[1] = rd();
+  } catch (...) {  // no entropy source: the process, the time and the count remain
+  }
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(fnv1a(v, sizeof v)));
+  return buf;
+}
+
 // A sync's registrations by name: group, kind, dense values.
 struct CkptRegistration {
   std::string group;
@@ -222,19 +246,30 @@ struct CkptRegistration {
   int count = 0;
 };
 
-template <class S>
-CkptJob checkpoint_job(S& sync, const char* call, const std::string& path) {
-  SyncAccess::require_between_steps(sync, cat(call, "()").c_str());
+// The job of a save or load, once the ranks agreed on the file: rank 0's path (and this save's id)
+// reaches every rank, which compares it with its own, before any file is touched; a call in the
+// middle of an aggregation cycle is refused here too. Collective, under the watchdog (`comm`).
+template <class S, class Comm>
+CkptJob checkpoint_job(S& sync, const Comm& comm, const char* call, const std::string& path) {
   CkptJob job;
-  job.comm = sync.backend().comm();
-  MPI_Comm_rank(job.comm, &job.rank);
+  job.rank = comm.rank();
+  job.size = comm.size();
   job.what = cat(call, "(\"", path, "\")");
+  FieldWriter mine;
+  if (job.rank == 0) mine << path << ckpt_unique_id();
+  const std::string first = comm.broadcast(mine.str(), 0);
+  FieldReader f(first);
+  const std::string path0 = f.text();
+  job.id = f.text();
+  if (path0 != path)
+    job.refusal = cat(call, "(): the ranks name different files: \"", path0, "\" on rank 0, \"", path, "\" on rank ",
+                      job.rank, "; every rank must pass the same path");
   if (const int pass = SyncAccess::passes_into_cycle(sync); pass > 0)
     job.refuse(cat("called in the middle of an aggregation cycle (", pass, " of ",
                    sync.options().backward_passes_per_step,
                    " backward passes accumulated): the accumulated gradients are not in checkpoints; call it after the "
                    "cycle's last synchronize()"));
-  if (std::string e = agree_on_failure(job.comm, job.refusal); !e.empty()) throw CheckpointError(e);
+  if (std::string e = comm.agree(job.refusal); !e.empty()) throw CheckpointError(e);
   // Error feedback: the residuals, in the plan's layout (built now if due, collectively).
   using T = typename S::value_type;
   const auto r = SyncAccess::residual_state(sync);
@@ -370,27 +405,18 @@ void add_optimizer_items(CkptJob& job, D& dopt, const CheckpointState& state,
   }
 }
 
-// The job of a save or load: the owner's parameters (a DistributedOptimizer's with their optimizer
-// state, or a bare sync's named in `state`) and the program's entries. Collective (the refusal of
-// a save in the middle of an aggregation cycle, the residuals' plan).
+// The owner's items: a DistributedOptimizer's parameters with their optimizer state, or a bare
+// sync's named in `state`, and the program's entries.
 template <class Optimizer, class Sync>
-CkptJob checkpoint_job_of(DistributedOptimizer<Optimizer, Sync>& dopt, const char* call, const std::string& path,
-                          const CheckpointState& state) {
-  CkptJob job = checkpoint_job(dopt.sync(), call, path);
-  Kokkos::fence();  // pending kernels may still write parameters or state
+void add_items_of(CkptJob& job, DistributedOptimizer<Optimizer, Sync>& dopt, const CheckpointState& state) {
   const auto regs = registrations_by_name(dopt.sync());
   add_optimizer_items(job, dopt, state, regs);
   add_state_items(job, state, regs);
   job.optimizer = type_name<Optimizer>();
-  return job;
 }
 template <class Backend, class Tensor>
-CkptJob checkpoint_job_of(GradientSync<Backend, Tensor>& sync, const char* call, const std::string& path,
-                          const CheckpointState& state) {
-  CkptJob job = checkpoint_job(sync, call, path);
-  Kokkos::fence();
+void add_items_of(CkptJob& job, GradientSync<Backend, Tensor>& sync, const CheckpointState& state) {
   add_state_items(job, state, registrations_by_name(sync));
-  return job;
 }
 
 // A row-sharded dataset's checksum: the sum over its rows of each row's checksum, seeded by the
@@ -423,41 +449,128 @@ struct HostValues {
   }
 };
 
-inline void save_job(CkptJob& job, const std::string& path) {
-  const MPI_Comm comm = job.comm;
+// Room for a file's metadata, held by rank 0 in a file of its own from before the checkpoint's
+// file exists until the metadata is written: a full file system refuses it before anything is
+// created, and the metadata's flush finds the room it frees.
+class CkptSpace {
+ public:
+  // False only when the file system has no room (a file that cannot be opened: the checkpoint's
+  // own creation says why).
+  bool reserve(const std::string& name, std::uint64_t bytes) {
+    const int fd = ::open(name.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    if (fd < 0) return true;
+    name_ = name;
+    const int rc = ::posix_fallocate(fd, 0, off_t(bytes));
+    ::close(fd);
+    if (rc == ENOSPC || rc == EFBIG || rc == EDQUOT) {
+      release();
+      return false;
+    }
+    return true;
+  }
+  void release() {
+    if (!name_.empty()) std::remove(name_.c_str());
+    name_.clear();
+  }
+  ~CkptSpace() { release(); }
+
+ private:
+  std::string name_;
+};
+
+// The save, in the order that keeps HDF5 able to close the file whatever fails. HDF5 1.10 frees a
+// file whose H5Fclose failed but keeps its identifier, and its shutdown in MPI_Finalize then
+// crashes on it; a close fails when it must write what an earlier write could not. So the
+// checksums are summed first; the file is created with all of its metadata (the checksums, and
+// `complete` = 0) and flushed into room held for it (CkptSpace), its datasets' space the file's
+// before any value is written; a value's failed write leaves nothing for the close to write;
+// last, `complete` is set to 1 in place.
+template <class Comm>
+void save_job(CkptJob& job, const Comm& comm, const std::string& path) {
   const CkptCatalog catalog(comm, job.what, job.items);
-  if (std::string e = agree_on_failure(comm, job.refusal.empty() ? catalog.refusal_ : job.refusal); !e.empty())
+  if (std::string e = comm.agree(job.refusal.empty() ? catalog.refusal_ : job.refusal); !e.empty())
     throw CheckpointError(e);
-  const int me = job.rank;
-  int nranks = 1;
-  MPI_Comm_size(comm, &nranks);
+  const int me = job.rank, nranks = job.size;
   std::map<std::string, const CkptItem*> mine;
   for (const CkptItem& it : job.items) mine[it.name] = &it;
-  const std::string tmp = path + ".partial";
+  // Each save has a partial file of its own: two jobs saving to one path at once (a requeued job and
+  // the old one) never write into one file, and each rename publishes one whole save.
+  const std::string tmp = cat(path, ".partial-", job.id);
   H5Quiet quiet;
   std::string err;  // this rank's first failure; the collective calls go on, every rank alike
   const auto fail = [&](const std::string& why) {
     if (err.empty()) err = cat(job.what, ": ", why, " on rank ", me);
   };
+
+  // The file's datasets in the order they are created (the catalog's: the data-parallel items in
+  // registration order, then by name), each with this rank's item when it writes it (or some of
+  // its rows), and their checksums: of what a rank writes, zero elsewhere, summed over the ranks.
+  struct Writer {
+    const CkptItem* item = nullptr;
+    std::size_t d = 0;  // which of the item's datasets
+  };
+  std::vector<Writer> writers;
+  for (const CkptItem& it : job.items)
+    if (it.kind == CkptKind::data_parallel)
+      for (std::size_t d = 0; d < it.data.size(); ++d) writers.push_back({me == 0 ? &it : nullptr, d});
+  for (const CkptEntry& e : catalog.local_)
+    for (std::size_t d = 0; d < e.data.size(); ++d)
+      writers.push_back({e.pieces[0].writer == me ? mine.at(e.name) : nullptr, d});
+  for (const CkptEntry& e : catalog.sharded_) {
+    const auto m = mine.find(e.name);
+    const CkptItem* held = m != mine.end() && e.writer_of(m->second->first_row) == me ? m->second : nullptr;
+    for (std::size_t d = 0; d < e.data.size(); ++d) writers.push_back({held, d});
+  }
+  const std::size_t residual_slot = writers.size();  // /residuals/values: one row per rank
+  std::vector<std::uint64_t> sums(writers.size() + (job.has_residuals ? 1 : 0), 0);
+  const auto writes = [](const Writer& w) {  // a table's counters: the first rows' writer's
+    return w.item && !(w.item->kind == CkptKind::sharded && !w.item->data[w.d].rowwise && w.item->first_row != 0);
+  };
+  for (std::size_t s = 0; s < writers.size(); ++s) {
+    if (!writes(writers[s])) continue;
+    const CkptItem& it = *writers[s].item;
+    const CkptData& d = it.data[writers[s].d];
+    const std::size_t esize = ckpt_type_size(d.type);
+    const HostValues v(d);
+    sums[s] = d.rowwise ? rows_checksum(v.p, it.first_row, it.rows, std::size_t(it.row_length) * esize)
+                        : checksum_words(v.p, std::size_t(d.count) * esize);
+  }
+  if (job.has_residuals) {
+    const HostValues v(job.residuals);
+    sums[residual_slot] =
+        rows_checksum(v.p, std::uint64_t(me), 1, std::size_t(job.residuals.count) * ckpt_type_size(job.residuals.type));
+  }
+  // The metadata's room (object headers, B-trees, heaps), generous: 64 KiB and 8 KiB per dataset.
+  CkptSpace room;
+  const std::uint64_t metadata_bytes = (std::uint64_t(16) + 2 * writers.size() + job.items.size()) << 12;
+  sums.push_back(me == 0 && !room.reserve(cat(tmp, ".space"), metadata_bytes) ? 1 : 0);  // rank 0's answer
+  comm.sum(sums);
+  if (sums.back() != 0)
+    throw CheckpointError(cat(job.what, ": no room for '", tmp, "' (a full file system?) on rank 0"));
+
   H5Handle fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
-  H5Pset_fapl_mpio(fapl.get(), comm, MPI_INFO_NULL);
+  H5Pset_fapl_mpio(fapl.get(), comm.mpi(), MPI_INFO_NULL);
   H5Handle file(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()), H5Fclose);
   if (!file.ok()) fail(cat("cannot create '", tmp, "' (a missing directory, no write permission?)"));
-  if (std::string e = agree_on_failure(comm, err); !e.empty()) throw CheckpointError(e);
+  if (std::string e = comm.agree(err); !e.empty()) {
+    file.reset();
+    if (me == 0) std::remove(tmp.c_str());
+    throw CheckpointError(e);
+  }
 
   // Metadata, collective: every rank creates every group, dataset and attribute alike, in the
-  // catalog's order (the data-parallel items in registration order, then by name).
+  // catalog's order.
   const hid_t f = file.get();
   bool ok =
       h5_write_attr_string(f, "format", "gradsync-checkpoint") &&
       h5_write_attr<int>(f, "format_version", checkpoint_format_version) &&
       h5_write_attr_string(f, "gradsync_version",
                            cat(GRADSYNC_VERSION_MAJOR, ".", GRADSYNC_VERSION_MINOR, ".", GRADSYNC_VERSION_PATCH)) &&
-      h5_write_attr<int>(f, "ranks", nranks) && h5_write_attr_string(f, "optimizer", job.optimizer);
+      h5_write_attr<int>(f, "ranks", nranks) && h5_write_attr_string(f, "optimizer", job.optimizer) &&
+      h5_write_attr_string(f, "save_id", job.id) && h5_write_attr<int>(f, "complete", 0);
   struct Slot {  // one dataset of the file
     H5Handle ds;
-    const CkptItem* item = nullptr;  // this rank's, when it writes the dataset (or some of its rows)
-    std::size_t d = 0;               // which of the item's datasets
+    Writer w;
   };
   std::vector<Slot> slots;
   H5Handle dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
@@ -466,122 +579,111 @@ inline void save_job(CkptJob& job, const std::string& path) {
     H5Handle g(H5Gcreate2(f, ckpt_top(k), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
     ok = ok && g.ok();
   }
-  const auto create = [&](const std::string& gpath, const std::vector<CkptDataShape>& shapes, const CkptItem* writer,
-                          auto&& attrs) {
+  const auto dataset = [&](hid_t g, const char* name, CkptType type, hsize_t n) {
+    H5Handle space(H5Screate_simple(1, &n, nullptr), H5Sclose);
+    const std::size_t s = slots.size();
+    slots.push_back(
+        Slot{H5Handle(H5Dcreate2(g, name, h5_type(type), space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT), H5Dclose),
+             s < writers.size() ? writers[s] : Writer{}});
+    ok = ok && slots.back().ds.ok() && h5_write_attr<std::uint64_t>(slots.back().ds.get(), "checksum", sums[s]);
+  };
+  const auto create = [&](const std::string& gpath, const std::vector<CkptDataShape>& shapes, auto&& attrs) {
     H5Handle g(H5Gcreate2(f, gpath.c_str(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
     ok = ok && g.ok() && attrs(g.get());
-    for (std::size_t d = 0; d < shapes.size(); ++d) {
-      const hsize_t n = shapes[d].count;
-      H5Handle space(H5Screate_simple(1, &n, nullptr), H5Sclose);
-      slots.push_back(Slot{H5Handle(H5Dcreate2(g.get(), shapes[d].name.c_str(), h5_type(shapes[d].type), space.get(),
-                                               H5P_DEFAULT, dcpl.get(), H5P_DEFAULT),
-                                    H5Dclose),
-                           writer, d});
-      ok = ok && slots.back().ds.ok();
-    }
+    for (const CkptDataShape& d : shapes) dataset(g.get(), d.name.c_str(), d.type, d.count);
   };
   const auto named = [](hid_t g, const std::string& name, const std::string& group) {
     return h5_write_attr_string(g, "name", name) && h5_write_attr_string(g, "group", group);
   };
+  const auto path_of = [](CkptKind kind, const std::string& name) {
+    CkptItem probe;
+    probe.kind = kind;
+    probe.name = name;
+    return probe.path();
+  };
   for (const CkptItem& it : job.items)
     if (it.kind == CkptKind::data_parallel)
-      create(it.path(), ckpt_shapes(it), me == 0 ? &it : nullptr, [&](hid_t g) {
+      create(it.path(), ckpt_shapes(it), [&](hid_t g) {
         return named(g, it.name, it.group) && h5_write_attr<std::uint64_t>(g, "size", it.data[0].count) &&
                h5_write_attr<int>(g, "rank", 0);
       });
-  for (const CkptEntry& e : catalog.local_) {
-    const auto m = mine.find(e.name);
-    const bool writes = e.pieces[0].writer == me;
-    CkptItem probe;
-    probe.kind = CkptKind::local;
-    probe.name = e.name;
-    create(probe.path(), e.data, writes ? m->second : nullptr, [&](hid_t g) {
+  for (const CkptEntry& e : catalog.local_)
+    create(path_of(CkptKind::local, e.name), e.data, [&](hid_t g) {
       return named(g, e.name, e.group) && h5_write_attr<std::uint64_t>(g, "size", e.data[0].count) &&
              h5_write_attr<int>(g, "rank", e.pieces[0].writer) && h5_write_attr<int>(g, "holders", e.holders);
     });
-  }
-  for (const CkptEntry& e : catalog.sharded_) {
-    const auto m = mine.find(e.name);
-    const CkptItem* held = m != mine.end() && e.writer_of(m->second->first_row) == me ? m->second : nullptr;
-    CkptItem probe;
-    probe.kind = CkptKind::sharded;
-    probe.name = e.name;
-    create(probe.path(), e.data, held, [&](hid_t g) {
+  for (const CkptEntry& e : catalog.sharded_)
+    create(path_of(CkptKind::sharded, e.name), e.data, [&](hid_t g) {
       return named(g, e.name, e.group) && h5_write_attr<std::uint64_t>(g, "global_rows", e.global_rows) &&
              h5_write_attr<std::uint64_t>(g, "row_length", e.row_length) &&
              h5_write_attr<int>(g, "shards", int(e.pieces.size())) && h5_write_attr<int>(g, "holders", e.holders);
     });
-  }
-  const std::size_t residual_slot = slots.size();  // /residuals/values: one row per rank
   if (job.has_residuals) {
     H5Handle g(H5Gcreate2(f, "/residuals", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
     ok = ok && g.ok() && h5_write_attr<int>(g.get(), "ranks", nranks) &&
          h5_write_attr<std::uint64_t>(g.get(), "size", job.residuals.count) &&
          h5_write_attr<std::uint64_t>(g.get(), "layout", job.residual_layout) &&
          h5_write_attr<std::int64_t>(g.get(), "samples", *job.residual_samples);
-    const hsize_t n = hsize_t(nranks) * job.residuals.count;
-    H5Handle space(H5Screate_simple(1, &n, nullptr), H5Sclose);
-    slots.push_back(Slot{H5Handle(H5Dcreate2(g.get(), "values", h5_type(job.residuals.type), space.get(), H5P_DEFAULT,
-                                             dcpl.get(), H5P_DEFAULT),
-                                  H5Dclose),
-                         nullptr, 0});
-    ok = ok && slots.back().ds.ok();
+    dataset(g.get(), "values", job.residuals.type, hsize_t(nranks) * job.residuals.count);
   }
   if (!ok) fail("HDF5 refused to create the file's groups, datasets or attributes");
+  // Collective too: the metadata on disk, in the room held for it (HDF5 cannot close a file whose
+  // metadata flush failed), and the file at its full size before the values.
+  room.release();
+  if (H5Fflush(f, H5F_SCOPE_GLOBAL) < 0) fail(cat("writing the metadata of '", tmp, "' failed (a full file system?)"));
 
-  // Data, independent: each dataset (or row range) by its writer. Checksums of what a rank wrote,
-  // zero elsewhere, summed over the ranks for the attributes.
-  std::vector<std::uint64_t> sums(slots.size(), 0);
-  for (std::size_t s = 0; s < slots.size() && err.empty(); ++s) {
-    const CkptItem* it = slots[s].item;
-    if (!it) continue;
-    const CkptData& d = it->data[slots[s].d];
-    const std::size_t esize = ckpt_type_size(d.type);
-    if (it->kind == CkptKind::sharded && !d.rowwise && it->first_row != 0) continue;  // the first rows' writer's
-    const HostValues v(d);
-    herr_t rc = 0;
-    if (d.rowwise) {
-      sums[s] = rows_checksum(v.p, it->first_row, it->rows, std::size_t(it->row_length) * esize);
-      const H5Slab slab(slots[s].ds.get(), it->first_row * it->row_length, d.count);
-      if (d.count)
-        rc = slab.ok() ? H5Dwrite(slots[s].ds.get(), h5_type(d.type), slab.mem.get(), slab.file.get(), H5P_DEFAULT, v.p)
-                       : -1;
-    } else {
-      sums[s] = checksum_words(v.p, std::size_t(d.count) * esize);
-      if (d.count) rc = H5Dwrite(slots[s].ds.get(), h5_type(d.type), H5S_ALL, H5S_ALL, H5P_DEFAULT, v.p);
+  // Data, independent: each dataset (or row range) by its writer. Nothing here throws past this
+  // point on one rank only: the ranks must reach the agreement below together, the file still open.
+  try {
+    for (std::size_t s = 0; s < writers.size() && err.empty(); ++s) {
+      if (!writes(slots[s].w)) continue;
+      const CkptItem* it = slots[s].w.item;
+      const CkptData& d = it->data[slots[s].w.d];
+      const HostValues v(d);
+      herr_t rc = 0;
+      if (d.rowwise) {
+        const H5Slab slab(slots[s].ds.get(), it->first_row * it->row_length, d.count);
+        if (d.count)
+          rc = slab.ok()
+                   ? H5Dwrite(slots[s].ds.get(), h5_type(d.type), slab.mem.get(), slab.file.get(), H5P_DEFAULT, v.p)
+                   : -1;
+      } else if (d.count) {
+        rc = H5Dwrite(slots[s].ds.get(), h5_type(d.type), H5S_ALL, H5S_ALL, H5P_DEFAULT, v.p);
+      }
+      if (rc < 0) fail(cat("writing ", it->who(), " failed (a full file system?)"));
     }
-    if (rc < 0) fail(cat("writing ", it->who(), " failed"));
+    if (job.has_residuals && err.empty()) {  // this rank's row
+      const CkptData& d = job.residuals;
+      const HostValues v(d);
+      const H5Slab slab(slots[residual_slot].ds.get(), hsize_t(me) * d.count, d.count);
+      if (d.count && (!slab.ok() || H5Dwrite(slots[residual_slot].ds.get(), h5_type(d.type), slab.mem.get(),
+                                             slab.file.get(), H5P_DEFAULT, v.p) < 0))
+        fail("writing the error-feedback residuals failed (a full file system?)");
+    }
+  } catch (const std::exception& e) {
+    fail(cat("an exception while writing: ", e.what()));
   }
-  if (job.has_residuals && err.empty()) {  // this rank's row
-    const CkptData& d = job.residuals;
-    const HostValues v(d);
-    const std::size_t bytes = std::size_t(d.count) * ckpt_type_size(d.type);
-    sums[residual_slot] = rows_checksum(v.p, std::uint64_t(me), 1, bytes);
-    const H5Slab slab(slots[residual_slot].ds.get(), hsize_t(me) * d.count, d.count);
-    if (d.count && (!slab.ok() || H5Dwrite(slots[residual_slot].ds.get(), h5_type(d.type), slab.mem.get(),
-                                           slab.file.get(), H5P_DEFAULT, v.p) < 0))
-      fail("writing the error-feedback residuals failed");
-  }
-  MPI_Allreduce(MPI_IN_PLACE, sums.data(), int(sums.size()), MPI_UINT64_T, MPI_SUM, comm);
-  for (std::size_t s = 0; s < slots.size(); ++s)
-    if (!h5_write_attr<std::uint64_t>(slots[s].ds.get(), "checksum", sums[s])) fail("writing a checksum failed");
   slots.clear();
-  // The completion record, last: a file without it is never loaded.
-  if (!h5_write_attr<int>(f, "complete", 1)) fail("writing the completion record failed");
+  err = comm.agree(err);
+  // The completion record, last and only when every rank wrote everything: a file without it is
+  // never loaded. Set in place: the attribute exists since the metadata.
+  if (err.empty() && !h5_update_attr<int>(f, "complete", 1)) fail("writing the completion record failed");
   if (!file.reset()) fail(cat("closing '", tmp, "' failed (a full file system?)"));
-  if (std::string e = agree_on_failure(comm, err); !e.empty()) {
+  if (std::string e = comm.agree(err); !e.empty()) {
     if (me == 0) std::remove(tmp.c_str());
     throw CheckpointError(e);
   }
-  if (me == 0 && std::rename(tmp.c_str(), path.c_str()) != 0)
+  if (me == 0 && std::rename(tmp.c_str(), path.c_str()) != 0) {
     err = cat(job.what, ": renaming '", tmp, "' to '", path, "' failed on rank 0");
-  if (std::string e = agree_on_failure(comm, err); !e.empty()) throw CheckpointError(e);
+    std::remove(tmp.c_str());
+  }
+  if (std::string e = comm.agree(err); !e.empty()) throw CheckpointError(e);
 }
 
-inline void load_job(CkptJob& job, const std::string& path) {
-  const MPI_Comm comm = job.comm;
+template <class Comm>
+void load_job(CkptJob& job, const Comm& comm, const std::string& path) {
   const CkptCatalog catalog(comm, job.what, job.items);
-  if (std::string e = agree_on_failure(comm, job.refusal.empty() ? catalog.refusal_ : job.refusal); !e.empty())
+  if (std::string e = comm.agree(job.refusal.empty() ? catalog.refusal_ : job.refusal); !e.empty())
     throw CheckpointError(e);
   const int me = job.rank;
   H5Quiet quiet;
@@ -608,10 +710,13 @@ inline void load_job(CkptJob& job, const std::string& path) {
   std::string residual_note;
   // Staging: everything is read and verified before any value changes.
   std::vector<std::vector<std::vector<char>>> staged(job.items.size());
+  // Each rank opens the file on its own (MPI_COMM_SELF): reads need no collective metadata calls.
+  H5Handle fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
+  H5Pset_fapl_mpio(fapl.get(), MPI_COMM_SELF, MPI_INFO_NULL);
+  H5Handle file;
+  int version = 0;
+  std::string identity;  // which file this rank opened: its save's id and its size
   [&] {
-    // Each rank opens the file on its own (MPI_COMM_SELF): reads need no collective metadata calls.
-    H5Handle fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
-    H5Pset_fapl_mpio(fapl.get(), MPI_COMM_SELF, MPI_INFO_NULL);
 #if H5_VERSION_GE(1, 12, 0)
     const htri_t is_hdf5 = H5Fis_accessible(path.c_str(), fapl.get());
 #else
@@ -623,11 +728,11 @@ inline void load_job(CkptJob& job, const std::string& path) {
       std::fclose(probe);
       return fail("not an HDF5 file (foreign or truncated)");
     }
-    H5Handle file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl.get()), H5Fclose);
+    file = H5Handle(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl.get()), H5Fclose);
     if (!file.ok()) return fail("HDF5 cannot open it (truncated or damaged)");
     const hid_t f = file.get();
-    std::string format;
-    int version = 0, complete = 0;
+    std::string format, save_id;
+    int complete = 0;
     if (!h5_read_attr_string(f, "format", format) || format != "gradsync-checkpoint")
       return fail("an HDF5 file, but not a gradsync checkpoint (no format attribute 'gradsync-checkpoint')");
     if (!h5_read_attr<int>(f, "format_version", version) || version < checkpoint_oldest_format_version ||
@@ -636,6 +741,20 @@ inline void load_job(CkptJob& job, const std::string& path) {
                       checkpoint_oldest_format_version, " to ", checkpoint_format_version));
     if (!h5_read_attr<int>(f, "complete", complete) || complete != 1)
       return fail("incomplete checkpoint: no completion record (the job writing it stopped early)");
+    hsize_t bytes = 0;
+    H5Fget_filesize(f, &bytes);
+    identity = cat(h5_read_attr_string(f, "save_id", save_id) ? "save " + save_id : std::string("no save id"), ", ",
+                   bytes, " bytes");
+  }();
+  // The ranks agree on the file before reading it: the same path (checkpoint_job) may still name
+  // different files (a node-local copy), and each rank would then load its own, silently.
+  const std::string identity0 = comm.broadcast(identity, 0);
+  if (identity != identity0)
+    fail(cat("rank ", me, " opened another file than rank 0 under this path (", identity, "; rank 0: ", identity0,
+             "): every rank must load the same checkpoint"));
+  if (std::string e = comm.agree(err); !e.empty()) throw CheckpointError(e);
+  [&] {
+    const hid_t f = file.get();
     // Another model: the file's entries against this job's (each of this job's is looked up below).
     const long long counts[3] = {h5_group_size(f, "/data_parallel"), h5_group_size(f, "/local"),
                                  std::max(0LL, h5_group_size(f, "/sharded"))};
@@ -729,8 +848,7 @@ inline void load_job(CkptJob& job, const std::string& path) {
         !h5_read_attr<std::uint64_t>(g.get(), "layout", layout) ||
         !h5_read_attr<std::int64_t>(g.get(), "samples", residual_samples))
       return fail("/residuals is damaged");
-    int nranks = 1;
-    MPI_Comm_size(comm, &nranks);
+    const int nranks = job.size;
     if (ranks != nranks || size != job.residuals.count || layout != job.residual_layout) {
       residual_note = ranks != nranks ? cat("saved on ", ranks, " ranks, loaded on ", nranks)
                                       : std::string("the fused layout differs (other tensors, chunks or formats)");
@@ -747,13 +865,17 @@ inline void load_job(CkptJob& job, const std::string& path) {
     residual_sum = rows_checksum(residual_values.data(), std::uint64_t(me), 1, bytes);
     restore_residuals = true;
   }();
-  // Every rank takes part, whatever it found: the row shards' sums cover each table once.
+  file.reset();
+  // Every rank takes part, whatever it found: the row shards' sums cover each table once, and only
+  // when no rank stopped early (its rows would be missing from them: the table is not what failed).
   std::vector<std::uint64_t> totals = row_sums;
-  totals.push_back(residual_sum);  // every rank its row: the sum covers the dataset
-  MPI_Allreduce(MPI_IN_PLACE, totals.data(), int(totals.size()), MPI_UINT64_T, MPI_SUM, comm);
-  if (err.empty() && restore_residuals && totals.back() != residual_expected)
+  totals.push_back(residual_sum);         // every rank its row: the sum covers the dataset
+  totals.push_back(err.empty() ? 0 : 1);  // the ranks that failed
+  comm.sum(totals);
+  const bool complete_sums = totals.back() == 0;
+  if (complete_sums && restore_residuals && totals[totals.size() - 2] != residual_expected)
     fail("/residuals/values fails its checksum (the file is corrupted)");
-  if (err.empty())
+  if (complete_sums)
     for (const CkptEntry& e : catalog.sharded_) {
       std::size_t at = row_sum_base[e.name];
       for (const CkptDataShape& d : e.data)
@@ -764,7 +886,7 @@ inline void load_job(CkptJob& job, const std::string& path) {
           ++at;
         }
     }
-  if (std::string e = agree_on_failure(comm, err); !e.empty()) throw CheckpointError(e);
+  if (std::string e = comm.agree(err); !e.empty()) throw CheckpointError(e);
   // Every rank verified everything: now the values change.
   for (std::size_t k = 0; k < job.items.size(); ++k)
     for (std::size_t d = 0; d < job.items[k].data.size(); ++d) job.items[k].data[d].put(staged[k][d].data());
@@ -782,6 +904,37 @@ inline void load_job(CkptJob& job, const std::string& path) {
   Kokkos::fence();
 }
 
+// A save or load, under the sync's stall watchdog: every collective of it (the agreement on the
+// file, the catalog, the checksums, each agreement on a failure) is nonblocking and waited like the
+// step's, so a rank that skips the call is named by the others at the deadline (StallError)
+// instead of hanging them, and a peer's failure stops every rank at once; either fails the sync,
+// as in any helper's collective (build a new one). A refusal the ranks agreed on (CheckpointError,
+// the same on every rank) leaves the sync usable. HDF5's own collectives (the file's creation, its
+// metadata, its close) cannot be watched: they start only after every rank agreed to go on, and
+// no rank leaves them early.
+template <class S, class Items>
+void run_checkpoint(S& sync, bool save, const std::string& path, Items&& items) {
+  const char* call = save ? "save_checkpoint" : "load_checkpoint";
+  std::string refused;
+  SyncAccess::collective(sync, save ? "save_checkpoint()" : "load_checkpoint()",
+                         save ? "collectives of save_checkpoint()" : "collectives of load_checkpoint()",
+                         [&](const auto& watched) {
+                           const CkptComm<std::decay_t<decltype(watched)>> comm(watched);
+                           try {
+                             CkptJob job = checkpoint_job(sync, comm, call, path);
+                             Kokkos::fence();  // pending kernels may still write parameters or state
+                             items(job);
+                             if (save)
+                               save_job(job, comm, path);
+                             else
+                               load_job(job, comm, path);
+                           } catch (const CheckpointError& e) {  // agreed: thrown alike on every rank
+                             refused = e.what();
+                           }
+                         });
+  if (!refused.empty()) throw CheckpointError(refused.rfind("gradsync: ", 0) == 0 ? refused.substr(10) : refused);
+}
+
 }  // namespace impl
 
 /// Writes the optimizer's parameters and optimizer state, and `state`'s entries, to the parallel
@@ -796,8 +949,7 @@ inline void load_job(CkptJob& job, const std::string& path) {
 template <class Optimizer, class Sync>
 void save_checkpoint(DistributedOptimizer<Optimizer, Sync>& dopt, const std::string& path,
                      const CheckpointState& state = {}) {
-  impl::CkptJob job = impl::checkpoint_job_of(dopt, "save_checkpoint", path, state);
-  impl::save_job(job, path);
+  impl::run_checkpoint(dopt.sync(), true, path, [&](impl::CkptJob& job) { impl::add_items_of(job, dopt, state); });
 }
 
 /// The same for a program that updates its parameters itself: `state` names them
@@ -805,8 +957,7 @@ void save_checkpoint(DistributedOptimizer<Optimizer, Sync>& dopt, const std::str
 /// own state.
 template <class Backend, class Tensor>
 void save_checkpoint(GradientSync<Backend, Tensor>& sync, const std::string& path, const CheckpointState& state) {
-  impl::CkptJob job = impl::checkpoint_job_of(sync, "save_checkpoint", path, state);
-  impl::save_job(job, path);
+  impl::run_checkpoint(sync, true, path, [&](impl::CkptJob& job) { impl::add_items_of(job, sync, state); });
 }
 
 /// Reads a checkpoint written by save_checkpoint() into the optimizer's parameters and optimizer
@@ -822,15 +973,13 @@ void save_checkpoint(GradientSync<Backend, Tensor>& sync, const std::string& pat
 template <class Optimizer, class Sync>
 void load_checkpoint(DistributedOptimizer<Optimizer, Sync>& dopt, const std::string& path,
                      const CheckpointState& state = {}) {
-  impl::CkptJob job = impl::checkpoint_job_of(dopt, "load_checkpoint", path, state);
-  impl::load_job(job, path);
+  impl::run_checkpoint(dopt.sync(), false, path, [&](impl::CkptJob& job) { impl::add_items_of(job, dopt, state); });
 }
 
 /// The same for a program that updates its parameters itself (see save_checkpoint()).
 template <class Backend, class Tensor>
 void load_checkpoint(GradientSync<Backend, Tensor>& sync, const std::string& path, const CheckpointState& state) {
-  impl::CkptJob job = impl::checkpoint_job_of(sync, "load_checkpoint", path, state);
-  impl::load_job(job, path);
+  impl::run_checkpoint(sync, false, path, [&](impl::CkptJob& job) { impl::add_items_of(job, sync, state); });
 }
 
 }  // namespace gradsync

@@ -166,40 +166,74 @@ struct CkptEntry {
   }
 };
 
-// The lowest failing rank's message on every rank ("" when none failed): one allreduce, and one
-// broadcast of the message when there is one.
-inline std::string agree_on_failure(MPI_Comm comm, const std::string& mine) {
-  int me = 0;
-  MPI_Comm_rank(comm, &me);
-  int first = mine.empty() ? INT_MAX : me;
-  MPI_Allreduce(MPI_IN_PLACE, &first, 1, MPI_INT, MPI_MIN, comm);
-  if (first == INT_MAX) return {};
-  std::uint64_t n = me == first ? mine.size() : 0;
-  MPI_Bcast(&n, 1, MPI_UINT64_T, first, comm);
-  std::string msg = me == first ? mine : std::string(std::size_t(n), ' ');
-  MPI_Bcast(msg.data(), int(n), MPI_CHAR, first, comm);
-  return msg;
-}
-
-// Every rank's string, in rank order.
-inline std::vector<std::string> allgather_strings(MPI_Comm comm, const std::string& mine) {
-  int n = 0;
-  MPI_Comm_size(comm, &n);
-  int len = int(mine.size());
-  std::vector<int> lens(static_cast<std::size_t>(n)), offs(static_cast<std::size_t>(n));
-  MPI_Allgather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, comm);
-  int total = 0;
-  for (int r = 0; r < n; ++r) {
-    offs[std::size_t(r)] = total;
-    total += lens[std::size_t(r)];
+// The checkpoint's collectives over the sync's ranks, each waited under the sync's stall watchdog
+// (`W`: the impl::Watched of GradientSync::helper_collective): a rank that skips the call is named by
+// the others at the deadline instead of hanging them, and a peer's failure stops them at once. The
+// values cross in heap cells, left to the graveyard when a wait gives up (a late peer may still
+// write there).
+template <class W>
+class CkptComm {
+ public:
+  explicit CkptComm(const W& w) : w_(w) {}
+  int rank() const { return w_.rank(); }
+  int size() const { return w_.size(); }
+  // The sync's communicator, for HDF5's collective file calls (started once the ranks agreed).
+  MPI_Comm mpi() const { return w_.backend().comm(); }
+  template <class T>
+  void sum(std::vector<T>& v) const {
+    in_cell(v, [&](T* p) { w_.allreduce_sum(p, v.size()); });
   }
-  std::string all(std::size_t(total), '\0');
-  MPI_Allgatherv(mine.data(), len, MPI_CHAR, all.data(), lens.data(), offs.data(), MPI_CHAR, comm);
-  std::vector<std::string> out;
-  for (int r = 0; r < n; ++r)
-    out.push_back(all.substr(std::size_t(offs[std::size_t(r)]), std::size_t(lens[std::size_t(r)])));
-  return out;
-}
+  template <class T>
+  void min(std::vector<T>& v) const {
+    in_cell(v, [&](T* p) { w_.allreduce_min(p, v.size()); });
+  }
+  // `root`'s string on every rank.
+  std::string broadcast(const std::string& s, int root) const {
+    std::vector<std::uint64_t> n{s.size()};
+    in_cell(n, [&](std::uint64_t* p) { w_.broadcast(p, 1, root); });
+    std::vector<char> bytes(s.begin(), s.end());
+    bytes.resize(std::size_t(n[0]));
+    in_cell(bytes, [&](char* p) { w_.broadcast(p, bytes.size(), root); });
+    return std::string(bytes.begin(), bytes.end());
+  }
+  // The lowest failing rank's message on every rank ("" when none failed): one allreduce, and two
+  // broadcasts of the message when there is one.
+  std::string agree(const std::string& mine) const {
+    std::vector<int> first{mine.empty() ? INT_MAX : rank()};
+    min(first);
+    if (first[0] == INT_MAX) return {};
+    return broadcast(rank() == first[0] ? mine : std::string(), first[0]);
+  }
+  // Every rank's string, in rank order (padded to the longest: two allgathers).
+  std::vector<std::string> allgather(const std::string& mine) const {
+    const std::size_t n = std::size_t(size());
+    std::vector<std::uint64_t> lens(n + 1, 0);  // [every rank's | this rank's]
+    lens[n] = mine.size();
+    in_cell(lens, [&](std::uint64_t* p) { w_.allgather(p + n, p, 1); });
+    const std::size_t longest = std::size_t(*std::max_element(lens.begin(), lens.begin() + std::ptrdiff_t(n)));
+    std::vector<char> all((n + 1) * longest, '\0');
+    std::copy(mine.begin(), mine.end(), all.begin() + std::ptrdiff_t(n * longest));
+    in_cell(all, [&](char* p) { w_.allgather(p + n * longest, p, longest); });
+    std::vector<std::string> out;
+    for (std::size_t r = 0; r < n; ++r) out.emplace_back(all.data() + r * longest, std::size_t(lens[r]));
+    return out;
+  }
+
+ private:
+  template <class T, class Op>
+  static void in_cell(std::vector<T>& v, Op&& op) {
+    if (v.empty()) return;  // the sizes are alike on every rank: no rank calls the collective
+    auto cell = std::make_shared<std::vector<T>>(v);
+    try {
+      op(cell->data());
+    } catch (...) {
+      graveyard().push_back(std::move(cell));
+      throw;
+    }
+    v = *cell;
+  }
+  const W& w_;
+};
 
 // Length-prefixed fields: names may hold any character.
 class FieldWriter {
@@ -248,16 +282,16 @@ inline std::vector<CkptDataShape> ckpt_shapes(const CkptItem& it) {
 // rank) when they cannot make one file.
 class CkptCatalog {
  public:
-  CkptCatalog(MPI_Comm comm, const std::string& what, const std::vector<CkptItem>& mine) : comm_(comm) {
-    MPI_Comm_rank(comm, &rank_);
-    MPI_Comm_size(comm, &size_);
+  template <class Comm>
+  CkptCatalog(const Comm& comm, const std::string& what, const std::vector<CkptItem>& mine)
+      : rank_(comm.rank()), size_(comm.size()) {
     std::string refusal;
     const auto refuse = [&](const std::string& why) {
       if (refusal.empty()) refusal = cat(what, ": ", why);
     };
     // Data-parallel items are alike on every rank (the file's metadata is created collectively
     // from them): one hash, its MPI_MIN and that of its complement, tells.
-    std::uint64_t h[2] = {fnv1a("dp", 2), 0};
+    std::vector<std::uint64_t> h{fnv1a("dp", 2), 0};
     FieldWriter others;
     std::set<std::string> names_here;
     for (const CkptItem& it : mine) {
@@ -277,13 +311,13 @@ class CkptCatalog {
       for (const CkptDataShape& d : ckpt_shapes(it)) others << d.name << int(d.type) << d.count << int(d.rowwise);
     }
     h[1] = ~h[0];
-    MPI_Allreduce(MPI_IN_PLACE, h, 2, MPI_UINT64_T, MPI_MIN, comm);
+    comm.min(h);
     if (h[0] != ~h[1])
       refuse(cat("the ranks' data-parallel parameters differ (names, groups, sizes or optimizer state; rank ", rank_,
                  " has ", dp_count_, "); broadcast_parameters() names the first difference"));
 
     // Every rank's local items and shards, in rank order: the lowest holder writes.
-    const std::vector<std::string> all = allgather_strings(comm, others.str());
+    const std::vector<std::string> all = comm.allgather(others.str());
     std::map<std::string, std::vector<std::pair<int, CkptItem>>> by_name;
     for (int r = 0; r < size_; ++r) {
       FieldReader f(all[std::size_t(r)]);
@@ -383,7 +417,6 @@ class CkptCatalog {
     return nullptr;
   }
 
-  MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0, size_ = 1;
   std::string refusal_;  // alike on every rank but for the data-parallel hash: agreed by the caller
   std::size_t dp_count_ = 0;

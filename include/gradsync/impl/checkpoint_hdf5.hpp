@@ -29,7 +29,10 @@ class H5Handle {
   ~H5Handle() { reset(); }
   hid_t get() const { return id_; }
   bool ok() const { return id_ >= 0; }
-  // Closes now; false when HDF5 refused (a collective close that failed).
+  // Closes now; false when HDF5 refused (a collective close that failed). The identifier is not
+  // tried again: HDF5 1.10 frees a file whose H5Fclose failed yet keeps its identifier, and a second
+  // close (or the library's shutdown in MPI_Finalize) then crashes on the freed memory. What keeps
+  // a checkpoint's close from failing is the order of its writes (impl::save_job).
   bool reset() {
     bool ok = true;
     if (id_ >= 0 && close_) ok = close_(id_) >= 0;
@@ -95,6 +98,12 @@ template <class T>
 bool h5_write_attr(hid_t obj, const char* key, T v) {
   H5Handle space(H5Screate(H5S_SCALAR), H5Sclose);
   H5Handle a(H5Acreate2(obj, key, h5_native<T>(), space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
+  return a.ok() && H5Awrite(a.get(), h5_native<T>(), &v) >= 0;
+}
+// Sets an existing attribute in place (collectively, as it was written): its space is already the file's.
+template <class T>
+bool h5_update_attr(hid_t obj, const char* key, T v) {
+  H5Handle a(H5Aopen(obj, key, H5P_DEFAULT), H5Aclose);
   return a.ok() && H5Awrite(a.get(), h5_native<T>(), &v) >= 0;
 }
 // False when the attribute is missing or is no string.
