@@ -70,20 +70,57 @@ set(_GRADSYNC_MPIEXEC_FLAGS_DEFAULT "${_gradsync_flags}" CACHE INTERNAL "")
 
 # gradsync_add_mpi_test(NAME <name> COMMAND <exe> [args...] RANKS <n...> [TIMEOUT <s>]
 #                       [PROPERTIES ...]): one ctest per rank count, named <name>.np<n>; @NP@ in
-# PROPERTIES is that count (programs without GSYNC_TEST_RANKS's check print theirs).
+# PROPERTIES is that count (programs without GSYNC_TEST_RANKS's check print theirs). Exit code 77
+# is a skip (SKIP_RETURN_CODE): a test program none of whose cases can run at that rank count says
+# why and exits 77 (tests/test_main.cpp). A command that runs a program built with a user's flags
+# (a test program without the test hooks, an example) gets the label user_build.
 # Whether the examples a test command runs ($<TARGET_FILE:example>) are built: with
-# GRADSYNC_BUILD_EXAMPLES=OFF their tests are left out (configure says so once).
+# GRADSYNC_BUILD_EXAMPLES=OFF their tests are registered as skipped, the reason in <out>_WHY.
+set(GRADSYNC_EXAMPLE_TARGETS quickstart multi_tower hybrid_dlrm online_closure torch_hybrid fortran_hybrid)
 function(gradsync_examples_built out)
   set(${out} TRUE PARENT_SCOPE)
-  foreach(_ex quickstart multi_tower hybrid_dlrm online_closure torch_hybrid fortran_hybrid)
+  foreach(_ex IN LISTS GRADSYNC_EXAMPLE_TARGETS)
     if("${ARGN}" MATCHES "\\$<TARGET_FILE:${_ex}>" AND NOT TARGET ${_ex})
       set(${out} FALSE PARENT_SCOPE)
+      if(GRADSYNC_BUILD_EXAMPLES)
+        set(${out}_WHY "the example ${_ex} is not built in this configuration" PARENT_SCOPE)
+      else()
+        set(${out}_WHY "the example ${_ex} is not built (GRADSYNC_BUILD_EXAMPLES=OFF)" PARENT_SCOPE)
+      endif()
       get_property(_said GLOBAL PROPERTY gradsync_examples_said)
       if(NOT _said)
-        message(STATUS "gradsync: the examples' tests are left out (GRADSYNC_BUILD_EXAMPLES=OFF)")
+        message(STATUS "gradsync: the examples' tests are skipped (GRADSYNC_BUILD_EXAMPLES=OFF or example not built)")
         set_property(GLOBAL PROPERTY gradsync_examples_said TRUE)
       endif()
     endif()
+  endforeach()
+endfunction()
+
+# <out>: user_build when `cmd` runs a program built as a user's is (see above), else empty.
+function(_gradsync_build_label out)
+  set(${out} "" PARENT_SCOPE)
+  string(REGEX MATCHALL "\\$<TARGET_FILE:[A-Za-z0-9_.+-]+>" _refs "${ARGN}")
+  foreach(_ref IN LISTS _refs)
+    string(REGEX REPLACE "^\\$<TARGET_FILE:(.*)>$" "\\1" _tgt "${_ref}")
+    if(TARGET ${_tgt})
+      get_target_property(_user ${_tgt} GRADSYNC_USER_BUILD)
+      if(_user OR _tgt IN_LIST GRADSYNC_EXAMPLE_TARGETS)
+        set(${out} user_build PARENT_SCOPE)
+      endif()
+    endif()
+  endforeach()
+endfunction()
+
+# Tests <name>.np<n> for each rank count given (<name> itself when none is) that only say why they
+# cannot run here: exit 77, skipped, where leaving them out would be a silent gap in the suite.
+function(_gradsync_add_skip_tests name why)
+  set(_names "${name}")
+  if(ARGN)
+    list(TRANSFORM ARGN PREPEND "${name}.np" OUTPUT_VARIABLE _names)
+  endif()
+  foreach(_t IN LISTS _names)
+    add_test(NAME "${_t}" COMMAND sh -c "echo 'skipped: ${why}'; exit 77")
+    set_tests_properties("${_t}" PROPERTIES SKIP_RETURN_CODE 77 LABELS "mpi;skipped")
   endforeach()
 endfunction()
 
@@ -91,11 +128,14 @@ function(gradsync_add_mpi_test)
   cmake_parse_arguments(A "" "NAME;TIMEOUT" "COMMAND;RANKS;LABELS;PROPERTIES" ${ARGN})
   gradsync_examples_built(_built ${A_COMMAND})
   if(NOT _built)
+    _gradsync_add_skip_tests("${A_NAME}" "${_built_WHY}" ${A_RANKS})
     return()
   endif()
   if(NOT A_TIMEOUT)
     set(A_TIMEOUT 120)
   endif()
+  _gradsync_build_label(_user ${A_COMMAND})
+  set(_labels mpi ${_user} ${A_LABELS})
   separate_arguments(_flags UNIX_COMMAND "${GRADSYNC_MPIEXEC_FLAGS}")
   foreach(np IN LISTS A_RANKS)
     set(_t "${A_NAME}.np${np}")
@@ -103,8 +143,8 @@ function(gradsync_add_mpi_test)
     add_test(NAME "${_t}" COMMAND "${GRADSYNC_MPIEXEC}" ${MPIEXEC_NUMPROC_FLAG} ${np} ${_flags} ${A_COMMAND})
     # GSYNC_TEST_RANKS: the world size the test was launched for; the test programs and the
     # examples fail when MPI's differs (a launcher of another MPI starts n separate 1-rank processes).
-    set_tests_properties("${_t}" PROPERTIES TIMEOUT ${A_TIMEOUT} PROCESSORS ${np}
-                         ENVIRONMENT "${GRADSYNC_MPI_ENV};GSYNC_TEST_RANKS=${np}" LABELS "mpi;${A_LABELS}"
+    set_tests_properties("${_t}" PROPERTIES TIMEOUT ${A_TIMEOUT} PROCESSORS ${np} SKIP_RETURN_CODE 77
+                         ENVIRONMENT "${GRADSYNC_MPI_ENV};GSYNC_TEST_RANKS=${np}" LABELS "${_labels}"
                          ${_props})
   endforeach()
 endfunction()
@@ -116,11 +156,13 @@ function(gradsync_add_mpi_failure_test)
   cmake_parse_arguments(A "" "NAME;TIMEOUT;REGEX" "COMMAND;RANKS" ${ARGN})
   gradsync_examples_built(_built ${A_COMMAND})
   if(NOT _built)
+    _gradsync_add_skip_tests("${A_NAME}" "${_built_WHY}" ${A_RANKS})
     return()
   endif()
   if(NOT A_TIMEOUT)
     set(A_TIMEOUT 120)
   endif()
+  _gradsync_build_label(_user ${A_COMMAND})
   separate_arguments(_flags UNIX_COMMAND "${GRADSYNC_MPIEXEC_FLAGS}")
   string(REPLACE ";" "|" _flags "${_flags}")
   string(REPLACE ";" "|" _cmd "${A_COMMAND}")  # expect_failure.cmake's '|'-separated arguments
@@ -131,19 +173,24 @@ function(gradsync_add_mpi_failure_test)
              COMMAND ${CMAKE_COMMAND} "-DCOMMAND=${GRADSYNC_MPIEXEC}|${MPIEXEC_NUMPROC_FLAG}|${np}|${_flags}|${_cmd}"
                      "-DREGEX=${_regex}" -P "${PROJECT_SOURCE_DIR}/tests/expect_failure.cmake")
     set_tests_properties("${_t}" PROPERTIES TIMEOUT ${A_TIMEOUT} PROCESSORS ${np}
-                         ENVIRONMENT "${GRADSYNC_MPI_ENV};GSYNC_TEST_RANKS=${np}" LABELS mpi)
+                         ENVIRONMENT "${GRADSYNC_MPI_ENV};GSYNC_TEST_RANKS=${np}" LABELS "mpi;${_user}")
   endforeach()
 endfunction()
 
-# AddressSanitizer + UndefinedBehaviorSanitizer for gradsync's own tests, examples and benchmarks
-# (.ci/run builds the whole suite this way in build-asan). Open MPI's allocations outlive
-# MPI_Finalize and would all be reported by LeakSanitizer, so leak detection is off; every UBSan
-# finding ends the run.
+# AddressSanitizer + UndefinedBehaviorSanitizer + LeakSanitizer for gradsync's own tests, examples
+# and benchmarks (.ci/run builds the whole suite this way in build-asan); every finding ends the run.
+# Open MPI's own allocations outlive MPI_Finalize: tests/lsan.supp suppresses exactly those, by
+# library, and tests/tools/no_dlclose.cpp, preloaded into the ranks, keeps its components mapped so
+# that the report at exit can name them. Any other leak fails the test (tests/CMakeLists.txt proves
+# it with a leak made on purpose).
 option(GRADSYNC_SANITIZE "Build gradsync's own targets with -fsanitize=address,undefined" OFF)
 if(GRADSYNC_SANITIZE)
   set(_gradsync_san -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer)
   add_compile_options(${_gradsync_san})
   add_link_options(${_gradsync_san})
-  list(APPEND GRADSYNC_MPI_ENV "ASAN_OPTIONS=detect_leaks=0:abort_on_error=1"
+  # verify_asan_link_order=0: the preloaded library comes before the ASan runtime in the ranks.
+  list(APPEND GRADSYNC_MPI_ENV "ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:verify_asan_link_order=0"
+       "LSAN_OPTIONS=suppressions=${PROJECT_SOURCE_DIR}/tests/lsan.supp:print_suppressions=0"
+       "LD_PRELOAD=${PROJECT_BINARY_DIR}/tests/libgradsync_no_dlclose.so"
        "UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1")
 endif()

@@ -11,7 +11,7 @@ endif()
 if(_rc EQUAL 0)
   message(FATAL_ERROR "expected a non-zero exit status, got 0")
 endif()
-if(NOT _out MATCHES "${REGEX}")
+if(NOT "${_out}${_err}" MATCHES "${REGEX}")  # either stream: sanitizers report on stderr
   message(FATAL_ERROR "the output does not match: ${REGEX}")
 endif()
 message("failed as expected (exit status ${_rc})")

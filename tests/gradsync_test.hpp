@@ -41,6 +41,15 @@ inline bool all_ranks(bool ok, MPI_Comm comm = MPI_COMM_WORLD) {
   return v != 0;
 }
 
+/// Records that the running test case cannot run at this world size, which is below `ranks`, and
+/// why. The test main (test_main.cpp) lists what was skipped instead of counting it as passed, and
+/// a program none of whose selected cases ran exits 77, which ctest reports as skipped
+/// (SKIP_RETURN_CODE). Use GRADSYNC_SKIP_BELOW_RANKS.
+void skip_case(int ranks, const char* why);
+/// Whether the running SUBCASE can run at this world size (at least `ranks`); when not, records it
+/// as skipped, and why. Use GRADSYNC_SUBCASE_FROM_RANKS.
+bool subcase_runs(int ranks, const char* why);
+
 /// Heap allocations so far (operator new calls), in programs linking alloc_counter.cpp.
 long heap_allocations();
 
@@ -162,6 +171,21 @@ std::string error_of(F&& f) {
   return "";
 }
 
+/// The stall deadline's promise (README, docs/ERRORS.md): the ranks that arrived throw at the
+/// deadline (stall_timeout), never before it and never later than this factor of it (they wait a
+/// short grace, at most 0.09 of it, for a peer that arrived just before it).
+constexpr double kStallPromiseFactor = 1.1;
+/// Seconds tests allow on top of that promise, which is about gradsync's own wait: ctest runs
+/// several 2- to 6-rank programs at once on 2 cores, and a rank that is descheduled around its
+/// deadline check counts the time it was away too.
+constexpr double kSchedulingSlack_s = 0.5;
+
+/// The seconds a StallError's message says its rank waited ("has waited 1.02 s"), -1 without it.
+inline double reported_wait(const std::string& what) {
+  const auto at = what.find("has waited ");
+  return at == std::string::npos ? -1.0 : std::stod(what.substr(at + 11));
+}
+
 /// Tolerance of a value type: a few ulps of the arithmetic the sync does.
 template <class T>
 constexpr double tol() {
@@ -169,6 +193,25 @@ constexpr double tol() {
 }
 
 }  // namespace gradsync_test
+
+// Ends the running test case as skipped below `ranks` ranks, saying why: a run at too few ranks is
+// reported, never a vacuous pass. It depends on the world size only, so every rank decides alike
+// and none is left alone in a collective. At the top of a TEST_CASE, not in a SUBCASE: returning
+// from one would hide the subcases after it from doctest (GRADSYNC_SUBCASE_FROM_RANKS is for them).
+#define GRADSYNC_SKIP_BELOW_RANKS(ranks, why)      \
+  do {                                             \
+    if (::gradsync_test::world_size() < (ranks)) { \
+      ::gradsync_test::skip_case((ranks), why);    \
+      return;                                      \
+    }                                              \
+  } while (false)
+
+// SUBCASE(name) whose body runs from `ranks` ranks on; below, it is reported skipped, saying why,
+// and the subcases after it still run. The body is a loop's (run once): no break or continue in it.
+#define GRADSYNC_SUBCASE_FROM_RANKS(ranks, name, why)                                         \
+  SUBCASE(name)                                                                               \
+  for (bool DOCTEST_CAT(gsync_runs_, __LINE__) = ::gradsync_test::subcase_runs((ranks), why); \
+       DOCTEST_CAT(gsync_runs_, __LINE__); DOCTEST_CAT(gsync_runs_, __LINE__) = false)
 
 // CHECKs that `cond` holds on every rank; every rank sees the same outcome.
 #define GRADSYNC_CHECK_ALL(cond) CHECK(::gradsync_test::all_ranks(static_cast<bool>(cond)))

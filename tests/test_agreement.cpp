@@ -170,7 +170,7 @@ void expect_right_values(const char* what, S& sync, M& m, int steps = 3) {
 }  // namespace
 
 TEST_CASE("names given to add() are compared: same-size tensors in swapped order on one rank") {
-  if (world_size() < 2) return;
+  GRADSYNC_SKIP_BELOW_RANKS(2, "one rank has no peer whose names could differ");
   const int rank = world_rank(), odd = world_size() - 1;
   for (auto path : paths) {
     CAPTURE(path_name(path));
@@ -205,7 +205,7 @@ TEST_CASE("names given to add() are compared: same-size tensors in swapped order
 }
 
 TEST_CASE("a mismatch every rank finds is every rank's own: none blames the rank that found it first") {
-  if (world_size() < 2) return;
+  GRADSYNC_SKIP_BELOW_RANKS(2, "a mismatch between ranks needs two of them");
   // The last rank's watched waits listen 0.1 s longer after their collective completed, so the
   // others find the mismatch and fail first. They find it in the consistency check's result, as it
   // does: none tells it (a notice would arrive first and make its message "rank 0 failed before ...").
@@ -248,7 +248,7 @@ TEST_CASE("the same names in the same order pass, and the values are the average
 }
 
 TEST_CASE("settings that shape the plan or the protocol, set on one rank only: a MismatchError naming it") {
-  if (world_size() < 2) return;
+  GRADSYNC_SKIP_BELOW_RANKS(2, "a setting on one rank only needs another rank without it");
   const int rank = world_rank(), odd = world_size() - 1;
   struct Case {
     const char* what;
@@ -324,7 +324,7 @@ TEST_CASE("the same options everywhere: host_staging always and CUDA-aware MPI g
 }
 
 TEST_CASE("CUDA-aware MPI on one rank only (MpiBackend's CudaAwareMpi; GRADSYNC_CUDA_AWARE_MPI alike)") {
-  if (world_size() < 2) return;
+  GRADSYNC_SKIP_BELOW_RANKS(2, "CUDA-aware MPI on one rank only needs another rank without it");
   const int rank = world_rank(), odd = world_size() - 1;
   Model m;
   Sync sync(
@@ -371,7 +371,7 @@ TEST_CASE("harmless when they differ: deadlines, warnings, stall action, huge pa
 }
 
 TEST_CASE("a rank without a deadline that arrives late stops with its peers' stall report") {
-  if (world_size() < 2) return;
+  GRADSYNC_SKIP_BELOW_RANKS(2, "a late rank needs a peer that waits for it");
   const int rank = world_rank(), late = 0;
   for (auto path : paths) {
     CAPTURE(path_name(path));
@@ -473,22 +473,24 @@ static_assert(!gradsync::impl::has_mpi_comm<PlainBackend>::value);
 }  // namespace
 
 TEST_CASE("a backend without a side channel agrees on the options at its first call") {
+  using PlainSync = gradsync::GradientSync<PlainBackend, View>;
+  Model m;
+  PlainSync sync(PlainBackend(MPI_COMM_WORLD), opts());
+  m.add_to(sync);
+  double worst = 0;
+  for (int s = 0; s < 3; ++s) {
+    m.fill(s);
+    CHECK(sync.synchronize());
+    worst = std::max(worst, m.error(s));
+  }
+  GRADSYNC_CHECK_ALL(worst < 1e-13);
+  GRADSYNC_CHECK_ALL(sync.stats().consistency_checks == 1);
+}
+
+TEST_CASE("a backend without a side channel: an option set on one rank only is a MismatchError at the first call") {
+  GRADSYNC_SKIP_BELOW_RANKS(2, "an option set on one rank only needs another rank without it");
   const int rank = world_rank(), odd = world_size() - 1;
   using PlainSync = gradsync::GradientSync<PlainBackend, View>;
-  {
-    Model m;
-    PlainSync sync(PlainBackend(MPI_COMM_WORLD), opts());
-    m.add_to(sync);
-    double worst = 0;
-    for (int s = 0; s < 3; ++s) {
-      m.fill(s);
-      CHECK(sync.synchronize());
-      worst = std::max(worst, m.error(s));
-    }
-    GRADSYNC_CHECK_ALL(worst < 1e-13);
-    GRADSYNC_CHECK_ALL(sync.stats().consistency_checks == 1);
-  }
-  if (world_size() < 2) return;
   gradsync::Options o = opts();
   if (rank == odd) o.tuning.consistency_check = gradsync::CheckMode::off;
   Model m;

@@ -4,11 +4,16 @@
 // every rank with nothing loaded: a missing name, another size, a corrupted dataset, a truncated,
 // foreign or incomplete file. The h5py test (checkpoint_h5py.py) reads the file this one leaves.
 #include <hdf5.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <gradsync/checkpoint.hpp>
 #include <gradsync/gradsync.hpp>
@@ -120,6 +125,37 @@ void copy_file(const std::string& from, const std::string& to, long keep = -1) {
   MPI_Barrier(MPI_COMM_WORLD);
 }
 
+// No partial file of a save to `path` is left (path + ".partial-<id>", one per save).
+bool no_partials(const std::string& path) {
+  namespace fs = std::filesystem;
+  const fs::path p(path);
+  const fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path(".");
+  const std::string prefix = p.filename().string() + ".partial";
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec))
+    if (e.path().filename().string().rfind(prefix, 0) == 0) return false;
+  return true;
+}
+
+// Rank 0 removes `path` and what an earlier run left beside it; every rank waits.
+void remove_with_partials(const std::string& path) {
+  namespace fs = std::filesystem;
+  if (world_rank() == 0) {
+    const fs::path p(path);
+    const fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path(".");
+    std::error_code ec;
+    fs::remove(p, ec);
+    std::vector<fs::path> stale;
+    for (const auto& e : fs::directory_iterator(dir, ec))
+      if (e.path().filename().string().rfind(p.filename().string() + ".partial", 0) == 0) stale.push_back(e.path());
+    for (const fs::path& q : stale) fs::remove(q, ec);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+// HDF5 files, groups, datasets, attributes and datatypes open in this process.
+long h5_open_objects() { return long(H5Fget_obj_count(H5F_OBJ_ALL, H5F_OBJ_ALL)); }
+
 long file_size(const std::string& path) {
   std::ifstream in(path, std::ios::binary | std::ios::ate);
   return long(in.tellg());
@@ -143,7 +179,7 @@ void check_restart(const Opt& opt, const char* tag) {
   a.train(n_before);
   const std::vector<double> saved = a.snapshot();
   gradsync::save_checkpoint(a.dopt, path);
-  CHECK(all_ranks(exists(path) && !exists(path + ".partial")));
+  CHECK(all_ranks(exists(path) && no_partials(path)));
   a.train(m_after);
   const std::vector<double> reference = a.snapshot();
 
@@ -261,7 +297,7 @@ TEST_CASE("refused checkpoints: an error on every rank naming the tensor, nothin
 }
 
 TEST_CASE("local names must be unique across ranks; the file is untouched by a refused save") {
-  if (world_size() < 2) return;  // one rank has no peer to collide with
+  GRADSYNC_SKIP_BELOW_RANKS(2, "one rank has no peer to collide with");
   using Opt = gradsync::Sgd<View>;
   std::vector<View> p{View("p", 3), View("t", 2)}, g{View("gp", 3), View("gt", 2)};
   gradsync::DistributedOptimizer<Opt, Sync> dopt(Opt(), Sync(gradsync::MpiBackend(MPI_COMM_WORLD)));
@@ -270,7 +306,7 @@ TEST_CASE("local names must be unique across ranks; the file is untouched by a r
   const std::string path = file_name("collide");
   const std::string e = error_of<gradsync::CheckpointError>([&] { gradsync::save_checkpoint(dopt, path); });
   CHECK(all_ranks(has(e, "parameter 'table' (group Tower) is registered as local on rank 1 and as local on rank 0")));
-  CHECK(all_ranks(!exists(path) && !exists(path + ".partial")));
+  CHECK(all_ranks(!exists(path) && no_partials(path)));
 }
 
 TEST_CASE("a checkpoint for h5py: the data-parallel weights and the towers as text") {
@@ -302,7 +338,7 @@ TEST_CASE("a save that cannot create its file: an error on every rank, the sync 
   const std::string path = "no_such_directory/run.h5";
   const std::string e = error_of<gradsync::CheckpointError>([&] { gradsync::save_checkpoint(a.dopt, path); });
   CHECK(all_ranks(
-      has(e, "save_checkpoint(\"no_such_directory/run.h5\"): cannot create 'no_such_directory/run.h5.partial'")));
+      has(e, "save_checkpoint(\"no_such_directory/run.h5\"): cannot create 'no_such_directory/run.h5.partial-")));
   const std::vector<double> before = a.snapshot();
   a.train(1);
   CHECK(all_ranks(a.snapshot() != before));
@@ -650,7 +686,7 @@ TEST_CASE("float parameters, an optimizer without state; another optimizer's fil
 }
 
 TEST_CASE("data-parallel parameters that differ between ranks: refused on every rank before any file exists") {
-  if (world_size() < 2) return;  // one rank cannot differ from itself
+  GRADSYNC_SKIP_BELOW_RANKS(2, "one rank cannot differ from itself");
   using Opt = gradsync::Sgd<View>;
   const std::size_t n = world_rank() == 1 ? 4 : 3;
   View w("w", n), gw("gw", n);
@@ -659,5 +695,339 @@ TEST_CASE("data-parallel parameters that differ between ranks: refused on every 
   const std::string path = file_name("dp_differ");
   const std::string e = error_of<gradsync::CheckpointError>([&] { gradsync::save_checkpoint(dopt, path); });
   CHECK(all_ranks(has(e, "save_checkpoint(\"" + path + "\"): the ranks' data-parallel parameters differ")));
-  CHECK(all_ranks(!exists(path) && !exists(path + ".partial")));
+  CHECK(all_ranks(!exists(path) && no_partials(path)));
+}
+
+// Issue 43: the ranks agree on the file, every collective is watched, concurrent saves, full disks.
+
+namespace {
+
+// Runs f() with this process's working directory at `dir` (the same relative path then names
+// another file on this rank: a node-local copy).
+template <class F>
+void in_directory(const std::string& dir, F&& f) {
+  const std::filesystem::path back = std::filesystem::current_path();
+  std::filesystem::current_path(dir);
+  try {
+    f();
+  } catch (...) {
+    std::filesystem::current_path(back);
+    throw;
+  }
+  std::filesystem::current_path(back);
+}
+
+// A directory `name`, empty, made by rank 0; every rank waits.
+std::string fresh_directory(const std::string& name) {
+  if (world_rank() == 0) {
+    std::filesystem::remove_all(name);
+    std::filesystem::create_directories(name);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  return name;
+}
+
+}  // namespace
+
+TEST_CASE("load_checkpoint: every rank loads one file, or every rank refuses naming the ranks and both files") {
+  GRADSYNC_SKIP_BELOW_RANKS(2, "one rank cannot disagree with itself");
+  const int last = world_size() - 1;
+  const std::string path_a = file_name("agree_a"), path_b = file_name("agree_b");
+  {
+    Model<gradsync::Adam<View>> a(gradsync::Adam<View>(), 0.0);
+    a.train(2);
+    gradsync::save_checkpoint(a.dopt, path_a);
+    a.train(1);
+    gradsync::save_checkpoint(a.dopt, path_b);  // valid too, one step further
+  }
+  Model<gradsync::Adam<View>> b(gradsync::Adam<View>(), 3.0);
+  const std::vector<double> before = b.snapshot();
+  SUBCASE("another path on the last rank") {
+    const std::string e = error_of<gradsync::CheckpointError>(
+        [&] { gradsync::load_checkpoint(b.dopt, world_rank() == last ? path_b : path_a); });
+    CHECK(
+        all_ranks(has(e, "load_checkpoint(): the ranks name different files: \"" + path_a + "\" on rank 0, \"" +
+                             path_b + "\" on rank " + std::to_string(last) + "; every rank must pass the same path")));
+  }
+  SUBCASE("one path naming another file on the last rank (a node-local copy that differs)") {
+    const std::string name = file_name("agree_same"), other = fresh_directory(file_name("agree_other") + ".d");
+    copy_file(path_a, name);
+    copy_file(path_b, other + "/" + name);
+    std::string e;
+    const auto load = [&] {
+      e = error_of<gradsync::CheckpointError>([&] { gradsync::load_checkpoint(b.dopt, name); });
+    };
+    if (world_rank() == last)
+      in_directory(other, load);
+    else
+      load();
+    CHECK(all_ranks(has(e, "load_checkpoint(\"" + name + "\"): rank " + std::to_string(last) +
+                               " opened another file than rank 0 under this path (save ")));
+    CHECK(all_ranks(has(e, "every rank must load the same checkpoint (found on rank " + std::to_string(last) + ")")));
+  }
+  CHECK(all_ranks(b.snapshot() == before));  // nothing loaded anywhere
+  b.train(1);                                // and the sync is usable
+}
+
+TEST_CASE("save_checkpoint with another path on one rank: refused on every rank before any file exists") {
+  GRADSYNC_SKIP_BELOW_RANKS(2, "a different path needs a second rank");
+  const int last = world_size() - 1;
+  const std::string path_a = file_name("path_a"), path_b = file_name("path_b");
+  remove_with_partials(path_a);
+  remove_with_partials(path_b);
+  Model<gradsync::Sgd<View>> a(gradsync::Sgd<View>(), 0.0);
+  const std::string e = error_of<gradsync::CheckpointError>(
+      [&] { gradsync::save_checkpoint(a.dopt, world_rank() == last ? path_b : path_a); });
+  CHECK(all_ranks(has(e, "save_checkpoint(): the ranks name different files: \"" + path_a + "\" on rank 0, \"" +
+                             path_b + "\" on rank " + std::to_string(last))));
+  CHECK(all_ranks(!exists(path_a) && !exists(path_b) && no_partials(path_a) && no_partials(path_b)));
+  const std::vector<double> before = a.snapshot();
+  a.train(1);  // the sync is usable
+  CHECK(all_ranks(a.snapshot() != before));
+}
+
+TEST_CASE("a rank that skips save_checkpoint or load_checkpoint: the others stop at the deadline naming it") {
+  GRADSYNC_SKIP_BELOW_RANKS(2, "a skipped call needs a peer that waits for it");
+  const int last = world_size() - 1;
+  const std::string path = file_name("skip");
+  for (const bool save : {true, false}) {
+    CAPTURE(save);
+    gradsync::Options o;
+    o.stall_timeout = 2.0;
+    View w("w", 5), gw("gw", 5);
+    using Opt = gradsync::Sgd<View>;
+    gradsync::DistributedOptimizer<Opt, Sync> dopt(Opt(), Sync(gradsync::MpiBackend(MPI_COMM_WORLD), o));
+    dopt.add<Mlp>(w, gw, "w");
+    if (!save) gradsync::save_checkpoint(dopt, path);  // a file to load (every rank)
+    if (save) remove_with_partials(path);
+    MPI_Barrier(MPI_COMM_WORLD);
+    const auto t0 = std::chrono::steady_clock::now();
+    std::string e;
+    if (world_rank() != last)  // the last rank skips the call
+      e = error_of<gradsync::StallError>(
+          [&] { save ? gradsync::save_checkpoint(dopt, path) : gradsync::load_checkpoint(dopt, path); });
+    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    MPI_Barrier(MPI_COMM_WORLD);  // the world's, not the sync's communicator
+    const bool named =
+        world_rank() == last ||
+        (has(e, save ? "for the collectives of save_checkpoint()" : "for the collectives of load_checkpoint()") &&
+         has(e, "missing ranks: [" + std::to_string(last) + "]") && waited < 2.0 * 1.1 + 0.5);
+    CHECK(all_ranks(named));
+    if (save) CHECK(all_ranks(!exists(path) && no_partials(path)));  // it stopped before the file
+  }
+}
+
+namespace {
+
+// One "job" of the concurrent-save test: a data-parallel weight, a table split over the job's
+// ranks and a replicated marker, every value a function of the marker: a file is whole when
+// every value matches its marker.
+struct Job {
+  using Opt = gradsync::Sgd<View>;
+  static constexpr std::uint64_t rows = 12, length = 4;
+  View w{"w", 64}, gw{"gw", 64}, emb, gemb;
+  gradsync::DistributedOptimizer<Opt, Sync> dopt;
+  gradsync::CheckpointState extra;
+  double marker = 0;
+  std::uint64_t first = 0, count = 0;
+  explicit Job(MPI_Comm comm) : dopt(Opt(), Sync(gradsync::MpiBackend(comm))) {
+    int q = 0, m = 1;
+    MPI_Comm_rank(comm, &q);
+    MPI_Comm_size(comm, &m);
+    first = rows * std::uint64_t(q) / std::uint64_t(m);
+    count = rows * std::uint64_t(q + 1) / std::uint64_t(m) - first;
+    emb = View("emb", count * length);
+    gemb = View("gemb", count * length);
+    dopt.add<Mlp>(w, gw, "w");
+    dopt.add<Tower>(emb, gemb, "emb");
+    extra.shard("emb", gradsync::RowShard{first, rows, length});
+    extra.replicated(marker, "marker");
+  }
+  void set(double m) {
+    marker = m;
+    fill_host(w, [&](std::size_t i) { return m + 1e-3 * double(i); });
+    fill_host(emb, [&](std::size_t i) { return m + double(first + i / length) + 0.1 * double(i % length); });
+  }
+  bool whole() const {
+    const std::vector<double> wv = host_values(w), ev = host_values(emb);
+    bool ok = true;
+    for (std::size_t i = 0; i < wv.size(); ++i) ok = ok && wv[i] == marker + 1e-3 * double(i);
+    for (std::size_t i = 0; i < ev.size(); ++i)
+      ok = ok && ev[i] == marker + double(first + i / length) + 0.1 * double(i % length);
+    return ok;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("two jobs saving to one path at once: every save succeeds, the file is one whole save") {
+  GRADSYNC_SKIP_BELOW_RANKS(2, "two jobs need a rank each");
+  const int color = world_rank() < world_size() / 2 ? 0 : 1;
+  MPI_Comm job_comm = MPI_COMM_NULL;
+  MPI_Comm_split(MPI_COMM_WORLD, color, world_rank(), &job_comm);
+  const std::string path = file_name("two_jobs");
+  remove_with_partials(path);
+  {
+    Job job(job_comm);
+    int refused = 0;
+    for (int round = 1; round <= 6; ++round) {
+      job.set(1000.0 * (color + 1) + round);
+      const std::string e =
+          error_of<gradsync::CheckpointError>([&] { gradsync::save_checkpoint(job.dopt, path, job.extra); });
+      if (!e.empty()) {
+        ++refused;
+        MESSAGE(e);
+      }
+    }
+    CHECK(refused == 0);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  // Whichever rename came last: one job's save, whole, read on one rank (the table in one shard).
+  bool whole = true;
+  if (world_rank() == 0) {
+    Job one(MPI_COMM_SELF);
+    one.set(-1);
+    gradsync::load_checkpoint(one.dopt, path, one.extra);
+    const int m = int(one.marker);
+    whole = one.whole() && double(m) == one.marker && (m / 1000 == 1 || m / 1000 == 2) && m % 1000 >= 1 &&
+            m % 1000 <= 6;  // a marker one of the jobs saved
+    MESSAGE("the file holds the save of marker " << one.marker);
+  }
+  CHECK(all_ranks(whole));
+  CHECK(all_ranks(no_partials(path)));
+  MPI_Comm_free(&job_comm);
+}
+
+TEST_CASE("a failure on one rank is reported as that rank found it, not as a row-sharded table's checksum") {
+  GRADSYNC_SKIP_BELOW_RANKS(2, "a failure on one rank needs a peer to report it");
+  const int n = world_size(), last = n - 1;
+  const std::string path = file_name("blame");
+  {
+    Resharded a(MPI_COMM_WORLD, n, 0.0);
+    a.train(1);
+    gradsync::save_checkpoint(a.dopt, path, a.extra);
+  }
+  Resharded b(MPI_COMM_WORLD, n, 7.0);
+  const std::vector<double> before = b.full(0);
+  SUBCASE("a corrupted tower on the last rank") {
+    const std::string bad = file_name("blame_corrupted");
+    copy_file(path, bad);
+    if (world_rank() == 0) {
+      const std::string ds = "/local/tower" + std::to_string(last) + "/param";
+      const haddr_t at = dataset_offset(bad, ds.c_str());
+      std::fstream f(bad, std::ios::binary | std::ios::in | std::ios::out);
+      f.seekg(std::streamoff(at + 5));
+      char c = 0;
+      f.get(c);
+      f.seekp(std::streamoff(at + 5));
+      f.put(char(c ^ 0x01));
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    const std::string e = error_of<gradsync::CheckpointError>([&] { gradsync::load_checkpoint(b.dopt, bad, b.extra); });
+    CHECK(all_ranks(has(e, "parameter 'tower" + std::to_string(last) + "' (group Tower, local")));
+    CHECK(all_ranks(has(e, "/local/tower" + std::to_string(last) +
+                               "/param fails its checksum (the file is corrupted) (found on rank " +
+                               std::to_string(last) + ")")));
+    CHECK(all_ranks(!has(e, "'emb'")));
+  }
+  SUBCASE("the file missing on rank 1") {
+    const std::string empty = fresh_directory(file_name("blame_empty") + ".d");
+    std::string e;
+    const auto load = [&] {
+      e = error_of<gradsync::CheckpointError>([&] { gradsync::load_checkpoint(b.dopt, path, b.extra); });
+    };
+    if (world_rank() == 1)
+      in_directory(empty, load);
+    else
+      load();
+    CHECK(all_ranks(has(e, "load_checkpoint(\"" + path + "\"): no such file (or not readable) (found on rank 1)")));
+  }
+  CHECK(all_ranks(b.full(0) == before));
+  b.train(1);
+}
+
+namespace {
+
+// A tmpfs of `kib` KiB mounted at `dir` by rank 0 (root only: false elsewhere, the test skips).
+bool mount_tmpfs(const std::string& dir, int kib) {
+  int ok = 0;
+  if (world_rank() == 0) {
+    std::filesystem::create_directories(dir);
+    std::system(("umount -l " + dir + " 2>/dev/null").c_str());
+    ok =
+        std::system(("mount -t tmpfs -o size=" + std::to_string(kib) + "k tmpfs " + dir + " 2>/dev/null").c_str()) == 0;
+  }
+  MPI_Bcast(&ok, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  return ok != 0;
+}
+
+// Rank 0 fills the file system of `dir` with `filler` until `free_bytes` are left; every rank waits.
+void leave_free(const std::string& dir, const std::string& filler, std::uint64_t free_bytes) {
+  if (world_rank() == 0) {
+    std::remove(filler.c_str());
+    struct statvfs st;
+    statvfs(dir.c_str(), &st);
+    const std::uint64_t avail = std::uint64_t(st.f_bavail) * st.f_frsize;
+    if (avail > free_bytes) {
+      std::ofstream out(filler, std::ios::binary);
+      const std::string zeros(std::size_t(avail - free_bytes), '\0');
+      out.write(zeros.data(), std::streamsize(zeros.size()));
+    }
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+}  // namespace
+
+TEST_CASE("a save onto a full file system: refused on every rank, the old checkpoint kept, nothing left open") {
+  const std::string dir = "checkpoint_full_np" + std::to_string(world_size()) + ".d";
+  if (!mount_tmpfs(dir, 512)) {
+    MESSAGE("skipped: mounting a tmpfs needs root");
+    return;
+  }
+  const std::string path = dir + "/run.h5", filler = dir + "/filler";
+  using Opt = gradsync::Sgd<View>;
+  const double t_start = MPI_Wtime();
+  int refusals = 0, saves = 0;
+  // Free space from none to more than the large save needs, a page at a time: every place where a
+  // write can fail (the metadata, the values, the completion record, the close).
+  for (std::uint64_t free_kib = 0; free_kib <= 100; free_kib += 4) {
+    CAPTURE(free_kib);
+    leave_free(dir, filler, 400 << 10);
+    Model<Opt> small(Opt(), 0.0);
+    gradsync::save_checkpoint(small.dopt, path);  // the previous checkpoint
+    const std::vector<double> kept = small.snapshot();
+    leave_free(dir, filler, free_kib << 10);
+    View w("w", 9000), gw("gw", 9000);
+    fill_host(w, [](std::size_t i) { return 0.5 + double(i); });
+    gradsync::DistributedOptimizer<Opt, Sync> large(Opt(), Sync(gradsync::MpiBackend(MPI_COMM_WORLD)));
+    large.add<Mlp>(w, gw, "w");
+    const std::string e = error_of<gradsync::CheckpointError>([&] { gradsync::save_checkpoint(large, path); });
+    CHECK(all_ranks(h5_open_objects() == 0));
+    CHECK(all_ranks(no_partials(path)));
+    leave_free(dir, filler, 400 << 10);
+    if (!e.empty()) {
+      ++refusals;
+      CHECK(all_ranks(has(e, "save_checkpoint(\"" + path + "\"): ") && has(e, "(a full file system?)")));
+      Model<Opt> back(Opt(), 5.0);
+      gradsync::load_checkpoint(back.dopt, path);  // the previous checkpoint, intact
+      CHECK(all_ranks(back.snapshot() == kept));
+    } else {
+      ++saves;
+      View w2("w2", 9000), gw2("gw2", 9000);
+      gradsync::DistributedOptimizer<Opt, Sync> back(Opt(), Sync(gradsync::MpiBackend(MPI_COMM_WORLD)));
+      back.add<Mlp>(w2, gw2, "w");
+      gradsync::load_checkpoint(back, path);
+      CHECK(all_ranks(host_values(w2) == host_values(w)));
+    }
+    CHECK(all_ranks(h5_open_objects() == 0));
+    fill_host(gw, [](std::size_t) { return 1.0; });
+    CHECK(large.step());  // the sync is usable after a refused save
+  }
+  CHECK(refusals > 0);
+  CHECK(saves > 0);
+  MESSAGE(refusals << " refused and " << saves << " saved in " << MPI_Wtime() - t_start << " s");
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (world_rank() == 0) std::system(("umount " + dir).c_str());
+  MPI_Barrier(MPI_COMM_WORLD);
 }

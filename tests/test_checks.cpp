@@ -151,7 +151,7 @@ TEST_CASE("check modes: on_change checks after each change, every_step on every 
 }
 
 TEST_CASE("shape, count, order, value type, option and policy mismatches: every rank throws the same error") {
-  if (world_size() < 2) return;  // one rank always agrees with itself
+  GRADSYNC_SKIP_BELOW_RANKS(2, "one rank always agrees with itself");
   const int rank = world_rank();
   const int last = world_size() - 1;
 
@@ -273,7 +273,7 @@ TEST_CASE("shape, count, order, value type, option and policy mismatches: every 
 // The arrival check before each exchange tells every rank that one rank's registrations changed,
 // so on_change suffices on both paths; every_step gets there without it.
 TEST_CASE("registrations changed on one rank only are a MismatchError, not a stall") {
-  if (world_size() < 2) return;
+  GRADSYNC_SKIP_BELOW_RANKS(2, "registrations changed on one rank only need another rank");
   const int rank = world_rank(), last = world_size() - 1;
   // (No structured binding: CAPTURE's lambda captures coll, which C++17 allows for variables only.)
   for (const auto& mode_coll : {std::pair{gradsync::CheckMode::every_step, gradsync::Collectives::nonblocking},
@@ -588,8 +588,8 @@ TEST_CASE("GRADSYNC_* environment variables override the code; malformed values 
       CHECK(has(out.what, std::string("environment variable ") + var));
     }
   }
-  SUBCASE("set on one rank only: every rank throws a MismatchError") {
-    if (world_size() < 2) return;
+  GRADSYNC_SUBCASE_FROM_RANKS(2, "set on one rank only: every rank throws a MismatchError",
+                              "a variable set on one rank only needs another rank") {
     const int last = world_size() - 1;
     std::unique_ptr<EnvVar> e;
     if (world_rank() == last) e = std::make_unique<EnvVar>("GRADSYNC_FUSION_THRESHOLD", "1K");

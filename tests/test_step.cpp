@@ -241,7 +241,7 @@ TEST_CASE("registrations and scales changed while a step is open are refused; th
 
 TEST_CASE("a failure inside a collective phase on one rank is told: every peer throws at once, naming it") {
   const int rank = world_rank(), n = world_size(), victim = n - 1;
-  if (n < 2) return;
+  GRADSYNC_SKIP_BELOW_RANKS(2, "a failure on one rank needs a peer to be told");
   for (double deadline : {20.0, 0.0}) {
     CAPTURE(deadline);
     Model m;
@@ -280,10 +280,10 @@ TEST_CASE("a failure inside a collective phase on one rank is told: every peer t
   }
 }
 
-TEST_CASE("the global norm is watched: a rank that skips it is named by every rank that waited") {
-  const int rank = world_rank(), n = world_size(), victim = n - 1;
-  Model m;
-  Sync sync(gradsync::MpiBackend(MPI_COMM_WORLD), opts(2.0));
+namespace {
+// A sync of Model after one step with the right values, and their global norm checked.
+void first_step_and_norm(Model& m, Sync& sync) {
+  const int rank = world_rank(), n = world_size();
   m.add_to(sync);
   m.fill(rank);
   GRADSYNC_CHECK_ALL(sync.synchronize());
@@ -291,7 +291,21 @@ TEST_CASE("the global norm is watched: a rank that skips it is named by every ra
   for (std::size_t k = 0; k < m.g.size(); ++k)
     for (std::size_t i = 0; i < kLen; ++i) expect += average(k, i, n) * average(k, i, n);
   GRADSYNC_CHECK_ALL(gradsync_test::rel_err(gradsync::global_norm(sync), std::sqrt(expect)) < 1e-14);
-  if (n < 2) return;
+}
+}  // namespace
+
+TEST_CASE("the global norm under a deadline: the norm of the averaged gradients") {
+  Model m;
+  Sync sync(gradsync::MpiBackend(MPI_COMM_WORLD), opts(2.0));
+  first_step_and_norm(m, sync);
+}
+
+TEST_CASE("the global norm is watched: a rank that skips it is named by every rank that waited") {
+  GRADSYNC_SKIP_BELOW_RANKS(2, "a rank that skips the norm needs a peer that waits for it");
+  const int rank = world_rank(), n = world_size(), victim = n - 1;
+  Model m;
+  Sync sync(gradsync::MpiBackend(MPI_COMM_WORLD), opts(2.0));
+  first_step_and_norm(m, sync);
   m.fill(rank);
   std::string what;
   try {
@@ -308,13 +322,12 @@ TEST_CASE("the global norm is watched: a rank that skips it is named by every ra
     CHECK(has(what, "failed before the arrival check of synchronize() call 2, so rank " + std::to_string(victim) +
                         " stops too"));
   }
-  // The deadline holds: 2 s, reported within 1.1x of it.
+  // The deadline holds: not before it (2 s), within its promise (1.1x) but for the time a loaded
+  // machine kept this rank from running (gradsync_test.hpp: kSchedulingSlack_s).
   if (rank != victim) {
-    const auto at = what.find("has waited ");
-    REQUIRE(at != std::string::npos);
-    const double waited = std::stod(what.substr(at + 11));
-    CHECK(waited >= 2.0);
-    CHECK(waited <= 2.2);
+    const double deadline = opts(2.0).stall_timeout, waited = gradsync_test::reported_wait(what);
+    CHECK(waited >= deadline);
+    CHECK(waited <= deadline * gradsync_test::kStallPromiseFactor + gradsync_test::kSchedulingSlack_s);
   }
   GRADSYNC_CHECK_ALL(has(error_of([&] { (void)gradsync::global_norm(sync); }), "this GradientSync failed"));
   mpi_and_a_new_sync_work();
@@ -322,7 +335,7 @@ TEST_CASE("the global norm is watched: a rank that skips it is named by every ra
 
 TEST_CASE("broadcast_parameters is watched: a rank that skips it is named, none waits forever") {
   const int rank = world_rank(), n = world_size(), victim = n - 1;
-  if (n < 2) return;
+  GRADSYNC_SKIP_BELOW_RANKS(2, "a rank that skips the broadcast needs a peer that waits for it");
   View w("w", 40), gw("gw", 40);
   gradsync::DistributedOptimizer dopt(gradsync::Sgd<View>(), Sync(gradsync::MpiBackend(MPI_COMM_WORLD), opts(2.0)));
   dopt.template add<Dense>(w, gw, "w");

@@ -1,8 +1,8 @@
 // gradsync internals: the limits tests lower to reach rare paths on small data (the count one MPI
 // call takes, the largest fused chunk, which ranks count as a node). In a program they are
-// constants; a test program defines GRADSYNC_TEST_HOOKS (tests/CMakeLists.txt does, for every test
-// program) and they become variables it may set, alike on every rank. Define it in every
-// translation unit of a program or in none.
+// constants; a test program defines GRADSYNC_TEST_HOOKS (tests/CMakeLists.txt does, for the few that
+// lower them: gradsync_test_program's HOOKS) and they become variables it may set, alike on every
+// rank. Define it in every translation unit of a program or in none.
 #pragma once
 
 #include <climits>
