@@ -79,8 +79,8 @@ inline constexpr double spin_before_yield_auto = -1.0;
 
 /// The knobs a program rarely sets: how the plan fuses, orders and moves the gradients, and the
 /// diagnostics. The defaults decide by topology and measurement (docs/TUNING.md); set one to
-/// reproduce a measurement, to work around a machine, or to trace a run. Every one has its
-/// GRADSYNC_* variable (docs/ENVIRONMENT.md).
+/// reproduce a measurement, to work around a machine, or to trace a run. Most have a GRADSYNC_*
+/// variable, named in the field's comment; docs/TUNING.md lists them all.
 struct Tuning {
   /// Largest fused chunk handed to the backend in one call. 0: no fusion (one call per tensor);
   /// fusion_threshold_auto: picked by timing candidates on the first steps; fusion_threshold_by_topology

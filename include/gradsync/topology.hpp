@@ -29,7 +29,10 @@ enum class Algorithm {
                  ///< both timed on the first steps and the faster is kept (all ranks agree)
   flat,          ///< one allreduce over all ranks (gradsync's ring or MPI's own)
   hierarchical,  ///< reduce within each node, allreduce among one leader per node, broadcast
-                 ///< within each node (Horovod's HOROVOD_HIERARCHICAL_ALLREDUCE); blocking
+                 ///< within each node (Horovod's HOROVOD_HIERARCHICAL_ALLREDUCE). Nonblocking on
+                 ///< MpiBackend (each stage started when the one before it is done; chunks in flight
+                 ///< and waited under the stall watchdog as flat ones); three blocking calls per chunk
+                 ///< with Collectives::blocking or on a backend with only the blocking form
 };
 
 /// "automatic", "flat" or "hierarchical".
