@@ -96,26 +96,33 @@ inline std::string rank_list(const std::vector<int>& ranks) {
   return s + "]";
 }
 
-// Groups ranks by what they reported: "rank 0: X; ranks [1-3]: Y".
-inline std::string by_rank(const std::vector<std::string>& what) {
+// Groups ranks by what they reported: "rank 0: X; ranks [1-3]: Y" (`sep` between the ranks and
+// their text). `ranks[k]` reported `what[k]`; without `ranks`, what[r] is rank r's.
+inline std::string by_rank(const std::vector<int>& ranks, const std::vector<std::string>& what,
+                           const char* sep = ": ") {
   std::vector<std::string> order;
   std::vector<std::vector<int>> groups;
-  for (std::size_t r = 0; r < what.size(); ++r) {
-    const auto it = std::find(order.begin(), order.end(), what[r]);
+  for (std::size_t k = 0; k < what.size(); ++k) {
+    const auto it = std::find(order.begin(), order.end(), what[k]);
     if (it == order.end()) {
-      order.push_back(what[r]);
-      groups.push_back({int(r)});
+      order.push_back(what[k]);
+      groups.push_back({ranks[k]});
     } else {
-      groups[std::size_t(it - order.begin())].push_back(int(r));
+      groups[std::size_t(it - order.begin())].push_back(ranks[k]);
     }
   }
   std::string s;
   for (std::size_t k = 0; k < order.size(); ++k) {
     const auto& g = groups[k];
     if (!s.empty()) s += "; ";
-    s += cat(g.size() == 1 ? "rank " : "ranks ", g.size() == 1 ? std::to_string(g[0]) : rank_list(g), ": ", order[k]);
+    s += cat(g.size() == 1 ? "rank " : "ranks ", g.size() == 1 ? std::to_string(g[0]) : rank_list(g), sep, order[k]);
   }
   return s;
+}
+inline std::string by_rank(const std::vector<std::string>& what) {
+  std::vector<int> ranks(what.size());
+  std::iota(ranks.begin(), ranks.end(), 0);
+  return by_rank(ranks, what);
 }
 
 // A message on a side channel or the notice communicator (Control's notices), under this tag ("gs").
@@ -766,25 +773,12 @@ class Control {
                                           where_in_call(last_wait_, last_wait_call_), ", which they completed")
                                     : cat("; no collective of this sync completed with them yet");
     std::vector<std::string> now;
-    std::vector<int> ranks;
     for (int r : missing) {
       const std::string& e = elsewhere_[std::size_t(r)];
-      ranks.push_back(r);
       now.push_back(e.empty() ? "in no wait of this sync (computing, in the program's own MPI, or stopped)"
                               : cat("waiting in the ", e));
     }
-    std::string each;
-    for (std::size_t k = 0; k < ranks.size(); ++k) {  // "rank 1: X; ranks [2-3]: Y", missing ranks only
-      std::size_t j = 0;
-      while (j < k && now[j] != now[k]) ++j;
-      if (j < k) continue;
-      std::vector<int> same;
-      for (std::size_t m = k; m < ranks.size(); ++m)
-        if (now[m] == now[k]) same.push_back(ranks[m]);
-      each += cat(each.empty() ? "" : "; ", same.size() == 1 ? cat("rank ", same[0]) : cat("ranks ", rank_list(same)),
-                  " now ", now[k]);
-    }
-    return cat(s, "; ", each);
+    return cat(s, "; ", by_rank(missing, now, " now "));
   }
 
   int rank_ = 0, size_ = 1;
