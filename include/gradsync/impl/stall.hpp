@@ -130,7 +130,7 @@ constexpr int kNoticeTag = 0x6773;
 struct Notice {
   std::int64_t kind = 0, step = 0;
   std::uint64_t sync = 0;  // the sender's side channel (next_side_channel_id)
-  char text[496] = {};
+  char text[2024] = {};    // a relayed report nests its origin's: room for both (eager on every transport)
 };
 
 // Sends `n` to every rank of `comm` but `self` (or to `to` only). A send may complete after the sync
