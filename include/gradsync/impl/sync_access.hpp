@@ -1,8 +1,22 @@
-// gradsync internals: impl::SyncAccess, the one door into a GradientSync's private members.
+// gradsync internals: impl::SyncAccess, the one door into a GradientSync's step pipeline.
+//
+// What gradsync's own helpers (DistributedOptimizer, GlobalNorm, broadcast_set_parameter, the
+// checkpoints) and its tests use of a GradientSync beyond the public API, written here on the
+// pipeline's parts (impl/step_pipeline.hpp) so that GradientSync itself keeps the user's API:
+//   - the deferred local scale: DistributedOptimizer folds a local tensor's 1/world_size into its
+//     update instead of a pass of its own;
+//   - the watched collectives: a helper's collectives under the sync's stall watchdog, failing the
+//     sync like any collective phase;
+//   - the registrations as the checkpoints see them, and the sets and rows the helpers reduce.
 #pragma once
 
 #include <cstdint>
+#include <exception>
+#include <string>
 #include <utility>
+
+#include "../tensor_traits.hpp"
+#include "step_pipeline.hpp"
 
 namespace gradsync::impl {
 
@@ -10,80 +24,208 @@ namespace gradsync::impl {
 // over the ranks of a process set (ReduceOver).
 enum class RegistrationKind { data_parallel, local, process_set };
 
-// What gradsync's own helpers (DistributedOptimizer, GlobalNorm, broadcast_set_parameter) and its
-// tests use of a GradientSync beyond the public API: the deferred local scale and the watched
-// collectives. Each forwards to the private member it names (gradient_sync.hpp documents them).
 struct SyncAccess {
+  // ---- The deferred local scale ----
+
+  // Leaves the local scale of this tensor (1/world_size and 1/N, see local_scale_of) to the caller
+  // instead of a pass of its own: after synchronize() returns true the tensor holds the unscaled
+  // sum, and pending_scale(tensor) is the factor the caller must apply. Takes effect only while the
+  // tensor is local; rank-local (the ranks need not agree). Legal between steps only.
   template <class S, class U>
   static void defer_local_scale(S& s, const U& t, bool defer = true) {
-    s.defer_local_scale(t, defer);
+    auto& p = s.pipe_;
+    auto& e = p.registry().at(TensorTraits<U>::data(t), TensorTraits<U>::size(t), "defer_local_scale", s.rank());
+    if (e.defer_scale == defer) return;
+    p.step().require_between_steps(cat("defer_local_scale('", e.name, "', group ", e.group, ")"),
+                                   p.options().backward_passes_per_step);
+    e.defer_scale = defer;
+    p.sync_plan().invalidate();  // the local segments change; nothing the ranks compare does
   }
+  // The factor synchronize() applies to a local tensor (or leaves to the caller when deferred):
+  // 1/world_size by its policy (or scale_local_gradients), times 1/N with
+  // average_aggregated_gradients; 1 for a data-parallel tensor, whose factors go into the unpack.
   template <class S, class U>
   static auto local_scale_of(const S& s, const U& t) {
-    return s.local_scale_of(t);
+    const auto& p = s.pipe_;
+    return p.registry().local_factor(
+        p.registry().at(TensorTraits<U>::data(t), TensorTraits<U>::size(t), "local_scale_of", s.rank()), p.options(),
+        p.backend().size());
   }
+  // The factor the tensor's values still need: local_scale_of for a deferred local tensor after
+  // synchronize() returned true (until apply_local_scale()), 1 otherwise.
   template <class S, class U>
   static auto pending_scale(const S& s, const U& t) {
-    return s.pending_scale(t);
+    const auto& p = s.pipe_;
+    const auto& e = p.registry().at(TensorTraits<U>::data(t), TensorTraits<U>::size(t), "pending_scale", s.rank());
+    using V = typename S::value_type;
+    return p.step().pending ? p.registry().deferred_factor(e, p.options(), p.backend().size()) : V(1);
   }
   template <class S>
   static bool local_scale_pending(const S& s) {
-    return s.local_scale_pending();
+    return s.pipe_.step().pending;
   }
+  // Applies the pending deferred scales in place, after which nothing is pending. Local; legal in
+  // every state but failed.
   template <class S>
   static void apply_local_scale(S& s) {
-    s.apply_local_scale();
+    auto& p = s.pipe_;
+    OneThread::Scope one(p.one_thread(), "apply_local_scale()", s.rank());
+    p.step().require_usable("apply_local_scale()");
+    if (!p.step().pending) return;
+    auto cx = p.ctx();
+    p.dense().apply_deferred(cx);
+    fence(p.exec(), label_fence_sync());
+    p.step().pending = false;
   }
+  // f(data, size, is_local, deferred) for every registered gradient in registration order;
+  // `deferred` is the factor its values need while local_scale_pending() (1 when not deferred).
   template <class S, class F>
   static void for_each_gradient(const S& s, F&& f) {
-    s.for_each_gradient(std::forward<F>(f));
+    const auto& p = s.pipe_;
+    for (const auto& e : p.registry())
+      f(e.data, e.size, e.local(), p.registry().deferred_factor(e, p.options(), p.backend().size()));
   }
-  // `call` is a string literal (kept by address in reports); `world`: false for a call over a
-  // process set's members only.
+
+  // ---- The watched collectives ----
+
+  // Runs `run(watched)`, where `watched` (impl::Watched) has the backend's collectives, each waited
+  // under the stall watchdog and listening for the peers' failures; `what` names them in reports.
+  // An exception fails the sync like any collective phase. Collective; legal in every state but
+  // open and failed. `call` is a string literal (kept by address in reports); `world`: false for a
+  // call over a process set's members only, which the ledger of calls over every rank does not count.
   template <class S, class F>
   static decltype(auto) collective(S& s, const char* call, const char* what, F&& run, bool world = true) {
-    return s.helper_collective(call, what, std::forward<F>(run), world);
+    auto& p = s.pipe_;
+    OneThread::Scope one(p.one_thread(), call, s.rank());
+    require_between_steps(s, call);
+    const CallDone<std::decay_t<decltype(p.ctl())>> done{p.ctl(), world};
+    return p.collective(call, [&]() -> decltype(auto) {
+      return run(
+          Watched<typename S::backend_type>(p.backend(), p.ctl(), p.options(), std::int64_t(p.stats().passes), what));
+    });
   }
+  // gradsync::wait_all (watch.hpp): the program's own requests waited under this sync's watchdog, in
+  // any state but failed. Not a call of the ledger (the program's exchange may involve some ranks
+  // only); a peer whose sync ended normally may still take part, so only an error ends the wait.
   template <class S, class Done>
   static void watch_program(S& s, const char* what, Done&& done) {
-    s.watch_program(what, std::forward<Done>(done));
+    auto& p = s.pipe_;
+    OneThread::Scope one(p.one_thread(), "gradsync::wait_all()", s.rank());
+    p.step().require_usable("gradsync::wait_all()");
+    const char* outer = p.ctl().call_name();
+    p.collective("gradsync::wait_all()", [&] {
+      p.ctl().wait_for_program(done, p.options(), WaitSite{what, std::int64_t(p.stats().passes), -1, 0});
+    });
+    p.ctl().enter_call(outer);
   }
-  template <class S>
-  static void check_samples(const S& s, std::int64_t n) {
-    s.check_samples(n);
-  }
+  // For helpers that call MPI themselves (the checkpoints): the state check of collective() without
+  // its failure path, so that a refused checkpoint leaves the sync usable.
   template <class S>
   static void require_between_steps(const S& s, const char* call) {
-    s.require_between_steps(call);
+    s.pipe_.step().require_usable(call);
+    if (s.pipe_.step().open())
+      throw Error(cat(call,
+                      " called while a step is open (mark_ready() started its exchange); call it after "
+                      "synchronize() returned"));
   }
+  // set_samples()' rules (DistributedOptimizer::set_samples runs them before it turns its fold off:
+  // its errors name set_samples, never an internal call).
+  template <class S>
+  static void check_samples(const S& s, std::int64_t n) {
+    const auto& p = s.pipe_;
+    p.step().check_samples(n, s.rank(), p.stats().passes, p.weighted());
+  }
+
+  // ---- Registrations, sets and rows ----
+
+  // f(name, group, kind, dense values) for every registration, dense ones first, then the
+  // row-sparse ones, each in registration order.
   template <class S, class F>
   static void for_each_registration(const S& s, F&& f) {
-    s.for_each_registration(std::forward<F>(f));
+    const auto& p = s.pipe_;
+    for (const auto& e : p.registry()) {
+      bool in_set = false;
+      if constexpr (std::decay_t<decltype(p)>::SetsExchange::supported)
+        in_set = p.sets().set_holding(e.data) != nullptr;
+      f(e.name, e.group, kind(in_set, e.local()), e.size);
+    }
+    p.rows().for_each_registration([&](const std::string& name, const std::string& group, bool local, bool in_set,
+                                       std::size_t n) { f(name, group, kind(in_set, local), n); });
   }
-  template <class S>
-  static auto residual_state(S& s) {
-    return s.residual_state();
-  }
+  // The passes of the open aggregation cycle (0 between cycles).
   template <class S>
   static int passes_into_cycle(const S& s) {
-    return s.passes_into_cycle();
+    return s.pipe_.step().pass();
+  }
+  // This rank's error-feedback residuals (the plan's fused index space; empty without compression
+  // and error_feedback, or before the plan), a signature of that space (the data-parallel tensors
+  // in fused order, the chunks' ranges and formats), and the samples they were kept for. Builds the
+  // plan if it is due: collective, as prepare().
+  template <class V>
+  struct ResidualState {
+    V* data = nullptr;
+    std::size_t size = 0;
+    std::uint64_t layout = 0;
+    std::int64_t* samples = nullptr;
+  };
+  template <class S>
+  static auto residual_state(S& s) {
+    auto& p = s.pipe_;
+    if (p.options().error_feedback) s.prepare();
+    ResidualState<typename S::value_type> r;
+    r.data = p.dense().residual_data();
+    r.size = r.data ? p.dense().residual_size() : 0;
+    std::uint64_t h = fnv1a("residuals", 9);
+    for (const std::string& n : p.registry().data_parallel_names_in_fused_order(p.options()))
+      h = fnv1a(n.data(), n.size() + 1, h);
+    for (const auto& c : p.sync_plan().chunks()) {
+      const std::int64_t v[3] = {c.begin, c.end, c.kind};
+      h = fnv1a(v, sizeof v, h);
+    }
+    r.layout = h;
+    r.samples = &p.step().samples.residual;
+    return r;
   }
   template <class S>
   static const auto& process_sets(const S& s) {
-    return s.process_sets();
+    return s.pipe_.sets();
   }
   template <class S>
   static const auto& row_sparse(const S& s) {
-    return s.row_sparse();
+    return s.pipe_.rows();
   }
+  // The sets' communicators made now (collective over the sync's ranks, as at the next
+  // synchronize(); validates the sets).
   template <class S, class W>
   static void connect_process_sets(S& s, const W& world) {
-    s.connect_process_sets(world);
+    s.pipe_.sets_exchange().connect(world);
   }
+  // DistributedOptimizer::add's rollback when its optimizer refuses the parameter: forgets the
+  // tensor at `data` that add<Group>() registered last. The plan and the checks stay marked changed
+  // (at worst a redundant rebuild and comparison).
   template <class Group, class S, class T>
   static void withdraw_last(S& s, const T* data) {
-    s.template withdraw_last<Group>(data);
+    auto& registry = s.pipe_.registry();
+    if (registry.size() == 0 || registry.back().data != data) return;
+    if constexpr (is_set_reduced_v<Group>)
+      s.pipe_.sets().withdraw(type_name<typename LocalVarPolicy<Group>::set_tag>(), data);
+    registry.pop_back();
   }
+
+ private:
+  static RegistrationKind kind(bool in_set, bool local) {
+    return in_set ? RegistrationKind::process_set : local ? RegistrationKind::local : RegistrationKind::data_parallel;
+  }
+  // Counts a helper's collective call in the ledger when it returns (not when it throws).
+  template <class Control>
+  struct CallDone {
+    Control& ctl;
+    bool counted = true;
+    int unwinding = std::uncaught_exceptions();
+    ~CallDone() {
+      if (counted && std::uncaught_exceptions() == unwinding) ctl.call_done();
+    }
+  };
 };
 
 }  // namespace gradsync::impl

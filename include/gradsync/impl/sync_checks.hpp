@@ -12,8 +12,10 @@
 // segments; it changes neither (the facade passes its verdicts on).
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <type_traits>
@@ -151,6 +153,23 @@ class SyncChecks {
     };
     throw AgreedMismatch(cat("set_samples(): ", ranks(with), " gave sample counts for synchronize() call ", call, ", ",
                              ranks(without), " did not: a weighted sync needs a count from every rank on every pass"));
+  }
+
+  // The plan tuner's agreement on timings, on the side channel under the watchdog: the MAX of
+  // non-negative doubles is the MIN of their negated bit patterns, which order like the values.
+  static void agree_on_max(Context& cx, double* v, std::size_t n) {
+    std::vector<std::int64_t> bits(n);
+    for (std::size_t k = 0; k < n; ++k) {
+      std::int64_t b = 0;
+      std::memcpy(&b, &v[k], sizeof b);
+      bits[k] = -std::max<std::int64_t>(b, 0);
+    }
+    cx.ctl.allreduce_min(cx.backend, bits.data(), int(n), cx.opt,
+                         WaitSite{"plan tuner's agreement", std::int64_t(cx.stats.passes), -1, 0});
+    for (std::size_t k = 0; k < n; ++k) {
+      const std::int64_t b = -bits[k];
+      std::memcpy(&v[k], &b, sizeof b);
+    }
   }
 
   // The blocking path's second round (see arrive()).

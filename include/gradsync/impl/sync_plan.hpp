@@ -81,6 +81,17 @@ class SyncPlan {
   bool hierarchical() const { return hierarchical_; }
   int in_flight() const { return in_flight_; }
 
+  // Options::tuning.timeline: names the plan's tensors (fused order) and chunks.
+  void note_in(Timeline& t, const std::vector<std::string>& names,
+               const std::vector<std::pair<std::int64_t, std::int64_t>>& tensor_chunks) const {
+    t.plan(
+        names, tensor_chunks, num_chunks(),
+        [&](std::size_t c) {  // the bytes on the wire, as stats().bytes_allreduced counts them
+          return std::make_pair(wire_bytes(c), reduced_in_place(c));
+        },
+        to_string(algorithm()), blocking() ? 1 : in_flight());
+  }
+
   // The candidates' hash, agreed with the options (chunks in flight may differ: they change no collective).
   std::int64_t candidates_hash() const {
     std::uint64_t h = fnv1a(&topology_.nodes, sizeof(int));

@@ -18,21 +18,27 @@
 //   idle, accumulating --mark_ready(), pass N--> open --synchronize() returns true--> idle
 //   any --an exception inside a collective phase--> failed (for good)
 //
-// The failure path is one function (GradientSync::fail_step): any exception that leaves a
+// The failure path is one function (StepPipeline::fail): any exception that leaves a
 // collective phase, whoever threw it (a local check, MPI, an allocation, a count limit, a peer's
 // notice, the stall watchdog), tells the peers unless they told this rank, parks the step's
 // requests, buffers and communicators, and records the reason. Errors that leave the sync usable
 // are thrown outside the collective phases, before anything collective starts or after every rank
 // completed the same exchange (misuse rejected by require(), fp16 overflow): docs/ERRORS.md lists them.
-// Destroying a sync whose step is open is the same path (GradientSync::~GradientSync): an exception
+// Destroying a sync whose step is open is the same path (StepPipeline::abandon): an exception
 // thrown by the user's own code during backward unwinds it with chunks in flight.
+//
+// SyncStep also holds every other datum that lives for one step: the call number the current
+// collective phase belongs to, the samples counted for it (set_samples) and whether deferred local
+// scales are pending. impl/step_pipeline.hpp drives it.
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include "../error.hpp"
+#include "../options.hpp"
 #include "stall.hpp"
 
 namespace gradsync::impl {
@@ -62,7 +68,13 @@ class SyncStep {
   SyncStep& operator=(const SyncStep&) = delete;
   // Moving hands the step to the new object; the old one only accepts destruction.
   SyncStep(SyncStep&& o) noexcept
-      : state_(o.state_), pass_(o.pass_), failure_(std::move(o.failure_)), failure_kind_(o.failure_kind_) {
+      : samples(o.samples),
+        pending(o.pending),
+        state_(o.state_),
+        pass_(o.pass_),
+        call_(o.call_),
+        failure_(std::move(o.failure_)),
+        failure_kind_(o.failure_kind_) {
     o.state_ = StepState::moved_from;
   }
   SyncStep& operator=(SyncStep&&) = delete;
@@ -72,6 +84,91 @@ class SyncStep {
   bool failed() const { return state_ == StepState::failed; }
   // Backward passes of the current aggregation cycle already summed (0 .. N-1).
   int pass() const { return pass_; }
+  // The synchronize() call (1-based) the current or next collective phase belongs to: errors and
+  // reports name it.
+  std::int64_t call() const { return call_; }
+  void begin_call(std::uint64_t passes_done) { call_ = std::int64_t(passes_done) + 1; }
+
+  // set_samples(): this pass's count, the cycle's earlier passes, every rank's sum for the step
+  // (agreed on the reducing pass), and the N error-feedback residuals were kept for (0: none yet).
+  struct Samples {
+    std::int64_t pass = 0, cycle = 0, step = 0, residual = 0;
+    bool counted = false;  // this pass's count was given
+    bool agreed = false;   // the step's sum crossed (in the arrival round or its own round)
+  } samples;
+  bool pending = false;  // deferred local scales not yet applied (local_scale_pending)
+
+  // The most samples one rank may count in one step: 2^40 (10^12), so that the sum over 2^23 ranks
+  // fits 64 bits, and over 8192 ranks a double exactly (a backend without a side channel sums as
+  // doubles). A larger count is an uninitialised or runaway counter, not a batch.
+  static constexpr std::int64_t max_step_samples = std::int64_t(1) << 40;
+
+  // set_samples(n)'s rules, checked before anything changes (`passes_done`: synchronize() calls so
+  // far; `weighted`: an earlier call made the sync weighted).
+  void check_samples(std::int64_t n, int rank, std::uint64_t passes_done, bool weighted) const {
+    require_usable("set_samples()");
+    if (n < 0 || n > max_step_samples - samples.cycle)
+      throw Error(cat("set_samples(", n, ") on rank ", rank,
+                      ": a sample count is 0 or more, and a rank's counts in one step at most 2^40 (", max_step_samples,
+                      "; this step's earlier passes counted ", samples.cycle,
+                      "), so that the ranks' sum fits 64 bits: an uninitialised counter?"));
+    if (open())
+      throw Error(cat("set_samples() called while a step is open on rank ", rank,
+                      " (mark_ready() started its exchange): give the pass's count before its first mark_ready()"));
+    if (samples.counted)
+      throw Error(cat("set_samples(", n, ") called twice for pass ", pass_ + 1, " of synchronize() call ",
+                      passes_done + 1, " on rank ", rank,
+                      ": give one count per pass, before the pass's synchronize() (a count given after "
+                      "synchronize() would weigh the next pass)"));
+    if (!weighted && passes_done > 0)
+      throw Error(cat("set_samples(", n, ") on rank ", rank, " after ", passes_done,
+                      " synchronize() call(s) without counts: a sync is weighted from its first pass, and a "
+                      "pass's count comes before its synchronize() (given after it, it would weigh the next "
+                      "pass); call set_samples() before every synchronize() from the first one on"));
+  }
+  void count_samples(std::int64_t n) {
+    samples.pass = n;
+    samples.counted = true;
+  }
+  // The pass's count was given, on this rank (`needs`: a tensor whose policy divides by the
+  // samples, in a sync not weighted).
+  void require_counted(int rank, std::uint64_t passes_done, bool weighted, const std::string& needs) const {
+    if (!weighted && !needs.empty())
+      throw ConfigError(cat(needs, " on rank ", rank,
+                            " is divided by the step's samples (LocalScale::samples or SetScale::samples), "
+                            "which set_samples() gives: call it on every rank before every pass"));
+    if (weighted && !samples.counted)
+      throw Error(cat("set_samples() was not called for pass ", pass_ + 1, " of synchronize() call ", passes_done + 1,
+                      " on rank ", rank, ": a weighted sync needs a count from every rank on every pass (0 for none)"));
+  }
+  // A weighted pass's factors (SyncPlan::set_step_factors): this rank's samples go before the sum;
+  // on the reducing pass the step's samples over every rank (agreed) divide the average.
+  // `rescale`: error feedback's residuals are errors of the weighted sum, which 1/N scales: kept for
+  // another N, they are rescaled by N / N_prev (1: nothing to do).
+  struct Factors {
+    double pre = 1, post = 1, mult = 1, rescale = 1;
+  };
+  Factors factors(const Options& o, bool reducing) {
+    Factors f;
+    f.pre = o.prescale_factor * double(samples.pass);
+    f.post = o.postscale_factor;
+    if (!reducing) return f;
+    f.mult = samples.step > 0 ? 1.0 / double(samples.step) : 0.0;
+    if (o.op == ReduceOp::average) f.post *= f.mult;
+    if (o.error_feedback && o.op == ReduceOp::average && samples.step > 0) {
+      if (samples.residual > 0 && samples.residual != samples.step)
+        f.rescale = double(samples.step) / double(samples.residual);
+      samples.residual = samples.step;
+    }
+    return f;
+  }
+
+  // The next pass needs a count of its own; a step's end also starts a new cycle.
+  void end_counted_pass(bool step_closed) {
+    samples.cycle = step_closed ? 0 : samples.cycle + samples.pass;
+    samples.pass = 0;
+    samples.counted = samples.agreed = false;
+  }
 
   // Any call but the read-only ones: throws when the sync can no longer be used.
   void require_usable(std::string_view call) const {
@@ -121,6 +218,7 @@ class SyncStep {
  private:
   StepState state_ = StepState::idle;
   int pass_ = 0;
+  std::int64_t call_ = 1;
   std::string failure_;
   ErrorKind failure_kind_ = ErrorKind::error;
 };
