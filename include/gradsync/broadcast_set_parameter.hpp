@@ -29,10 +29,11 @@ namespace gradsync {
 /// equal. DistributedOptimizer::broadcast_parameters does this for the parameters it holds; this is
 /// for the others (a table updated by the caller from a RowSparse gradient). Collective over the set:
 /// its members pass parameters of the same size, in the same order; a size that differs from the
-/// first rank's is a MismatchError on every member. The sets' communicators must exist: call it
-/// after sync.prepare() or a synchronize(). Legal between steps (an Error while a step is open or
-/// after a failure); an exception inside the exchange fails the sync. A setup-time call: allocates
-/// small host cells, and a staging copy where the backend cannot reach the parameter's memory.
+/// first rank's is a MismatchError on every member, with the same message. The sets' communicators
+/// must exist: call it after sync.prepare() or a synchronize(). Legal between steps (an Error while a
+/// step is open or after a failure); an exception inside the exchange fails the sync. A setup-time
+/// call: allocates small host cells, and a staging copy where the backend cannot reach the
+/// parameter's memory.
 template <class Group, class Sync, class P>
 void broadcast_set_parameter(Sync& sync, const P& param) {
   using PT = TensorTraits<P>;
@@ -62,12 +63,21 @@ void broadcast_set_parameter(Sync& sync, const P& param) {
         const auto b = world.over(*s->backend);
         std::int64_t n = std::int64_t(PT::size(param)), first = n;
         impl::broadcast_over<Kokkos::HostSpace, Space>(b, &first, 1, 0);
-        std::int64_t bad[1] = {n == first ? std::numeric_limits<std::int64_t>::max() : std::int64_t(me)};
+        constexpr std::int64_t none = std::numeric_limits<std::int64_t>::max();
+        std::int64_t bad[1] = {n == first ? none : std::int64_t(me)};
         impl::allreduce_min_over<Kokkos::HostSpace, Space>(b, bad, 1);
-        if (bad[0] != std::numeric_limits<std::int64_t>::max())
-          throw MismatchError(impl::cat(what, ": process set ", tag, " ", impl::rank_list(s->ranks), ": rank ", bad[0],
-                                        "'s parameter differs in size from the set's first rank's (rank ",
-                                        s->ranks.front(), ", ", first, " values; rank ", me, " has ", n, ")"));
+        if (bad[0] != none) {
+          // Every member found it in the same completed allreduce: an agreed mismatch (no notice
+          // races the peers' own finding), with one message on every member, so the lowest
+          // differing rank's size crosses too (this path only).
+          std::int64_t size_of_bad[1] = {bad[0] == me ? n : none};
+          impl::allreduce_min_over<Kokkos::HostSpace, Space>(b, size_of_bad, 1);
+          throw impl::AgreedMismatch(impl::cat("broadcast_set_parameter<", impl::type_name<Group>(), ">: process set ",
+                                               tag, " ", impl::rank_list(s->ranks), ": rank ", bad[0],
+                                               "'s parameter differs in size from the set's first rank's (rank ",
+                                               s->ranks.front(), " has ", first, " values, rank ", bad[0], " has ",
+                                               size_of_bad[0], ")"));
+        }
         impl::broadcast_over<Space, Kokkos::HostSpace>(b, PT::data(param), std::size_t(n), 0);
       },
       false);

@@ -7,9 +7,13 @@
 #pragma once
 
 #include <Kokkos_Core.hpp>
+#include <algorithm>
 #include <cstddef>
 #include <memory>
+#include <string>
+#include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "graveyard.hpp"
 #include "memory_ops.hpp"
