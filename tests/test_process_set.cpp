@@ -400,6 +400,31 @@ TEST_CASE("broadcast_parameters: set members that hold different parameters all 
       all_ranks(host_values(s) == std::vector<double>{init_value(r, 1, 0), init_value(r, 1, 1), init_value(r, 1, 2)}));
 }
 
+TEST_CASE("broadcast_set_parameter: a size that differs within a set is one MismatchError on its members") {
+  const int r = world_rank(), n = world_size();
+  GRADSYNC_SKIP_BELOW_RANKS(2, "a set whose members differ needs a pair");
+  Sync sync(gradsync::MpiBackend(MPI_COMM_WORLD));
+  sync.bind_process_set<Pairs>(pair_of(r, n));
+  View g("g", 3);
+  sync.add<Shard>(g, "g");
+  sync.prepare();  // the sets' communicators
+  View table("table", r == 1 ? 7 : 6);
+  fill_host(table, [&](std::size_t i) { return init_value(r, 3, i); });
+  const std::string msg =
+      gradsync_test::error_of<gradsync::MismatchError>([&] { gradsync::broadcast_set_parameter<Shard>(sync, table); });
+  CAPTURE(msg);
+  // Both members of pair {0, 1} throw the same message (an agreed mismatch); the other pairs broadcast.
+  const std::string want = "gradsync: broadcast_set_parameter<" + gradsync::impl::type_name<Shard>() +
+                           ">: process set " + gradsync::impl::type_name<Pairs>() +
+                           " [0, 1]: rank 1's parameter differs in size from the set's first rank's (rank 0 has 6 "
+                           "values, rank 1 has 7)";
+  CHECK(all_ranks(r < 2 ? msg == want : msg.empty()));
+  std::vector<double> kept(table.size());
+  for (std::size_t i = 0; i < kept.size(); ++i) kept[i] = init_value(r < 2 ? r : r - r % 2, 3, i);
+  CHECK(all_ranks(host_values(table) == kept));  // nothing sent within the failed pair
+  CHECK(all_ranks(r >= 2 || has(gradsync_test::error_of([&] { sync.prepare(); }), "this GradientSync failed")));
+}
+
 namespace {
 // A backend whose calls take at most 4 elements (the backend concept's max_count(), backend.hpp),
 // and so do the backends of its process sets: the pieces a user's backend with a limit gets.

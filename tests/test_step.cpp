@@ -214,6 +214,8 @@ TEST_CASE("registrations and scales changed while a step is open are refused; th
   GRADSYNC_CHECK_ALL(has(error_of([&] { gradsync::impl::SyncAccess::defer_local_scale(sync, a); }),
                          "defer_local_scale('a', group Dense) called while a step is open"));
   GRADSYNC_CHECK_ALL(has(error_of([&] { sync.prepare(); }), "prepare() called while a step is open"));
+  GRADSYNC_CHECK_ALL(
+      has(error_of([&] { (void)gradsync::global_norm(sync); }), "global_norm() called while a step is open"));
   GRADSYNC_CHECK_ALL(sync.num_tensors() == 1);
   GRADSYNC_CHECK_ALL(sync.synchronize());
   GRADSYNC_CHECK_ALL(gradsync_test::value_at(a, 199) == 0.5 * (n + 1));

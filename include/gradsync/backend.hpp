@@ -53,7 +53,7 @@
 //   std::size_t max_count() const;  [has_max_count]
 //       Local: the most elements one call takes; the process sets' sums are split into pieces of
 //       this many. Without it: INT_MAX, the count type of MPI and NCCL.
-//   MPI_Comm comm() const;  [has_mpi_comm]
+//   MPI_Comm comm() const;  [has_mpi_comm, in impl/mpi_traits.hpp: this header needs no MPI]
 //       Local: the backend's MPI communicator. With it the sync duplicates it into a side channel
 //       (impl/stall.hpp): the stall report names the missing ranks, a rank that fails tells its
 //       peers, and the ranks agree before every exchange. Without it the agreement runs through
@@ -114,8 +114,6 @@
 //
 // tests/test_backend_concept.cpp is a backend written from this list alone.
 #pragma once
-
-#include <mpi.h>
 
 #include <cstddef>
 #include <cstdint>
@@ -287,20 +285,6 @@ template <class B, class = void>
 struct has_max_count : std::false_type {};
 template <class B>
 struct has_max_count<B, std::void_t<decltype(std::size_t(std::declval<const B&>().max_count()))>> : std::true_type {};
-
-template <class B, class = void>
-struct has_mpi_comm : std::false_type {};
-template <class B>
-struct has_mpi_comm<B, std::enable_if_t<std::is_same_v<decltype(std::declval<const B&>().comm()), MPI_Comm>>>
-    : std::true_type {};
-
-// MPI_Comm notice_comm() const: the group's notice communicator (impl/notice_comm.hpp), where a
-// sync that ends tells its peers; without it, they learn at the deadline.
-template <class B, class = void>
-struct has_notice_comm : std::false_type {};
-template <class B>
-struct has_notice_comm<B, std::enable_if_t<std::is_same_v<decltype(std::declval<const B&>().notice_comm()), MPI_Comm>>>
-    : std::true_type {};
 
 template <class Backend, class ExecutionSpace, class = void>
 struct has_ordered_on : std::false_type {};

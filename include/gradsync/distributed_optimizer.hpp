@@ -22,6 +22,10 @@
 // bit. Local gradients then hold the unscaled sums between synchronize() and apply();
 // global_norm() and clip_grad_norm() account for the factor. fold_local_scale(false) restores the
 // pass (a shared sync, Sync a reference, starts that way: its gradients may have other readers).
+//
+// This file holds the class; the optimizer interface's optional members are found in
+// impl/optimizer_traits.hpp, the broadcasts' collectives live in impl/parameter_broadcast.hpp, and
+// broadcast_set_parameter (for parameters the class does not hold) in broadcast_set_parameter.hpp.
 #pragma once
 
 #include <algorithm>
@@ -36,10 +40,13 @@
 #include <utility>
 #include <vector>
 
+#include "broadcast_set_parameter.hpp"
 #include "config.hpp"
 #include "error.hpp"
 #include "global_norm.hpp"
 #include "impl/demangle.hpp"
+#include "impl/optimizer_traits.hpp"
+#include "impl/parameter_broadcast.hpp"
 #include "impl/profiling.hpp"
 #include "impl/range_index.hpp"
 #include "impl/stall.hpp"
@@ -51,87 +58,6 @@ namespace gradsync {
 namespace impl {
 
 struct CheckpointAccess;  // checkpoint.hpp: reads and writes the registered parameters and their state
-
-// Detects the optional state visitor of the optimizer interface.
-struct StateProbe {
-  template <class T>
-  void operator()(T*, std::size_t) const {}
-};
-template <class O, class = void>
-struct has_state_visitor : std::false_type {};
-template <class O>
-struct has_state_visitor<
-    O, std::void_t<decltype(std::declval<O&>().for_each_state(std::size_t(0), std::declval<StateProbe&>()))>>
-    : std::true_type {};
-
-template <class O, class T, class = void>
-struct has_grad_scale : std::false_type {};
-template <class O, class T>
-struct has_grad_scale<O, T, std::void_t<decltype(std::declval<O&>().set_grad_scale(std::size_t(0), std::declval<T>()))>>
-    : std::true_type {};
-
-template <class O, class = void>
-struct has_step : std::false_type {};
-template <class O>
-struct has_step<O, std::void_t<decltype(std::declval<O&>().step())>> : std::true_type {};
-
-// Runs op(p) on the n values at `data` (in DataSpace), through a copy in OtherSpace when the
-// backend cannot reach DataSpace (device memory and an MPI that is not CUDA-aware, host counters
-// and a device-only backend). Collectives are setup-time here: simplicity over speed.
-template <class DataSpace, class OtherSpace, class Backend, class T, class Op>
-void via_reachable(const Backend& b, T* data, std::size_t n, Op&& op) {
-  if (b.template can_access<DataSpace>()) {
-    op(data);
-    return;
-  }
-  Kokkos::View<T*, DataSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>> src(data, n);
-  Kokkos::View<T*, OtherSpace> copy(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("gradsync::staging")),
-                                    n);
-  Kokkos::deep_copy(copy, src);  // fences before and after: op sees the copy complete
-  try {
-    op(copy.data());
-  } catch (...) {  // a late peer may still complete the abandoned collective into the copy
-    graveyard().push_back(std::make_shared<decltype(copy)>(copy));
-    throw;
-  }
-  Kokkos::deep_copy(src, copy);
-}
-
-// Runs op on n host values through a heap cell of their own, parked if op throws: the counts
-// broadcast_parameters exchanges live on the stack, where a late peer must never write.
-template <class T, class Op>
-void via_cell(T* data, std::size_t n, Op&& op) {
-  auto cell = std::make_shared<std::vector<T>>(data, data + n);
-  try {
-    op(cell->data());
-  } catch (...) {
-    graveyard().push_back(std::move(cell));
-    throw;
-  }
-  std::copy(cell->begin(), cell->end(), data);
-}
-
-// The collectives of broadcast_parameters, one function each, on n values in DataSpace (through a
-// copy in OtherSpace where the backend cannot reach them). `b` is the sync's impl::Watched: each
-// waits under the stall watchdog.
-template <class DataSpace, class OtherSpace, class Backend, class T>
-void broadcast_over(const Backend& b, T* data, std::size_t n, int root) {
-  if (n == 0) return;
-  via_reachable<DataSpace, OtherSpace>(b, data, n, [&](T* p) {
-    if constexpr (std::is_same_v<DataSpace, Kokkos::HostSpace>)
-      if (p == data) return via_cell(p, n, [&](T* q) { b.broadcast(q, n, root); });
-    b.broadcast(p, n, root);
-  });
-}
-template <class DataSpace, class OtherSpace, class Backend, class T>
-void allreduce_min_over(const Backend& b, T* data, std::size_t n) {
-  if (n == 0) return;
-  via_reachable<DataSpace, OtherSpace>(b, data, n, [&](T* p) {
-    if constexpr (std::is_same_v<DataSpace, Kokkos::HostSpace>)
-      if (p == data) return via_cell(p, n, [&](T* q) { b.allreduce_min(q, n); });
-    b.allreduce_min(p, n);
-  });
-}
 
 }  // namespace impl
 
@@ -575,56 +501,5 @@ class DistributedOptimizer {
   Params params_;                                           // the non-empty parameters, by address
   std::unordered_map<std::string, std::size_t> per_group_;  // parameters in each group (default names)
 };
-
-/// Sends `param` from the first rank of this rank's process set for Group (a ReduceOver<Tag> group:
-/// the set bound for Tag, its lowest rank of the sync) to the set's other members, over the set's
-/// communicator, so that the replicas of a parameter whose gradient `sync` reduces over the set start
-/// equal. DistributedOptimizer::broadcast_parameters does this for the parameters it holds; this is
-/// for the others (a table updated by the caller from a RowSparse gradient). Collective over the set:
-/// its members pass parameters of the same size, in the same order; a size that differs from the
-/// first rank's is a MismatchError on every member. The sets' communicators must exist: call it
-/// after sync.prepare() or a synchronize(). Legal between steps (an Error while a step is open or
-/// after a failure); an exception inside the exchange fails the sync. A setup-time call: allocates
-/// small host cells, and a staging copy where the backend cannot reach the parameter's memory.
-template <class Group, class Sync, class P>
-void broadcast_set_parameter(Sync& sync, const P& param) {
-  using PT = TensorTraits<P>;
-  static_assert(is_set_reduced_v<Group>,
-                "gradsync::broadcast_set_parameter<Group>: Group's policy must be ReduceOver<Tag> (process_set.hpp)");
-  static_assert(is_tensor_v<P> && PT::is_writable,
-                "gradsync::broadcast_set_parameter: the parameter must be a writable tensor gradsync knows");
-  using Space = typename PT::memory_space;
-  const std::string tag = impl::type_name<typename LocalVarPolicy<Group>::set_tag>();
-  const std::string what =
-      impl::cat("broadcast_set_parameter<", impl::type_name<Group>(), "> on rank ", sync.backend().rank());
-  const auto& sets = impl::SyncAccess::process_sets(sync).sets();
-  const auto s = std::find_if(sets.begin(), sets.end(), [&](const auto& x) { return x.tag == tag; });
-  if (s == sets.end())
-    throw Error(impl::cat(what, ": process set ", tag, " is not bound (bind_process_set<", tag, ">)"));
-  if (!s->backend)
-    throw Error(impl::cat(what, ": process set ", tag,
-                          " has no communicator yet: call it after the sync's prepare() "
-                          "or first synchronize()"));
-  if (!PT::is_contiguous(param)) throw Error(impl::cat(what, ": the parameter is not contiguous"));
-  const int me = sync.backend().rank();
-  Kokkos::fence();  // pending kernels may still write the parameter
-  // Waited under the sync's stall watchdog, over the set's communicator (see broadcast_parameters).
-  impl::SyncAccess::collective(
-      sync, "broadcast_set_parameter()", "broadcast of a set's parameter",
-      [&](const auto& world) {
-        const auto b = world.over(*s->backend);
-        std::int64_t n = std::int64_t(PT::size(param)), first = n;
-        impl::broadcast_over<Kokkos::HostSpace, Space>(b, &first, 1, 0);
-        std::int64_t bad[1] = {n == first ? std::numeric_limits<std::int64_t>::max() : std::int64_t(me)};
-        impl::allreduce_min_over<Kokkos::HostSpace, Space>(b, bad, 1);
-        if (bad[0] != std::numeric_limits<std::int64_t>::max())
-          throw MismatchError(impl::cat(what, ": process set ", tag, " ", impl::rank_list(s->ranks), ": rank ", bad[0],
-                                        "'s parameter differs in size from the set's first rank's (rank ",
-                                        s->ranks.front(), ", ", first, " values; rank ", me, " has ", n, ")"));
-        impl::broadcast_over<Space, Kokkos::HostSpace>(b, PT::data(param), std::size_t(n), 0);
-      },
-      false);
-  Kokkos::fence();
-}
 
 }  // namespace gradsync

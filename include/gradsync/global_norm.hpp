@@ -101,6 +101,8 @@ class GlobalNorm {
   /// after a failure); an exception inside it fails the sync. Allocates its kernel table at the
   /// first call and when the sync's registrations change, nothing otherwise.
   double norm(Sync& sync) {
+    // Refused before the kernel: while a step is open its exchange is still writing the gradients.
+    impl::SyncAccess::require_between_steps(sync, "global_norm()");
     impl::ProfileRegion region(impl::Region::global_norm);
     refresh(sync);
     double local_part = 0;

@@ -17,6 +17,7 @@
 #include "error.hpp"
 #include "impl/cuda_aware.hpp"
 #include "impl/notice_comm.hpp"
+#include "impl/pieces.hpp"
 #include "impl/ring_allreduce.hpp"
 #include "impl/test_hooks.hpp"
 #include "topology.hpp"
@@ -44,13 +45,6 @@ MPI_Datatype mpi_type() {
     return MPI_UINT16_T;  // summed by mpi_wire_op<T>(), never MPI_SUM
   else
     static_assert(sizeof(T) == 0, "gradsync: no built-in MPI datatype for this type");
-}
-
-// Calls f(offset, count) over the consecutive pieces of [0, n) of at most `piece` elements: what
-// one call takes (MPI's int count, a backend's max_count()).
-template <class F>
-void for_pieces(std::size_t n, std::size_t piece, F&& f) {
-  for (std::size_t off = 0; off < n; off += piece) f(off, std::min(piece, n - off));
 }
 
 inline void mpi_check(int rc, const char* what) {

@@ -46,12 +46,14 @@
 #include "backend.hpp"
 #include "config.hpp"
 #include "error.hpp"
-#include "impl/consistency.hpp"
+#include "impl/control_fwd.hpp"  // impl/stall.hpp defines Control: include it where the sets are used
 #include "impl/demangle.hpp"
 #include "impl/fusion_kernels.hpp"
-#include "impl/stall.hpp"
+#include "impl/hash.hpp"
+#include "impl/pieces.hpp"
+#include "impl/rank_text.hpp"
+#include "impl/wait_site.hpp"
 #include "local_var_policy.hpp"
-#include "mpi_backend.hpp"
 #include "options.hpp"
 #include "stats.hpp"
 

@@ -20,6 +20,7 @@
 
 #include "../config.hpp"
 #include "../error.hpp"
+#include "memory_access.hpp"
 
 namespace gradsync {
 
@@ -31,25 +32,6 @@ enum class CudaAwareMpi {
 };
 
 namespace impl {
-
-/// Whether host code (an MPI library's own loops) can read memory in MemorySpace. Specialised for
-/// gradsync's raw CUDA spaces in cuda_space.hpp.
-template <class MemorySpace, class Enable = void>
-struct host_accessible : std::bool_constant<Kokkos::SpaceAccessibility<Kokkos::HostSpace, MemorySpace>::accessible> {};
-template <class MemorySpace>
-inline constexpr bool host_accessible_v = host_accessible<MemorySpace>::value;
-
-/// Whether MemorySpace is memory a CUDA device can address (what NCCL and a CUDA-aware MPI take).
-template <class MemorySpace, class Enable = void>
-struct is_cuda_memory : std::false_type {};
-#if defined(KOKKOS_ENABLE_CUDA)
-template <>
-struct is_cuda_memory<Kokkos::CudaSpace> : std::true_type {};
-template <>
-struct is_cuda_memory<Kokkos::CudaUVMSpace> : std::true_type {};
-#endif
-template <class MemorySpace>
-inline constexpr bool is_cuda_memory_v = is_cuda_memory<MemorySpace>::value;
 
 /// What the MPI library says about itself: 1 yes, 0 no, -1 it does not say.
 struct CudaAwareProbe {

@@ -16,7 +16,7 @@
 #include <utility>
 
 #include "../config.hpp"
-#include "cuda_aware.hpp"  // host_accessible_v
+#include "memory_access.hpp"  // host_accessible_v
 
 namespace gradsync::impl {
 

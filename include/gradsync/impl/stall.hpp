@@ -19,6 +19,11 @@
 // the listening: a rank waits forever for a missing peer, yet stops when a peer reports a failure,
 // so a local failure on one rank ends every rank whatever its deadline (the ranks' deadlines need
 // not agree).
+//
+// This file holds impl::Control, the waits and the notices' protocol; its parts live beside it:
+// side_channel.hpp (the duplicate communicator), notices.hpp (the messages), stall_report.hpp
+// (what a report says), graveyard.hpp (memory kept after a failed wait), wait_site.hpp and
+// error_kind.hpp (how a wait and an error are named across ranks).
 #pragma once
 
 #include <mpi.h>
@@ -27,52 +32,30 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
-#include <exception>
-#include <map>
 #include <memory>
-#include <mutex>
-#include <numeric>
 #include <string>
 #include <thread>
-#include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "../backend.hpp"
 #include "../error.hpp"
 #include "../options.hpp"
-#include "notice_comm.hpp"
+#include "control_fwd.hpp"
+#include "error_kind.hpp"
+#include "graveyard.hpp"
+#include "hash.hpp"
+#include "mpi_traits.hpp"
+#include "notices.hpp"
+#include "rank_text.hpp"
+#include "side_channel.hpp"
+#include "stall_report.hpp"
 #include "test_hooks.hpp"
+#include "wait_site.hpp"
 
 namespace gradsync::impl {
-
-inline std::uint64_t fnv1a(const void* p, std::size_t n, std::uint64_t h = 1469598103934665603ull) {
-  const auto* b = static_cast<const unsigned char*>(p);
-  for (std::size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 1099511628211ull;
-  return h;
-}
-
-// The id of a new side channel over `comm`, the same on every rank without communication: the k-th
-// side channel over a group of processes (their ranks in MPI_COMM_WORLD) has id hash(group, k).
-// Every rank counts alike because a sync's construction completes only once every rank of the
-// group has started it (the MPI_Comm_idup), so the ranks build the syncs over one group in the
-// same order. Notices carry the id and a side channel ignores (drains) those of another: MPI may
-// give a freed side channel's context to a new one (MPICH does), and notices sent on the old one
-// that nobody received would otherwise be read by the new sync. (A construction that failed on
-// some ranks only leaves their counts apart, as it leaves their collectives.)
-
-inline std::uint64_t next_side_channel_id(MPI_Comm comm) {
-  const std::vector<int> in_world = world_ranks_of(comm);
-  static std::mutex m;
-  static auto* counts = new std::map<std::vector<int>, std::uint64_t>();  // leaked: used until exit
-  std::uint64_t k = 0;
-  {
-    std::lock_guard<std::mutex> lock(m);
-    k = ++(*counts)[in_world];
-  }
-  return fnv1a(&k, sizeof k, fnv1a(in_world.data(), in_world.size() * sizeof(int)));
-}
 
 // Whether `local_ranks` processes on this node outnumber its CPUs: the online ones, not this
 // process's affinity (Open MPI binds each of 2 ranks on 2 cores to one core: no oversubscription).
@@ -80,153 +63,6 @@ inline std::uint64_t next_side_channel_id(MPI_Comm comm) {
 inline bool node_oversubscribed(int local_ranks) {
   const unsigned cpus = std::thread::hardware_concurrency();
   return cpus > 0 && unsigned(local_ranks) > cpus;
-}
-
-// "[0, 2-4]" for ranks {0, 2, 3, 4}.
-inline std::string rank_list(const std::vector<int>& ranks) {
-  std::string s = "[";
-  for (std::size_t i = 0; i < ranks.size();) {
-    std::size_t j = i;
-    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
-    if (i) s += ", ";
-    s += std::to_string(ranks[i]);
-    if (j > i) s += (j == i + 1 ? ", " : "-") + std::to_string(ranks[j]);
-    i = j + 1;
-  }
-  return s + "]";
-}
-
-// Groups ranks by what they reported: "rank 0: X; ranks [1-3]: Y" (`sep` between the ranks and
-// their text). `ranks[k]` reported `what[k]`; without `ranks`, what[r] is rank r's.
-inline std::string by_rank(const std::vector<int>& ranks, const std::vector<std::string>& what,
-                           const char* sep = ": ") {
-  std::vector<std::string> order;
-  std::vector<std::vector<int>> groups;
-  for (std::size_t k = 0; k < what.size(); ++k) {
-    const auto it = std::find(order.begin(), order.end(), what[k]);
-    if (it == order.end()) {
-      order.push_back(what[k]);
-      groups.push_back({ranks[k]});
-    } else {
-      groups[std::size_t(it - order.begin())].push_back(ranks[k]);
-    }
-  }
-  std::string s;
-  for (std::size_t k = 0; k < order.size(); ++k) {
-    const auto& g = groups[k];
-    if (!s.empty()) s += "; ";
-    s += cat(g.size() == 1 ? "rank " : "ranks ", g.size() == 1 ? std::to_string(g[0]) : rank_list(g), sep, order[k]);
-  }
-  return s;
-}
-inline std::string by_rank(const std::vector<std::string>& what) {
-  std::vector<int> ranks(what.size());
-  std::iota(ranks.begin(), ranks.end(), 0);
-  return by_rank(ranks, what);
-}
-
-// A message on a side channel or the notice communicator (Control's notices), under this tag ("gs").
-constexpr int kNoticeTag = 0x6773;
-struct Notice {
-  std::int64_t kind = 0, step = 0;
-  std::uint64_t sync = 0;  // the sender's side channel (next_side_channel_id)
-  char text[2024] = {};    // a relayed report nests its origin's: room for both (eager on every transport)
-};
-
-// Sends `n` to every rank of `comm` but `self` (or to `to` only). A send may complete after the sync
-// that made it is gone, so the buffers belong to the process: they are kept here, reachable (leak
-// checkers see no leak), until their sends completed; each new notice first frees those that did.
-inline void send_notice(const Notice& n, MPI_Comm comm, int self, int size, int to) {
-  struct Sent {
-    std::unique_ptr<Notice> notice;
-    std::vector<MPI_Request> requests;
-  };
-  static std::mutex m;
-  static auto* outbox = new std::vector<Sent>();  // intentionally leaked: used until exit
-  std::lock_guard<std::mutex> lock(m);
-  for (std::size_t i = 0; i < outbox->size();) {
-    int done = 0;
-    auto& q = (*outbox)[i].requests;
-    MPI_Testall(int(q.size()), q.data(), &done, MPI_STATUSES_IGNORE);
-    if (done) {
-      (*outbox)[i] = std::move(outbox->back());
-      outbox->pop_back();
-    } else {
-      ++i;
-    }
-  }
-  Sent sent{std::make_unique<Notice>(n), {}};
-  for (int r = 0; r < size; ++r) {
-    if (r == self || (to >= 0 && r != to)) continue;
-    MPI_Request q = MPI_REQUEST_NULL;
-    if (MPI_Isend(sent.notice.get(), int(sizeof(Notice)), MPI_BYTE, r, kNoticeTag, comm, &q) == MPI_SUCCESS)
-      sent.requests.push_back(q);
-  }
-  outbox->push_back(std::move(sent));
-}
-
-// Memory a collective that never completed may still write into (the peers' late contributions
-// land there). Moved here on a stall or peer failure and never freed, so destroying the
-// GradientSync after catching the error cannot turn into a use-after-free inside MPI.
-inline std::vector<std::shared_ptr<void>>& graveyard() {
-  static auto* g = new std::vector<std::shared_ptr<void>>();  // intentionally leaked
-  return *g;
-}
-
-/// Where a wait happens, for the reports: "the allreduce of chunk 2 of 5 in exchange 17".
-struct WaitSite {
-  const char* what = "collective";
-  std::int64_t step = 0;    // synchronize() call number (1-based), the same on every rank
-  std::int64_t chunk = -1;  // chunk index, or -1
-  std::int64_t chunks = 0;
-};
-
-enum class ErrorKind : std::int64_t { error = 0, mismatch = 1, stall = 2, config = 3 };
-
-// The reduction of Control::allreduce_min_sum: one element of Min + Sum int64 words, the first Min
-// reduced by MIN, the others by SUM. MPI may hand the function several elements at once.
-template <int Min, int Sum>
-struct MinSumOp {
-  MPI_Datatype type = MPI_DATATYPE_NULL;
-  MPI_Op op = MPI_OP_NULL;
-  MinSumOp() {
-    MPI_Type_contiguous(Min + Sum, MPI_INT64_T, &type);
-    MPI_Type_commit(&type);
-    MPI_Op_create(&combine, 1, &op);
-  }
-  static void combine(void* in, void* inout, int* len, MPI_Datatype*) {
-    const auto* a = static_cast<const std::int64_t*>(in);
-    auto* b = static_cast<std::int64_t*>(inout);
-    for (int e = 0; e < *len; ++e, a += Min + Sum, b += Min + Sum) {
-      for (int i = 0; i < Min; ++i) b[i] = std::min(a[i], b[i]);
-      for (int i = Min; i < Min + Sum; ++i) b[i] += a[i];
-    }
-  }
-};
-
-// The kind of an exception, as throw_kind() rethrows it on another rank (ErrorKind::error for
-// anything not a gradsync::Error subclass).
-inline ErrorKind kind_of(const std::exception& e) {
-  if (dynamic_cast<const MismatchError*>(&e)) return ErrorKind::mismatch;
-  if (dynamic_cast<const StallError*>(&e)) return ErrorKind::stall;
-  if (dynamic_cast<const ConfigError*>(&e)) return ErrorKind::config;
-  return ErrorKind::error;
-}
-
-[[noreturn]] inline void throw_kind(ErrorKind k, const std::string& msg) {
-  // The message already carries the "gradsync: " prefix when it came from what().
-  const std::string m = msg.rfind("gradsync: ", 0) == 0 ? msg.substr(10) : msg;
-  switch (k) {
-    case ErrorKind::mismatch:
-      throw MismatchError(m);
-    case ErrorKind::stall:
-      throw StallError(m);
-    case ErrorKind::config:
-      throw ConfigError(m);
-    case ErrorKind::error:
-      break;
-  }
-  throw Error(m);
 }
 
 /// The side channel of one GradientSync. Over an MPI backend it owns a duplicate of the backend's
@@ -245,13 +81,10 @@ class Control {
   Control(const Backend& b, const Options& o) : rank_(b.rank()), size_(b.size()) {
     if constexpr (has_topology<Backend>::value) oversubscribed_ = node_oversubscribed(b.topology().local_size);
     // Sized once here: the waits of synchronize() allocate nothing, even slow ones.
-    arrived_.assign(std::size_t(size_), 0);
-    where_.assign(std::size_t(size_), std::string());
-    seen_step_.assign(std::size_t(size_), -1);
-    elsewhere_.assign(std::size_t(size_), std::string());
+    peers_.resize(size_);
     gone_after_.assign(std::size_t(size_), -1);
     if constexpr (mpi) {
-      state_ = std::make_shared<State>();
+      state_ = std::make_shared<SideChannelComm>();
       if (size_ == 1) return;
       id_ = next_side_channel_id(b.comm());
       if constexpr (has_notice_comm<Backend>::value) notices_ = b.notice_comm();
@@ -397,7 +230,7 @@ class Control {
     bool notified = false, warned = false;
     double polled = 0;
     const double spin = spin_before_yield(o);
-    if constexpr (mpi) reset_arrivals(site.step);
+    if constexpr (mpi) peers_.reset(site.step, rank_);
     for (;;) {
       if (test()) return done_with(site);
       const double waited = std::chrono::duration<double>(clock::now() - t0).count();
@@ -425,7 +258,7 @@ class Control {
           // deadline (the promise is 1.1x).
           const double grace = std::min(1.2 * notify_at + 0.05, 0.09 * o.stall_timeout);
           const auto grace_end = clock::now() + std::chrono::duration<double>(grace);
-          while (!all_arrived() && clock::now() < grace_end) {
+          while (!peers_.all_arrived() && clock::now() < grace_end) {
             if (test()) return done_with(site);
             poll_notices(site);
             std::this_thread::sleep_for(std::chrono::milliseconds(1));
@@ -502,28 +335,6 @@ class Control {
   static constexpr int kTag = kNoticeTag;
   // GONE: destroyed between steps after a normal return (kGone) or by an error (kGoneError).
   static constexpr std::int64_t kArrived = 1, kGone = 2, kGoneError = 3, kFailedBase = 100;
-  struct State {
-    // On the heap: MPI_Comm_idup writes the handle when it completes, possibly after this State
-    // is gone (a peer never built its GradientSync); then the handle is leaked, not written late.
-    MPI_Comm* comm = new MPI_Comm(MPI_COMM_NULL);
-    MPI_Request dup_req = MPI_REQUEST_NULL;
-    bool dup_done = false;
-    State() = default;
-    State(const State&) = delete;
-    State& operator=(const State&) = delete;
-    ~State() {
-      int finalized = 0;
-      MPI_Finalized(&finalized);
-      if (finalized) return;
-      if (!dup_done && dup_req != MPI_REQUEST_NULL) {
-        int flag = 0;
-        MPI_Test(&dup_req, &flag, MPI_STATUS_IGNORE);
-        if (!flag) return;  // still pending: leak the handle's storage
-      }
-      if (*comm != MPI_COMM_NULL) MPI_Comm_free(comm);
-      delete comm;
-    }
-  };
 
   // Tuning::spin_before_yield resolved: auto spins 50 us (a yield after every poll measured
   // +2.4 us per synchronize() of 4 KiB on 2 ranks with a core each, none with 50 us) unless the
@@ -568,17 +379,6 @@ class Control {
         o, site);
   }
 
-  void reset_arrivals(std::int64_t step) {
-    std::fill(arrived_.begin(), arrived_.end(), 0);
-    for (auto& w : where_) w.clear();
-    for (auto& w : elsewhere_) w.clear();
-    arrived_[std::size_t(rank_)] = 1;
-    arrival_step_ = step;
-    replied_ = false;
-    for (std::size_t r = 0; r < seen_step_.size(); ++r)
-      if (seen_step_[r] >= step) arrived_[r] = 1;
-  }
-
   // After giving up on a collective: what it may still touch is never freed. That includes the
   // communicators: freeing one with an operation pending lets MPI reuse its context id, and the
   // stale operation then matches the messages of a new communicator.
@@ -610,8 +410,6 @@ class Control {
       scratch_ = std::make_shared<std::vector<unsigned char>>(std::max<std::size_t>(bytes, 256));
     return scratch_->data();
   }
-
-  bool all_arrived() const { return std::find(arrived_.begin(), arrived_.end(), 0) == arrived_.end(); }
 
   // `to`: one rank, or -1 for every peer.
   void post_arrived(std::int64_t step, const std::string& where, int to = -1) {
@@ -654,19 +452,19 @@ class Control {
       if (n.sync != id_) continue;  // an earlier side channel's, on a context MPI reused: drained
       const auto src = std::size_t(st.MPI_SOURCE);
       if (n.kind == kArrived) {
-        auto& s = seen_step_[src];
+        auto& s = peers_.seen_step[src];
         s = std::max(s, n.step);
-        if (n.step >= arrival_step_) {
-          arrived_[src] = 1;
-          where_[src] = n.text;
+        if (n.step >= peers_.step) {
+          peers_.arrived[src] = 1;
+          peers_.where[src] = n.text;
           // A peer waits for this rank in a later call: say where this rank is, once per wait,
           // so that its report names it (the reply's earlier step asks for no reply).
-          if (n.step > arrival_step_ && !replied_) {
-            replied_ = true;
-            post_arrived(arrival_step_, where_in_call(site, call_name_), int(src));
+          if (n.step > peers_.step && !peers_.replied) {
+            peers_.replied = true;
+            post_arrived(peers_.step, where_in_call(site, call_name_), int(src));
           }
         } else {
-          elsewhere_[src] = n.text;  // waits in an earlier call: named if it is reported missing
+          peers_.elsewhere[src] = n.text;  // waits in an earlier call: named if it is reported missing
         }
       } else if (n.kind == kGone || n.kind == kGoneError) {
         gone_after_[src] = n.step;
@@ -709,96 +507,34 @@ class Control {
     }
   }
 
-  static std::string where_of(const WaitSite& site) {
-    std::string where = site.what;
-    if (site.chunk >= 0) where += cat(" of chunk ", site.chunk + 1, " of ", site.chunks);
-    return where;
-  }
-  // Where a wait is, with its call: what peers are told and reports name.
-  // A step's calls carry its number (synchronize() call k); a helper, the number of the last one.
-  std::string where_in_call(const WaitSite& site, const char* call) const {
-    const std::string where = where_of(site);
-    if (std::strcmp(call, "synchronize()") == 0) return cat(where, " in synchronize() call ", site.step);
-    if (std::strcmp(call, "mark_ready()") == 0 || std::strcmp(call, "progress()") == 0 ||
-        std::strcmp(call, "prepare()") == 0)
-      return cat(where, " in ", call, " of synchronize() call ", site.step);
-    if (site.step <= 0) return cat(where, " in ", call, " before the first synchronize()");
-    return cat(where, " in ", call, " after synchronize() call ", site.step);
-  }
-
+  // "rank r has waited t s for the <where>; <what the peers' notices tell>" (impl/stall_report.hpp).
   std::string report(const WaitSite& site, double waited, bool final_report) {
     const std::string where = where_in_call(site, call_name_);
     std::string s = cat("rank ", rank_, " has waited ", waited, " s for the ", where, "; ");
     if constexpr (mpi) {
-      if (comm_ready()) {
-        std::vector<int> missing, present;
-        for (int r = 0; r < size_; ++r) (arrived_[std::size_t(r)] ? present : missing).push_back(r);
-        if (missing.empty())
-          s += "every rank arrived, yet the collective has not completed (a rank gave up on an earlier one, or "
-               "the ranks' collectives do not match)";
-        else if (program_wait_)  // a point-to-point exchange needs some peers only: say what is known
-          s += cat("ranks not waiting in it: ", rank_list(missing), " (waiting: ", rank_list(present),
-                   "); the peer this rank waits for is among them, unless it completed its part already") +
-               last_seen(missing);
-        else
-          s += cat("missing ranks: ", rank_list(missing), " (arrived: ", rank_list(present), ")") + last_seen(missing);
-        // Arrived ranks waiting in different collectives: typically registrations changed on some
-        // ranks only (they run the consistency check, the others the allreduce).
-        bool differ = false;
-        for (int r = 0; r < size_; ++r)
-          differ |= arrived_[std::size_t(r)] && r != rank_ && where_[std::size_t(r)] != where;
-        if (differ && missing.empty()) {
-          std::vector<std::string> full(static_cast<std::size_t>(size_));
-          for (int r = 0; r < size_; ++r) full[std::size_t(r)] = r == rank_ ? where : where_[std::size_t(r)];
-          s += cat("; the ranks wait in different collectives: ", by_rank(full),
-                   " (the ranks run different protocols: something that docs/ERRORS.md lists as undetectable "
-                   "differs between them)");
-        }
-      } else {
+      if (comm_ready())
+        s += peers_report(peers_, rank_, where, program_wait_, last_wait_, last_wait_call_);
+      else
         s += "missing ranks unknown (the side channel is not established yet)";
-      }
     } else {
       s += cat("missing ranks unknown (backend '", Backend::name(), "' has no side channel)");
     }
-    if (!final_report) return s + "; still waiting";
-    return s +
-           ". A missing rank skipped synchronize(), took another code path, died, or is slower than "
-           "Options::stall_timeout (GRADSYNC_STALL_TIMEOUT_S) allows";
-  }
-
-  // Where the missing ranks were last seen: the last collective they completed with this rank, and
-  // where each is now (a wait it reported, or none: computing, in the program's own MPI, stopped).
-  std::string last_seen(const std::vector<int>& missing) const {
-    std::string s = last_wait_call_ ? cat("; last seen with rank ", rank_, " in the ",
-                                          where_in_call(last_wait_, last_wait_call_), ", which they completed")
-                                    : cat("; no collective of this sync completed with them yet");
-    std::vector<std::string> now;
-    for (int r : missing) {
-      const std::string& e = elsewhere_[std::size_t(r)];
-      now.push_back(e.empty() ? "in no wait of this sync (computing, in the program's own MPI, or stopped)"
-                              : cat("waiting in the ", e));
-    }
-    return cat(s, "; ", by_rank(missing, now, " now "));
+    return s + stall_report_end(final_report);
   }
 
   int rank_ = 0, size_ = 1;
   std::uint64_t id_ = 0;              // this side channel's, in every notice (next_side_channel_id)
   MPI_Comm notices_ = MPI_COMM_NULL;  // the group's notice communicator (GONE; impl/notice_comm.hpp)
-  std::shared_ptr<State> state_;
-  std::vector<char> arrived_;
-  std::vector<std::int64_t> seen_step_;
-  std::vector<std::string> where_;
-  std::vector<std::string> elsewhere_;    // peers waiting in an earlier call (their notices)
+  std::shared_ptr<SideChannelComm> state_;
+  PeerWaits peers_;                       // what the peers' ARRIVED notices told of the current wait
   std::vector<std::int64_t> gone_after_;  // peers whose sync was destroyed: the calls they completed (-1: not gone)
   std::vector<std::string> gone_why_;     // their reasons (first letter: E error, M mismatch); empty if none
-  bool replied_ = false;                  // this wait told a peer waiting further on where it is
   bool program_wait_ = false;             // the wait is a program's own exchange (wait_for_program)
   const char* call_name_ = "the GradientSync constructor";  // the collective call this rank is in (enter_call)
   const char* last_call_ = nullptr;                         // the last one completed
   std::int64_t calls_done_ = 0;                             // collective calls completed (call_done)
   WaitSite last_wait_;                                      // the last wait completed ...
   const char* last_wait_call_ = nullptr;                    // ... and its call
-  std::int64_t arrival_step_ = 0;
   std::vector<std::shared_ptr<void>> keep_;
   std::shared_ptr<std::vector<unsigned char>> scratch_;
   bool told_ = false;            // this rank sent its failure notice (once per sync)

@@ -15,9 +15,11 @@
 #include <utility>
 
 #include "../backend.hpp"
-#include "../mpi_backend.hpp"
 #include "../options.hpp"
-#include "stall.hpp"
+#include "control_fwd.hpp"  // impl/stall.hpp defines Control: include it where Watched is used
+#include "pieces.hpp"
+#include "test_hooks.hpp"
+#include "wait_site.hpp"
 
 namespace gradsync::impl {
 
