@@ -167,7 +167,7 @@ struct CkptEntry {
 };
 
 // The checkpoint's collectives over the sync's ranks, each waited under the sync's stall watchdog
-// (`W`: the impl::Watched of GradientSync::helper_collective): a rank that skips the call is named by
+// (`W`: the impl::Watched of SyncAccess::collective): a rank that skips the call is named by
 // the others at the deadline instead of hanging them, and a peer's failure stops them at once. The
 // values cross in heap cells, left to the graveyard when a wait gives up (a late peer may still
 // write there).

@@ -34,15 +34,15 @@ class RowSparseExchange : public ExchangeBase {
     auto& cx = f.cx;
     const auto& plan = f.plan;
     const SampleWeights<V>& w = plan.weights();
-    const V dp_factor = plan.weighted() ? V(cx.opt.prescale_factor) * plan.post_factor()
-                                        : plan.pre_factor() * plan.post_factor();
+    const V dp_factor =
+        plan.weighted() ? V(cx.opt.prescale_factor) * plan.post_factor() : plan.pre_factor() * plan.post_factor();
     using SetBackend = typename split_result<Backend>::type;
     rows_->finish(
         cx.backend, cx.exec, dp_factor, cx.stats, f.sets.sets(),
         [&](const std::string& tag, SetScale scale) -> std::pair<const SetBackend*, V> {
           if constexpr (has_split<Backend>::value && Kokkos::is_execution_space<ExecutionSpace>::value)
-            return {&f.sets.backend_of(tag), f.sets.factor(scale, cx.opt, cx.backend.size(), f.sets.set_size(tag),
-                                                           plan.weighted(), w.total)};
+            return {&f.sets.backend_of(tag),
+                    f.sets.factor(scale, cx.opt, cx.backend.size(), f.sets.set_size(tag), plan.weighted(), w.total)};
           else
             return {nullptr, V(1)};  // never asked: no sets without split()
         },

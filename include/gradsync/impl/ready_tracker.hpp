@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <utility>
 #include <vector>
 
@@ -28,7 +29,7 @@ class ReadyTracker {
     by_address_.clear();
     for (std::size_t i = 0; i < data.size(); ++i)
       if (ranges_[i].first <= ranges_[i].second) by_address_.emplace_back(data[i], i);
-    std::sort(by_address_.begin(), by_address_.end());
+    std::sort(by_address_.begin(), by_address_.end(), by_address);
     prefix_ = 0;
   }
 
@@ -41,7 +42,7 @@ class ReadyTracker {
 
   /// The data-parallel tensor at `p` with chunks, or -1 (an unknown or empty tensor).
   std::int64_t find(const void* p) const {
-    auto it = std::lower_bound(by_address_.begin(), by_address_.end(), std::make_pair(p, std::size_t(0)));
+    auto it = std::lower_bound(by_address_.begin(), by_address_.end(), std::make_pair(p, std::size_t(0)), by_address);
     return it != by_address_.end() && it->first == p ? std::int64_t(it->second) : -1;
   }
 
@@ -57,6 +58,11 @@ class ReadyTracker {
   std::size_t ready_prefix() const { return prefix_; }
 
  private:
+  // Tensors are unrelated objects: only std::less orders their addresses (operator< need not).
+  static bool by_address(const std::pair<const void*, std::size_t>& a, const std::pair<const void*, std::size_t>& b) {
+    return std::less<const void*>()(a.first, b.first);
+  }
+
   std::vector<std::pair<std::int64_t, std::int64_t>> ranges_;
   std::vector<int> total_, left_;  // tensors per chunk; those not ready yet
   std::vector<char> ready_;

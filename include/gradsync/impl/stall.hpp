@@ -292,7 +292,7 @@ class Control {
   /// Views (or anything) that an incomplete collective may still write into; see graveyard().
   void keep_on_failure(std::vector<std::shared_ptr<void>> keep) { keep_ = std::move(keep); }
 
-  /// The failure path's end (GradientSync::fail_step): tells the peers (`tell`: false for an
+  /// The failure path's end (StepPipeline::fail): tells the peers (`tell`: false for an
   /// AgreedMismatch), unless one of them told this rank or this rank told them already, then parks everything an
   /// incomplete collective may still touch (`more`: the step's requests). Never throws.
   void abandon(ErrorKind k, const std::string& msg, std::vector<std::shared_ptr<void>> more, bool tell) noexcept {

@@ -52,10 +52,10 @@ class StepPipeline : public SyncParts<Backend, V, MemorySpace, ExecutionSpace> {
       Parts::timeline_;
 
  public:
-  using typename Parts::Checks, typename Parts::Context, typename Parts::Dense, typename Parts::Frame,
-      typename Parts::Plan;
   using Parts::ctx, Parts::dense, Parts::sets, Parts::sets_exchange, Parts::weighted;
   using Parts::Parts;
+  using typename Parts::Checks, typename Parts::Context, typename Parts::Dense, typename Parts::Frame,
+      typename Parts::Plan;
   StepPipeline(StepPipeline&&) = default;
 
   // ---- The entry points: each a prefix of Note [The step] ----
@@ -102,7 +102,7 @@ class StepPipeline : public SyncParts<Backend, V, MemorySpace, ExecutionSpace> {
     step_.begin_call(stats_.passes);
     const bool done = collective("synchronize()", [&] {
       const std::int64_t t_begin = timeline_ ? Timeline::now() : 0;  // no RAII: keeps the timeline-off path inlined
-      step_.pending = false;  // the tensors are about to hold this pass's values
+      step_.pending = false;                                         // the tensors are about to hold this pass's values
       const bool was_open = step_.open();
       if (!was_open) {
         admit(false);
@@ -138,7 +138,8 @@ class StepPipeline : public SyncParts<Backend, V, MemorySpace, ExecutionSpace> {
   void fail(ErrorKind kind, const std::string& what, const char* call, bool tell = true) noexcept {
     try {
       std::string reason = what.rfind("gradsync: ", 0) == 0 ? what.substr(10) : what;
-      if (reason.find("rank") == std::string::npos) reason = cat(reason, " (in ", call, " on rank ", backend_.rank(), ")");
+      if (reason.find("rank") == std::string::npos)
+        reason = cat(reason, " (in ", call, " on rank ", backend_.rank(), ")");
       step_.fail(kind, call, step_.call(), backend_.rank(), reason);
       abort_collectives(backend_);  // NCCL: ncclCommAbort releases the user's stream; MPI: nothing
       // Collectives of this sync may still be pending on the backend's communicator, in different
@@ -158,10 +159,11 @@ class StepPipeline : public SyncParts<Backend, V, MemorySpace, ExecutionSpace> {
     if (step_.state() == StepState::moved_from || step_.failed()) return;  // a failed one told its peers
     const bool unwinding = std::uncaught_exceptions() > 0;
     if (!step_.open()) return ctl_.tell_gone(unwinding, last_error);
-    fail(ErrorKind::error,
-         cat("rank ", backend_.rank(), " abandoned its step with the exchange in flight: its GradientSync was destroyed",
-             unwinding ? " while an exception unwound the stack" : "", " before synchronize() returned"),
-         "the GradientSync's destructor");
+    fail(
+        ErrorKind::error,
+        cat("rank ", backend_.rank(), " abandoned its step with the exchange in flight: its GradientSync was destroyed",
+            unwinding ? " while an exception unwound the stack" : "", " before synchronize() returned"),
+        "the GradientSync's destructor");
   }
 
   // Every collective phase runs through here: an exception leaving it fails the sync.
@@ -304,7 +306,8 @@ class StepPipeline : public SyncParts<Backend, V, MemorySpace, ExecutionSpace> {
     if (plan_.tuner().active()) {
       const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       Context cx = ctx();
-      plan_.tune(seconds, [&](double* v, std::size_t n) { Checks::agree_on_max(cx, v, n); }, stats_, timeline_.get());
+      plan_.tune(
+          seconds, [&](double* v, std::size_t n) { Checks::agree_on_max(cx, v, n); }, stats_, timeline_.get());
     }
     step_.closed();
     end_counted_pass(true);
@@ -320,9 +323,7 @@ class StepPipeline : public SyncParts<Backend, V, MemorySpace, ExecutionSpace> {
     };
   }
 
-  void require_counted() const {
-    step_.require_counted(backend_.rank(), stats_.passes, weighted(), needs_samples_);
-  }
+  void require_counted() const { step_.require_counted(backend_.rank(), stats_.passes, weighted(), needs_samples_); }
   void end_counted_pass(bool step_closed) {
     if (!weighted()) return;
     if (step_closed) {
@@ -350,7 +351,6 @@ class StepPipeline : public SyncParts<Backend, V, MemorySpace, ExecutionSpace> {
     }
     plan_.set_step_factors(V(f.pre), V(f.post), SampleWeights<V>{true, V(double(s.pass)), V(f.mult)});
   }
-
 };
 
 }  // namespace gradsync::impl

@@ -127,7 +127,7 @@ class SyncEngine {
     while (completed_ < launched_) complete_chunk(cx, plan, completed_++);
   }
 
-  // The failure path (GradientSync::fail_step): the requests of chunks in flight, handed over to be
+  // The failure path (StepPipeline::fail): the requests of chunks in flight, handed over to be
   // parked with the buffers they write into; the engine holds no step afterwards.
   std::shared_ptr<void> park() {
     auto parked = std::make_shared<std::vector<typename Backend::Request>>(std::move(requests_));

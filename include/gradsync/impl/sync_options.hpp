@@ -21,7 +21,8 @@ inline void validate_options(const Options& o) {
   if (o.backward_passes_per_step < 1)
     throw ConfigError(cat("backward_passes_per_step must be >= 1, got ", o.backward_passes_per_step));
   auto bad = [](double x) { return !std::isfinite(x) || x < 0; };
-  if (bad(o.prescale_factor)) throw ConfigError(cat("prescale_factor must be finite and >= 0, got ", o.prescale_factor));
+  if (bad(o.prescale_factor))
+    throw ConfigError(cat("prescale_factor must be finite and >= 0, got ", o.prescale_factor));
   if (o.tuning.max_chunks_in_flight < 0)
     throw ConfigError(cat("max_chunks_in_flight must be >= 0 (0: by topology), got ", o.tuning.max_chunks_in_flight));
   if (std::isnan(o.tuning.in_place_min_fraction) || o.tuning.in_place_min_fraction < 0)
@@ -31,7 +32,8 @@ inline void validate_options(const Options& o) {
   if (bad(o.stall_timeout))
     throw ConfigError(cat("stall_timeout must be finite and >= 0 seconds (0 waits forever), got ", o.stall_timeout));
   if (bad(o.tuning.stall_warning))
-    throw ConfigError(cat("stall_warning must be finite and >= 0 seconds (0: no warning), got ", o.tuning.stall_warning));
+    throw ConfigError(
+        cat("stall_warning must be finite and >= 0 seconds (0: no warning), got ", o.tuning.stall_warning));
   if (bad(o.tuning.spin_before_yield) && o.tuning.spin_before_yield != spin_before_yield_auto)
     throw ConfigError(cat("spin_before_yield must be finite and >= 0 seconds, or spin_before_yield_auto, got ",
                           o.tuning.spin_before_yield));

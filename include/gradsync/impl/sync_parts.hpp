@@ -123,15 +123,15 @@ class SyncParts {
   bool announced_ = false;        // announce() ran (first plan build)
   ExecutionSpace exec_;
   Stats stats_;
-  Registry registry_;   // the dense gradients
-  Plan plan_;           // what to send, in which chunks, by which algorithm
-  Checks checks_;       // the cross-rank agreements
-  Exchanges exchanges_;                   // what crosses, in finishing order
-  SyncStep step_;                         // state, pass, call, samples, pending (impl/sync_step.hpp)
-  std::string needs_samples_;             // a tensor whose policy needs set_samples(), or empty
-  Control<Backend> ctl_;                  // side channel: agreement, stall reports, peer failures
-  OneThread one_thread_;                  // one thread at a time
-  std::unique_ptr<Timeline> timeline_;    // Options::tuning.timeline; null when off
+  Registry registry_;                   // the dense gradients
+  Plan plan_;                           // what to send, in which chunks, by which algorithm
+  Checks checks_;                       // the cross-rank agreements
+  Exchanges exchanges_;                 // what crosses, in finishing order
+  SyncStep step_;                       // state, pass, call, samples, pending (impl/sync_step.hpp)
+  std::string needs_samples_;           // a tensor whose policy needs set_samples(), or empty
+  Control<Backend> ctl_;                // side channel: agreement, stall reports, peer failures
+  OneThread one_thread_;                // one thread at a time
+  std::unique_ptr<Timeline> timeline_;  // Options::tuning.timeline; null when off
 };
 
 }  // namespace gradsync::impl

@@ -72,7 +72,8 @@ void register_dense(Pipeline& p, const U& tensor, std::string name) {
   // A vector is registered by reference: synchronize() re-reads its data and size and throws if
   // it was resized or reallocated since. (A View is held by value: reassigning or
   // Kokkos::resize-ing the caller's View cannot be seen; re-register it instead.)
-  if constexpr (is_std_vector<U>::value) e.requery = [&tensor] { return std::make_pair(UT::data(tensor), UT::size(tensor)); };
+  if constexpr (is_std_vector<U>::value)
+    e.requery = [&tensor] { return std::make_pair(UT::data(tensor), UT::size(tensor)); };
   if (const Entry* o = registry.find_overlap(e.data, e.size))  // O(log n): 100,000 tensors register
     throw Error(cat("tensor '", e.name, "' (group ", e.group, ") overlaps tensor '", o->name, "' (group ", o->group,
                     ") already registered", e.data == o->data ? " (the same tensor registered twice)" : ""));
@@ -89,7 +90,8 @@ void register_dense(Pipeline& p, const U& tensor, std::string name) {
   try {
     registry.push_back(std::move(e));
   } catch (...) {  // all or nothing: the set forgets it too
-    if constexpr (is_set_reduced_v<Group>) p.sets().withdraw(type_name<typename LocalVarPolicy<Group>::set_tag>(), data);
+    if constexpr (is_set_reduced_v<Group>)
+      p.sets().withdraw(type_name<typename LocalVarPolicy<Group>::set_tag>(), data);
     throw;
   }
 }
@@ -122,7 +124,8 @@ void register_row_sparse(Pipeline& p, const RowSparse<V, I>& rows, std::string n
         .set_of(type_name<typename LocalVarPolicy<Group>::set_tag>(), shown, group, rank)
         .sparse.push_back(rows.table_rows() * rows.row_width());
   p.begin_change();
-  if constexpr (needs_samples<Group>()) p.note_needs_samples(cat("row-sparse gradient '", shown, "' (group ", group, ")"));
+  if constexpr (needs_samples<Group>())
+    p.note_needs_samples(cat("row-sparse gradient '", shown, "' (group ", group, ")"));
   p.rows().template add<Group>(rows, std::move(name), index, p.backend().size(), rank);
 }
 

@@ -26,8 +26,8 @@ SyncSummary summarize(const Pipeline& p) {
   s.options = opt;
   s.weighted = p.weighted();
   for (const auto& e : p.registry()) {
-    auto g = std::find_if(s.groups.begin(), s.groups.end(),
-                          [&](const SyncSummary::Group& x) { return x.name == e.group; });
+    auto g =
+        std::find_if(s.groups.begin(), s.groups.end(), [&](const SyncSummary::Group& x) { return x.name == e.group; });
     if (g == s.groups.end()) {
       s.groups.push_back({e.group, e.policy_local, e.policy_scale});
       s.groups.back().compression = e.policy_local ? Compression::none : Registry::wire_of(e, opt.compression);
@@ -58,8 +58,8 @@ SyncSummary summarize(const Pipeline& p) {
     const std::size_t bytes = plan.wire_bytes(c);
     s.largest_chunk_bytes = std::max(s.largest_chunk_bytes, bytes);
     s.chunks_in_place += plan.reduced_in_place(c);
-    s.chunks_folded += plan.reduced_in_place(c) && !plan.blocking() && !plan.hierarchical() &&
-                       folds_factor(p.backend(), bytes);
+    s.chunks_folded +=
+        plan.reduced_in_place(c) && !plan.blocking() && !plan.hierarchical() && folds_factor(p.backend(), bytes);
     s.chunks_compressed += plan.chunk(c).kind != 0;
   }
   s.buffer_bytes = stats.buffer_bytes;
