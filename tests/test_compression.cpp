@@ -580,7 +580,7 @@ TEST_CASE("SelfBackend: one rank, one rounding per value") {
 }
 
 namespace {
-// A backend of the user's own that does not declare sums_wire_values: never handed 16-bit values.
+// A backend of the user's own that does not declare Capability::wire_sums: never handed 16-bit values.
 struct FloatOnlyName {
   static constexpr const char* value = "float-only";
 };
@@ -598,7 +598,7 @@ TEST_CASE("a backend that does not sum 16-bit values: a ConfigError on every ran
     sync.add<Dense>(g);
     const std::string msg = gradsync_test::error_of<gradsync::ConfigError>([&] { (void)sync.synchronize(); });
     CAPTURE(msg);
-    GRADSYNC_CHECK_ALL(c == Compression::none ? msg.empty()
-                                              : has(msg, "backend 'float-only' does not declare sums_wire_values"));
+    GRADSYNC_CHECK_ALL(
+        c == Compression::none ? msg.empty() : has(msg, "backend 'float-only' does not declare Capability::wire_sums"));
   }
 }

@@ -70,6 +70,7 @@ class UnreachableMpiBackend : public gradsync::MpiBackend {
 class OrderedMpiBackend : public gradsync::MpiBackend {
  public:
   using MpiBackend::MpiBackend;
+  using capabilities = MpiBackend::capabilities::with<gradsync::Capability::ordered_on>;
   bool ordered_on(const Kokkos::DefaultHostExecutionSpace&) const {
     ++*asked;
     return true;

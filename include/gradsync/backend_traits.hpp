@@ -44,10 +44,18 @@ void abort_collectives(const Backend& b) noexcept {
 }
 
 template <class B, class = void>
-struct has_retire : std::false_type {};
+struct detects_retire : std::false_type {};
 template <class B>
-struct has_retire<B, std::void_t<decltype(std::declval<const B&>().retire(std::string())),
-                                 decltype(std::declval<const B&>().retired())>> : std::true_type {};
+struct detects_retire<B, std::void_t<decltype(std::declval<const B&>().retire(std::string())),
+                                     decltype(std::declval<const B&>().retired())>> : std::true_type {};
+template <class B>
+struct has_retire : std::bool_constant<declares<B>(Capability::retire)> {};
+template <class B>
+constexpr bool check_retire() {
+  GRADSYNC_CHECK_CAPABILITY(retire, detects_retire<B>::value,
+                            "void retire(std::string) const noexcept and std::string retired() const");
+  return true;
+}
 
 /// The failure path's mark on a backend whose communicator a failed sync may have left with
 /// collectives pending (in different numbers on different ranks): every copy refuses a new sync.

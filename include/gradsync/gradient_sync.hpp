@@ -31,6 +31,7 @@
 #include "env.hpp"
 #include "error.hpp"
 #include "impl/demangle.hpp"
+#include "impl/mpi_traits.hpp"
 #include "impl/one_thread.hpp"
 #include "impl/profiling.hpp"
 #include "impl/step_pipeline.hpp"
@@ -79,6 +80,9 @@ class GradientSync {
                 "tensors)");
   // Each member the sync calls, the first one missing named (backend.hpp lists them).
   static_assert(impl::check_backend<Backend, value_type, memory_space>());
+  // Each declared capability has its member, each optional member is declared (backend.hpp).
+  static_assert(impl::check_capabilities<Backend, value_type, memory_space, execution_space>() &&
+                impl::check_mpi_capabilities<Backend>() && impl::check_retire<Backend>());
 
   /// A sync over `backend`'s communicator; `exec` runs its packing and scaling kernels. Applies the
   /// GRADSYNC_* environment (unless Options::tuning.read_environment is off) and validates the

@@ -126,6 +126,24 @@ class MpiBackend {
     MPI_Op op = MPI_OP_NULL;
     std::int64_t non_finite = -1;  // a completed compressed sum in place: its first non-finite value (fp16)
     /// \endcond
+
+    /// A handle: moving it hands the collective over (the source is then complete); it cannot be
+    /// copied, so no collective is waited twice or through a stale copy of its MPI_Request.
+    Request() = default;
+    Request(Request&& o) noexcept { *this = std::move(o); }
+    Request& operator=(Request&& o) noexcept {
+      req = std::exchange(o.req, MPI_REQUEST_NULL);
+      ring = std::move(o.ring);
+      stage = std::exchange(o.stage, 0);
+      buf = o.buf;
+      count = o.count;
+      type = o.type;
+      op = o.op;
+      non_finite = o.non_finite;
+      return *this;
+    }
+    Request(const Request&) = delete;
+    Request& operator=(const Request&) = delete;
   };
 
   /// Works on a duplicate of `comm`; MPI must already be initialized by the caller. `cuda_aware`
@@ -146,8 +164,14 @@ class MpiBackend {
 
   /// "mpi", in summaries and messages.
   static constexpr const char* name() { return "mpi"; }
-  /// Sums WireFp16 / WireBf16 arrays (a user-defined MPI_Op that adds in fp32), on host memory.
-  static constexpr bool sums_wire_values = true;
+  /// What MpiBackend offers beyond the required members (backend.hpp). Its sums take WireFp16 /
+  /// WireBf16 arrays (a user-defined MPI_Op that adds in fp32) on host memory.
+  using capabilities =
+      Capabilities<Capability::split, Capability::max_count, Capability::comm, Capability::notice_comm,
+                   Capability::ibroadcast, Capability::iallreduce_min, Capability::iallgather, Capability::topology,
+                   Capability::hierarchical_sum, Capability::nonblocking_hierarchical_sum, Capability::folds_factor,
+                   Capability::weighted_fold, Capability::cuda_aware, Capability::blocking_preference,
+                   Capability::wire_sums, Capability::can_reduce_wire, Capability::wire_ring, Capability::retire>;
   /// This rank in the backend's communicator. Local.
   int rank() const { return rank_; }
   /// The communicator's size. Local.

@@ -27,6 +27,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "backend.hpp"
 #include "compression.hpp"
 #include "config.hpp"
 #include "cuda_space.hpp"
@@ -116,8 +117,11 @@ class NcclBackend {
 
   /// "nccl", in summaries and messages.
   static constexpr const char* name() { return "nccl"; }
-  /// Sums WireFp16 / WireBf16 arrays as ncclFloat16 / ncclBfloat16 (bf16 needs NCCL 2.10+).
-  static constexpr bool sums_wire_values = true;
+  /// What NcclBackend offers beyond the required members (backend.hpp). Its sums take WireFp16 /
+  /// WireBf16 arrays as ncclFloat16 / ncclBfloat16 (bf16 needs NCCL 2.10+).
+  using capabilities =
+      Capabilities<Capability::comm, Capability::ordered_on, Capability::reads_memory_space, Capability::ibroadcast,
+                   Capability::iallreduce_min, Capability::iallgather, Capability::wire_sums, Capability::abort>;
   /// This rank in the communicator. Local.
   int rank() const { return state_->rank; }
   /// The communicator's size. Local.

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstddef>
 
+#include "backend.hpp"
 #include "error.hpp"
 
 namespace gradsync {
@@ -17,7 +18,8 @@ class SelfBackend {
 
   /// "self", in summaries and messages.
   static constexpr const char* name() { return "self"; }
-  static constexpr bool sums_wire_values = true;  ///< 16-bit wire values too (the identity)
+  /// Splits into itself; sums 16-bit wire values too (the identity).
+  using capabilities = Capabilities<Capability::split, Capability::wire_sums>;
   /// Always 0.
   int rank() const { return 0; }
   /// Always 1.

@@ -58,7 +58,8 @@ class SyncEngine {
     std::vector<const void*> dp_data;
     for (const auto& t : L.data_parallel) dp_data.push_back(t.data);
     ready_.build(dp_data, L.tensor_chunks, plan.num_chunks());
-    requests_.assign(plan.num_chunks(), typename Backend::Request{});
+    requests_.clear();  // move-only handles: none copied
+    requests_.resize(plan.num_chunks());
     ensure_on_huge_pages(cx, buffer_, std::size_t(L.capacity), "gradsync::fusion_buffer");
     move_to_huge_pages(cx, plan, L.data_parallel);
     if (plan.staged()) ensure(cx, staging_, std::size_t(L.capacity), "gradsync::host_staging");
@@ -269,7 +270,7 @@ class SyncEngine {
               "sums 16-bit values; backend '",
               Backend::name(),
               "' does not declare "
-              "sums_wire_values (gradsync/backend.hpp): use Compression::none with it"));
+              "Capability::wire_sums (gradsync/backend.hpp): use Compression::none with it"));
     wire_staged_ = plan.staged() || !reduces_wire_in<MemorySpace>(cx.backend);
     ensure_on_huge_pages(cx, wire_, capacity, "gradsync::wire_buffer");  // MPI copies from it (huge_pages.hpp)
     if (wire_staged_) ensure(cx, wire_staging_, capacity, "gradsync::wire_staging");
