@@ -20,10 +20,6 @@
 
 namespace gradsync::impl {
 
-// What a registration is to a checkpoint: replicated on every rank, this rank's own, or replicated
-// over the ranks of a process set (ReduceOver).
-enum class RegistrationKind { data_parallel, local, process_set };
-
 struct SyncAccess {
   // ---- The deferred local scale ----
 
@@ -138,25 +134,6 @@ struct SyncAccess {
 
   // ---- Registrations, sets and rows ----
 
-  // f(name, group, kind, dense values) for every registration, dense ones first, then the
-  // row-sparse ones, each in registration order.
-  template <class S, class F>
-  static void for_each_registration(const S& s, F&& f) {
-    const auto& p = s.pipe_;
-    for (const auto& e : p.registry()) {
-      bool in_set = false;
-      if constexpr (std::decay_t<decltype(p)>::SetsExchange::supported)
-        in_set = p.sets().set_holding(e.data) != nullptr;
-      f(e.name, e.group, kind(in_set, e.local()), e.size);
-    }
-    p.rows().for_each_registration([&](const std::string& name, const std::string& group, bool local, bool in_set,
-                                       std::size_t n) { f(name, group, kind(in_set, local), n); });
-  }
-  // The passes of the open aggregation cycle (0 between cycles).
-  template <class S>
-  static int passes_into_cycle(const S& s) {
-    return s.pipe_.step().pass();
-  }
   // This rank's error-feedback residuals (the plan's fused index space; empty without compression
   // and error_feedback, or before the plan), a signature of that space (the data-parallel tensors
   // in fused order, the chunks' ranges and formats), and the samples they were kept for. Builds the
@@ -213,9 +190,6 @@ struct SyncAccess {
   }
 
  private:
-  static RegistrationKind kind(bool in_set, bool local) {
-    return in_set ? RegistrationKind::process_set : local ? RegistrationKind::local : RegistrationKind::data_parallel;
-  }
   // Counts a helper's collective call in the ledger when it returns (not when it throws).
   template <class Control>
   struct CallDone {
