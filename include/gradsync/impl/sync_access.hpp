@@ -23,10 +23,11 @@ namespace gradsync::impl {
 struct SyncAccess {
   // ---- The deferred local scale ----
 
-  // Leaves the local scale of this tensor (1/world_size and 1/N, see local_scale_of) to the caller
-  // instead of a pass of its own: after synchronize() returns true the tensor holds the unscaled
-  // sum, and pending_scale(tensor) is the factor the caller must apply. Takes effect only while the
-  // tensor is local; rank-local (the ranks need not agree). Legal between steps only.
+  // Leaves the local scale of this tensor (1/world_size and 1/N) to the caller instead of a pass of
+  // its own: after synchronize() returns true the tensor holds the unscaled sum and, while
+  // local_scale_pending(), for_each_gradient's `deferred` is the factor the caller must apply.
+  // Takes effect only while the tensor is local; rank-local (the ranks need not agree). Legal
+  // between steps only.
   template <class S, class U>
   static void defer_local_scale(S& s, const U& t, bool defer = true) {
     auto& p = s.pipe_;
@@ -36,25 +37,6 @@ struct SyncAccess {
                                    p.options().backward_passes_per_step);
     e.defer_scale = defer;
     p.sync_plan().invalidate();  // the local segments change; nothing the ranks compare does
-  }
-  // The factor synchronize() applies to a local tensor (or leaves to the caller when deferred):
-  // 1/world_size by its policy (or scale_local_gradients), times 1/N with
-  // average_aggregated_gradients; 1 for a data-parallel tensor, whose factors go into the unpack.
-  template <class S, class U>
-  static auto local_scale_of(const S& s, const U& t) {
-    const auto& p = s.pipe_;
-    return p.registry().local_factor(
-        p.registry().at(TensorTraits<U>::data(t), TensorTraits<U>::size(t), "local_scale_of", s.rank()), p.options(),
-        p.backend().size());
-  }
-  // The factor the tensor's values still need: local_scale_of for a deferred local tensor after
-  // synchronize() returned true (until apply_local_scale()), 1 otherwise.
-  template <class S, class U>
-  static auto pending_scale(const S& s, const U& t) {
-    const auto& p = s.pipe_;
-    const auto& e = p.registry().at(TensorTraits<U>::data(t), TensorTraits<U>::size(t), "pending_scale", s.rank());
-    using V = typename S::value_type;
-    return p.step().pending ? p.registry().deferred_factor(e, p.options(), p.backend().size()) : V(1);
   }
   template <class S>
   static bool local_scale_pending(const S& s) {
