@@ -14,6 +14,7 @@
 
 #include "blind_backend.hpp"
 #include "gradsync_test.hpp"
+#include "local_scale_probe.hpp"
 
 using gradsync_test::BlindBackend;
 using gradsync_test::error_of;
@@ -162,10 +163,9 @@ TEST_CASE("Horovod's partial-optimizer check: 0, 1 or 2 local layers") {
     // The optimizer took the local layers' 1/size (test_local_scale.cpp): their gradients hold the
     // unscaled sums and the factor is pending.
     GRADSYNC_CHECK_ALL(dopt.folds_local_scale());
-    GRADSYNC_CHECK_ALL(gradsync::impl::SyncAccess::pending_scale(dopt.sync(), g1) ==
-                       (num_local >= 1 ? 1.0 / size : 1.0));
-    for (double& g : g1_h) g *= gradsync::impl::SyncAccess::pending_scale(dopt.sync(), g1);
-    for (double& g : g2_h) g *= gradsync::impl::SyncAccess::pending_scale(dopt.sync(), g2);
+    GRADSYNC_CHECK_ALL(gradsync_test::pending_scale(dopt.sync(), g1) == (num_local >= 1 ? 1.0 / size : 1.0));
+    for (double& g : g1_h) g *= gradsync_test::pending_scale(dopt.sync(), g1);
+    for (double& g : g2_h) g *= gradsync_test::pending_scale(dopt.sync(), g2);
     for (std::size_t i = 0; i < 6; ++i) {
       const double got = g1_h[i];
       err = std::max(err, num_local >= 1 ? rel_err(got * size, mine.w1[i]) : rel_err(got, avg.w1[i]));
@@ -400,8 +400,8 @@ TEST_CASE("global_norm of a hybrid model equals the single-process norm on the g
     GRADSYNC_CHECK_ALL(gradsync::impl::SyncAccess::local_scale_pending(dopt.sync()) ==
                        (size > 1 || N > 1));  // a factor other than 1
     std::vector<double> ga0 = ga_raw;
-    for (double& g : ga0) g *= gradsync::impl::SyncAccess::pending_scale(dopt.sync(), ga);
-    const double gc0 = gc_raw * gradsync::impl::SyncAccess::pending_scale(dopt.sync(), gc);
+    for (double& g : ga0) g *= gradsync_test::pending_scale(dopt.sync(), ga);
+    const double gc0 = gc_raw * gradsync_test::pending_scale(dopt.sync(), gc);
     const double max_norm = 0.25 * expect, coef = max_norm / (expect + 1e-6);
     GRADSYNC_CHECK_ALL(rel_err(dopt.clip_grad_norm(max_norm), expect) < 1e-14);
     const std::vector<double> gw1 = host_values(gw), ga1 = host_values(ga);

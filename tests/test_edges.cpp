@@ -353,13 +353,47 @@ TEST_CASE("default names are unique in a group that holds row-sparse and dense g
   Sync sync(gradsync::MpiBackend(MPI_COMM_WORLD), opts());
   sync.add<Table>(rows);
   sync.add<Table>(dense);
-  std::vector<std::string> names;
-  gradsync::impl::SyncAccess::for_each_registration(
-      sync, [&](const std::string& name, const std::string&, auto, std::size_t) { names.push_back(name); });
+  std::vector<std::string> names, groups;
+  std::vector<gradsync::RegistrationKind> kinds;
+  std::vector<std::size_t> sizes;
+  const auto collect = [&] {
+    names.clear();
+    groups.clear();
+    kinds.clear();
+    sizes.clear();
+    sync.registrations().for_each(
+        [&](const std::string& name, const std::string& group, gradsync::RegistrationKind kind, std::size_t size) {
+          names.push_back(name);
+          groups.push_back(group);
+          kinds.push_back(kind);
+          sizes.push_back(size);
+        });
+  };
+  collect();
   REQUIRE(names.size() == 2);
   CHECK(names[0] != names[1]);
-  CHECK(names[0] == "Table[1]");  // dense first (for_each_registration's order), after the row-sparse Table[0]
+  CHECK(names[0] == "Table[1]");  // dense first (registrations()' order), after the row-sparse Table[0]
   CHECK(names[1] == "Table[0]");
+  CHECK(groups[0] == groups[1]);
+  CHECK(kinds[0] == gradsync::RegistrationKind::data_parallel);
+  CHECK(kinds[1] == gradsync::RegistrationKind::data_parallel);
+  CHECK(sizes[0] == 6);
+  CHECK(sizes[1] == 20);  // the row-sparse table: 10 rows of 2
+  sync.register_local_var(dense);
+  collect();
+  REQUIRE(kinds.size() == 2);
+  CHECK(kinds[0] == gradsync::RegistrationKind::local);
+}
+
+TEST_CASE("passes_into_cycle counts the passes of an open aggregation cycle") {
+  View g("g", 4);
+  Sync sync(gradsync::MpiBackend(MPI_COMM_WORLD), opts(30.0, 2));
+  sync.add<Dense>(g, "g");
+  CHECK(sync.passes_into_cycle() == 0);
+  CHECK_FALSE(sync.synchronize());
+  CHECK(sync.passes_into_cycle() == 1);
+  CHECK(sync.synchronize());
+  CHECK(sync.passes_into_cycle() == 0);
 }
 
 TEST_CASE("broadcast_parameters' MismatchError: one message on every rank, root never compared with itself") {

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "gradsync_test.hpp"
+#include "local_scale_probe.hpp"
 
 using gradsync_test::fill_host;
 using gradsync_test::has;
@@ -113,13 +114,12 @@ void compare_paths(const Opt& opt, const char* what) {
           if (!clip) norm_diff = std::max(norm_diff, std::abs(folded.dopt.global_norm() - pass.dopt.global_norm()));
         }
         // The folded path leaves the table's unscaled sum with its factor pending (unless it is 1).
-        const T f = gradsync::impl::SyncAccess::local_scale_of(folded.dopt.sync(), folded.g[1]);
+        const T f = gradsync_test::deferred_scale(folded.dopt.sync(), folded.g[1]);
         const T expect_f = T(1) / T(n) * (average ? T(1) / T(N) : T(1));
         CHECK(gradsync_test::all_ranks(f == expect_f));
-        CHECK(gradsync_test::all_ranks(gradsync::impl::SyncAccess::local_scale_of(folded.dopt.sync(), folded.g[2]) ==
+        CHECK(gradsync_test::all_ranks(gradsync_test::deferred_scale(folded.dopt.sync(), folded.g[2]) ==
                                        (average ? T(1) / T(N) : T(1))));
-        CHECK(gradsync_test::all_ranks(gradsync::impl::SyncAccess::local_scale_of(folded.dopt.sync(), folded.g[0]) ==
-                                       T(1)));
+        CHECK(gradsync_test::all_ranks(gradsync_test::deferred_scale(folded.dopt.sync(), folded.g[0]) == T(1)));
         CHECK(gradsync_test::all_ranks(same));
         CHECK(gradsync_test::all_ranks(norm_diff == 0));
       }
@@ -182,9 +182,8 @@ TEST_CASE("folded local scale: plain SGD equals the analytic update, and the syn
   }
   CAPTURE(err);
   CHECK(gradsync_test::all_ranks(err < 1e-15));
-  CHECK(
-      gradsync_test::all_ranks(gradsync::impl::SyncAccess::pending_scale(dopt.sync(), gt) == (n > 1 ? 1.0 / n : 1.0)));
-  CHECK(gradsync_test::all_ranks(gradsync::impl::SyncAccess::pending_scale(dopt.sync(), gw) == 1.0));
+  CHECK(gradsync_test::all_ranks(gradsync_test::pending_scale(dopt.sync(), gt) == (n > 1 ? 1.0 / n : 1.0)));
+  CHECK(gradsync_test::all_ranks(gradsync_test::pending_scale(dopt.sync(), gw) == 1.0));
 }
 
 TEST_CASE("a plain GradientSync hands the factor out instead of the pass, and applies it on request") {
@@ -217,21 +216,20 @@ TEST_CASE("a plain GradientSync hands the factor out instead of the pass, and ap
       CHECK(ready == today.synchronize());
       CHECK_FALSE(gradsync::impl::SyncAccess::local_scale_pending(deferred) != (pass + 1 == N && (n > 1 || N > 1)));
     }
-    const float factor = gradsync::impl::SyncAccess::local_scale_of(deferred, c);
+    const float factor = gradsync_test::deferred_scale(deferred, c);
     CHECK(factor == float(1) / float(n) * (N > 1 ? float(1) / float(N) : float(1)));
-    CHECK(gradsync::impl::SyncAccess::pending_scale(deferred, c) == (n > 1 || N > 1 ? factor : 1.f));
+    CHECK(gradsync_test::pending_scale(deferred, c) == (n > 1 || N > 1 ? factor : 1.f));
     const auto cv = host_values(c), dv = host_values(d);
     bool same_after_factor = true, raw = true;
     for (std::size_t i = 0; i < cv.size(); ++i) {
-      same_after_factor =
-          same_after_factor && float(cv[i] * gradsync::impl::SyncAccess::pending_scale(deferred, c)) == dv[i];
+      same_after_factor = same_after_factor && float(cv[i] * gradsync_test::pending_scale(deferred, c)) == dv[i];
       raw = raw && (N > 1 || cv[i] == raw_sum[i]);  // no pass touched it (N = 1)
     }
     CHECK(gradsync_test::all_ranks(same_after_factor && raw));
     CHECK(gradsync_test::all_ranks(bit_equal(host_values(a), host_values(b))));
     gradsync::impl::SyncAccess::apply_local_scale(deferred);
     CHECK_FALSE(gradsync::impl::SyncAccess::local_scale_pending(deferred));
-    CHECK(gradsync::impl::SyncAccess::pending_scale(deferred, c) == 1.f);
+    CHECK(gradsync_test::pending_scale(deferred, c) == 1.f);
     CHECK(gradsync_test::all_ranks(bit_equal(host_values(c), host_values(d))));
   }
 }

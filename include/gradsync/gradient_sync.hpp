@@ -41,6 +41,7 @@
 #include "local_var_policy.hpp"
 #include "options.hpp"
 #include "process_set.hpp"
+#include "registrations.hpp"
 #include "row_sparse.hpp"
 #include "stats.hpp"
 #include "tensor_traits.hpp"
@@ -305,6 +306,17 @@ class GradientSync {
   /// This rank's registrations, plan and options, for describe(sync) (describe.hpp). Allocates the
   /// returned summary.
   SyncSummary summary() const { return impl::summarize(pipe_); }
+  /// This rank's registrations, read-only (registrations.hpp): each one's name, group, kind
+  /// (data-parallel, local or over a process set) and size, dense ones first, then row-sparse. A
+  /// handle on this sync (not to be kept across a move); local, legal in every state, allocates
+  /// nothing.
+  Registrations<impl::StepPipeline<Backend, value_type, memory_space, execution_space>> registrations() const {
+    return Registrations<impl::StepPipeline<Backend, value_type, memory_space, execution_space>>(pipe_);
+  }
+  /// The backward passes accumulated in the open aggregation cycle (0 .. backward_passes_per_step - 1;
+  /// 0 between cycles): synchronize() returned false this many times since it last returned true.
+  /// Checkpoints refuse a cycle's middle by it. Local, legal in every state, allocates nothing.
+  int passes_into_cycle() const { return pipe_.step().pass(); }
 
   /// Whether the registered `tensor` is local (by its group's policy or at run time); an Error when
   /// it is not registered.

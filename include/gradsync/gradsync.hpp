@@ -21,6 +21,7 @@
 #include "mpi_backend.hpp"
 #include "optimizers.hpp"
 #include "options.hpp"
+#include "registrations.hpp"
 #include "self_backend.hpp"
 #include "stats.hpp"
 #include "tensor_traits.hpp"

@@ -25,6 +25,7 @@
 #include "../distributed_optimizer.hpp"
 #include "../error.hpp"
 #include "../gradient_sync.hpp"
+#include "../registrations.hpp"
 #include "checkpoint_catalog.hpp"
 #include "hash.hpp"
 #include "sync_access.hpp"
@@ -108,7 +109,7 @@ CkptJob checkpoint_job(S& sync, const Comm& comm, const char* call, const std::s
   if (path0 != path)
     job.refusal = cat(call, "(): the ranks name different files: \"", path0, "\" on rank 0, \"", path, "\" on rank ",
                       job.rank, "; every rank must pass the same path");
-  if (const int pass = SyncAccess::passes_into_cycle(sync); pass > 0)
+  if (const int pass = sync.passes_into_cycle(); pass > 0)
     job.refuse(cat("called in the middle of an aggregation cycle (", pass, " of ",
                    sync.options().backward_passes_per_step,
                    " backward passes accumulated): the accumulated gradients are not in checkpoints; call it after the "
@@ -129,8 +130,8 @@ CkptJob checkpoint_job(S& sync, const Comm& comm, const char* call, const std::s
 template <class S>
 std::map<std::string, CkptRegistration> registrations_by_name(const S& sync) {
   std::map<std::string, CkptRegistration> out;
-  SyncAccess::for_each_registration(
-      sync, [&](const std::string& name, const std::string& group, RegistrationKind kind, std::size_t size) {
+  sync.registrations().for_each(
+      [&](const std::string& name, const std::string& group, RegistrationKind kind, std::size_t size) {
         CkptRegistration& r = out[name];
         r.group = group;
         r.kind = kind;

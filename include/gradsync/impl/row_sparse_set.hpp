@@ -78,7 +78,7 @@ class RowSparseSet {
     for (const auto& t : all_) f(t->values(), std::size_t(t->capacity * t->width), t->name, t->group);
   }
 
-  /// For checkpoints, in registration order: f(name, group, local, reduced over a process set,
+  /// For GradientSync::registrations(), in registration order: f(name, group, local, reduced over a process set,
   /// the dense table's values (table rows x row width)).
   template <class F>
   void for_each_registration(F&& f) const {

@@ -1,13 +1,15 @@
 // gradsync internals: impl::SyncAccess, the one door into a GradientSync's step pipeline.
 //
-// What gradsync's own helpers (DistributedOptimizer, GlobalNorm, broadcast_set_parameter, the
-// checkpoints) and its tests use of a GradientSync beyond the public API, written here on the
-// pipeline's parts (impl/step_pipeline.hpp) so that GradientSync itself keeps the user's API:
-//   - the deferred local scale: DistributedOptimizer folds a local tensor's 1/world_size into its
-//     update instead of a pass of its own;
-//   - the watched collectives: a helper's collectives under the sync's stall watchdog, failing the
-//     sync like any collective phase;
-//   - the registrations as the checkpoints see them, and the sets and rows the helpers reduce.
+// What gradsync's own helpers (DistributedOptimizer, GlobalNorm, broadcast_set_parameter, watch.hpp,
+// the checkpoints) and its tests use of a GradientSync beyond the public API, written here on the
+// pipeline's parts (impl/step_pipeline.hpp) so that GradientSync itself keeps the user's API. What
+// a public query answers (registrations(), passes_into_cycle(), is_local(), stats(), ...) is read
+// there, not here. Grouped by who uses them:
+//   - the deferred local scale (DistributedOptimizer owns it, GlobalNorm reads it);
+//   - DistributedOptimizer's checks and rollback of the public calls it wraps;
+//   - the watched collectives (every helper that communicates, and wait_all);
+//   - the process sets and row-sparse registrations the helpers reduce over;
+//   - the checkpoints' error-feedback residuals.
 #pragma once
 
 #include <cstdint>
@@ -20,17 +22,16 @@
 
 namespace gradsync::impl {
 
-// What a registration is to a checkpoint: replicated on every rank, this rank's own, or replicated
-// over the ranks of a process set (ReduceOver).
-enum class RegistrationKind { data_parallel, local, process_set };
-
 struct SyncAccess {
-  // ---- The deferred local scale ----
+  // ---- The deferred local scale: DistributedOptimizer, GlobalNorm ----
+  // Why not public: a factor the sync hands to whoever updates the parameters; a program that
+  // deferred it and forgot it would apply unscaled gradients.
 
-  // Leaves the local scale of this tensor (1/world_size and 1/N, see local_scale_of) to the caller
-  // instead of a pass of its own: after synchronize() returns true the tensor holds the unscaled
-  // sum, and pending_scale(tensor) is the factor the caller must apply. Takes effect only while the
-  // tensor is local; rank-local (the ranks need not agree). Legal between steps only.
+  // Leaves the local scale of this tensor (1/world_size and 1/N) to the caller instead of a pass of
+  // its own: after synchronize() returns true the tensor holds the unscaled sum and, while
+  // local_scale_pending(), for_each_gradient's `deferred` is the factor the caller must apply.
+  // Takes effect only while the tensor is local; rank-local (the ranks need not agree). Legal
+  // between steps only.
   template <class S, class U>
   static void defer_local_scale(S& s, const U& t, bool defer = true) {
     auto& p = s.pipe_;
@@ -41,25 +42,7 @@ struct SyncAccess {
     e.defer_scale = defer;
     p.sync_plan().invalidate();  // the local segments change; nothing the ranks compare does
   }
-  // The factor synchronize() applies to a local tensor (or leaves to the caller when deferred):
-  // 1/world_size by its policy (or scale_local_gradients), times 1/N with
-  // average_aggregated_gradients; 1 for a data-parallel tensor, whose factors go into the unpack.
-  template <class S, class U>
-  static auto local_scale_of(const S& s, const U& t) {
-    const auto& p = s.pipe_;
-    return p.registry().local_factor(
-        p.registry().at(TensorTraits<U>::data(t), TensorTraits<U>::size(t), "local_scale_of", s.rank()), p.options(),
-        p.backend().size());
-  }
-  // The factor the tensor's values still need: local_scale_of for a deferred local tensor after
-  // synchronize() returned true (until apply_local_scale()), 1 otherwise.
-  template <class S, class U>
-  static auto pending_scale(const S& s, const U& t) {
-    const auto& p = s.pipe_;
-    const auto& e = p.registry().at(TensorTraits<U>::data(t), TensorTraits<U>::size(t), "pending_scale", s.rank());
-    using V = typename S::value_type;
-    return p.step().pending ? p.registry().deferred_factor(e, p.options(), p.backend().size()) : V(1);
-  }
+  // Whether synchronize() left deferred factors to apply (until apply_local_scale()).
   template <class S>
   static bool local_scale_pending(const S& s) {
     return s.pipe_.step().pending;
@@ -86,7 +69,31 @@ struct SyncAccess {
       f(e.data, e.size, e.local(), p.registry().deferred_factor(e, p.options(), p.backend().size()));
   }
 
-  // ---- The watched collectives ----
+  // ---- The public calls DistributedOptimizer wraps ----
+  // Why not public: the optimizer checks and undoes the sync's own calls in the sync's terms.
+
+  // set_samples()' rules (DistributedOptimizer::set_samples runs them before it turns its fold off:
+  // its errors name set_samples, never an internal call).
+  template <class S>
+  static void check_samples(const S& s, std::int64_t n) {
+    const auto& p = s.pipe_;
+    p.step().check_samples(n, s.rank(), p.stats().passes, p.weighted());
+  }
+  // DistributedOptimizer::add's rollback when its optimizer refuses the parameter: forgets the
+  // tensor at `data` that add<Group>() registered last. The plan and the checks stay marked changed
+  // (at worst a redundant rebuild and comparison).
+  template <class Group, class S, class T>
+  static void withdraw_last(S& s, const T* data) {
+    auto& registry = s.pipe_.registry();
+    if (registry.size() == 0 || registry.back().data != data) return;
+    if constexpr (is_set_reduced_v<Group>)
+      s.pipe_.sets().withdraw(type_name<typename LocalVarPolicy<Group>::set_tag>(), data);
+    registry.pop_back();
+  }
+
+  // ---- The watched collectives: every helper that communicates, and wait_all ----
+  // Why not public: a helper's collective fails the sync, counts in the ledger of calls and waits
+  // under the watchdog like the step's own; a program's own exchange has wait_all (watch.hpp).
 
   // Runs `run(watched)`, where `watched` (impl::Watched) has the backend's collectives, each waited
   // under the stall watchdog and listening for the peers' failures; `what` names them in reports.
@@ -118,8 +125,8 @@ struct SyncAccess {
     });
     p.ctl().enter_call(outer);
   }
-  // For helpers that call MPI themselves (the checkpoints): the state check of collective() without
-  // its failure path, so that a refused checkpoint leaves the sync usable.
+  // The state check of collective() on its own, without its failure path: GlobalNorm refuses an
+  // open step before its kernel reads gradients that the step's exchange may still be writing.
   template <class S>
   static void require_between_steps(const S& s, const char* call) {
     s.pipe_.step().require_usable(call);
@@ -128,35 +135,30 @@ struct SyncAccess {
                       " called while a step is open (mark_ready() started its exchange); call it after "
                       "synchronize() returned"));
   }
-  // set_samples()' rules (DistributedOptimizer::set_samples runs them before it turns its fold off:
-  // its errors name set_samples, never an internal call).
+
+  // ---- Process sets and row-sparse gradients: GlobalNorm, DistributedOptimizer,
+  // broadcast_set_parameter ----
+  // Why not public: the exchanges' own objects (their communicators, tensors and rows), which the
+  // helpers reduce, broadcast or weigh over.
+
   template <class S>
-  static void check_samples(const S& s, std::int64_t n) {
-    const auto& p = s.pipe_;
-    p.step().check_samples(n, s.rank(), p.stats().passes, p.weighted());
+  static const auto& process_sets(const S& s) {
+    return s.pipe_.sets();
+  }
+  template <class S>
+  static const auto& row_sparse(const S& s) {
+    return s.pipe_.rows();
+  }
+  // The sets' communicators made now (collective over the sync's ranks, as at the next
+  // synchronize(); validates the sets).
+  template <class S, class W>
+  static void connect_process_sets(S& s, const W& world) {
+    s.pipe_.sets_exchange().connect(world);
   }
 
-  // ---- Registrations, sets and rows ----
+  // ---- The checkpoints ----
+  // Why not public: the residuals are the plan's private buffer, in its fused layout.
 
-  // f(name, group, kind, dense values) for every registration, dense ones first, then the
-  // row-sparse ones, each in registration order.
-  template <class S, class F>
-  static void for_each_registration(const S& s, F&& f) {
-    const auto& p = s.pipe_;
-    for (const auto& e : p.registry()) {
-      bool in_set = false;
-      if constexpr (std::decay_t<decltype(p)>::SetsExchange::supported)
-        in_set = p.sets().set_holding(e.data) != nullptr;
-      f(e.name, e.group, kind(in_set, e.local()), e.size);
-    }
-    p.rows().for_each_registration([&](const std::string& name, const std::string& group, bool local, bool in_set,
-                                       std::size_t n) { f(name, group, kind(in_set, local), n); });
-  }
-  // The passes of the open aggregation cycle (0 between cycles).
-  template <class S>
-  static int passes_into_cycle(const S& s) {
-    return s.pipe_.step().pass();
-  }
   // This rank's error-feedback residuals (the plan's fused index space; empty without compression
   // and error_feedback, or before the plan), a signature of that space (the data-parallel tensors
   // in fused order, the chunks' ranges and formats), and the samples they were kept for. Builds the
@@ -186,36 +188,8 @@ struct SyncAccess {
     r.samples = &p.step().samples.residual;
     return r;
   }
-  template <class S>
-  static const auto& process_sets(const S& s) {
-    return s.pipe_.sets();
-  }
-  template <class S>
-  static const auto& row_sparse(const S& s) {
-    return s.pipe_.rows();
-  }
-  // The sets' communicators made now (collective over the sync's ranks, as at the next
-  // synchronize(); validates the sets).
-  template <class S, class W>
-  static void connect_process_sets(S& s, const W& world) {
-    s.pipe_.sets_exchange().connect(world);
-  }
-  // DistributedOptimizer::add's rollback when its optimizer refuses the parameter: forgets the
-  // tensor at `data` that add<Group>() registered last. The plan and the checks stay marked changed
-  // (at worst a redundant rebuild and comparison).
-  template <class Group, class S, class T>
-  static void withdraw_last(S& s, const T* data) {
-    auto& registry = s.pipe_.registry();
-    if (registry.size() == 0 || registry.back().data != data) return;
-    if constexpr (is_set_reduced_v<Group>)
-      s.pipe_.sets().withdraw(type_name<typename LocalVarPolicy<Group>::set_tag>(), data);
-    registry.pop_back();
-  }
 
  private:
-  static RegistrationKind kind(bool in_set, bool local) {
-    return in_set ? RegistrationKind::process_set : local ? RegistrationKind::local : RegistrationKind::data_parallel;
-  }
   // Counts a helper's collective call in the ledger when it returns (not when it throws).
   template <class Control>
   struct CallDone {
