@@ -385,6 +385,33 @@ TEST_CASE("default names are unique in a group that holds row-sparse and dense g
   CHECK(kinds[0] == gradsync::RegistrationKind::local);
 }
 
+TEST_CASE("a failed sync still tells what it held: every exchange parked, its registrations listed") {
+  using Rows = gradsync::RowSparse<Kokkos::View<double**>, Kokkos::View<std::int64_t*>>;
+  Kokkos::View<double**> values("values", 4, 2);
+  Kokkos::View<std::int64_t*> indices("indices", 4);
+  Rows rows(values, indices, 10, 0);
+  View dense("dense", 6);
+  gradsync::Options o = opts();
+  o.check_finite = true;
+  Sync sync(gradsync::MpiBackend(MPI_COMM_WORLD), o);
+  sync.add<Table>(rows, "emb");
+  sync.add<Dense>(dense, "w");
+  rows.set_rows(0);
+  if (world_rank() == 0) dense(3) = std::numeric_limits<double>::quiet_NaN();  // rank 0's check fails
+  const std::string first = error_of([&] { (void)sync.synchronize(); });
+  CHECK(has(first, "'w'"));
+  // The row-sparse rows and the dense tensor were parked with the failed step, not freed: the
+  // queries still list both, and every later call refuses.
+  std::vector<std::string> names;
+  sync.registrations().for_each(
+      [&](const std::string& name, const std::string&, gradsync::RegistrationKind, std::size_t) { names.push_back(name); });
+  CHECK(names == std::vector<std::string>{"w", "emb"});
+  CHECK(sync.num_tensors() == 1);
+  CHECK(sync.data_parallel_bytes() == 6 * sizeof(double));
+  const std::string again = error_of([&] { (void)sync.synchronize(); });
+  CHECK(has(again, "cannot be used again"));
+}
+
 TEST_CASE("passes_into_cycle counts the passes of an open aggregation cycle") {
   View g("g", 4);
   Sync sync(gradsync::MpiBackend(MPI_COMM_WORLD), opts(30.0, 2));

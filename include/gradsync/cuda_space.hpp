@@ -247,22 +247,8 @@ __global__ void local(const Segment<T>* segs, T* acc, LocalMode mode, T weight, 
   T* const a = mode == LocalMode::scale ? nullptr : acc + s.off;
   const T f = s.scale * mult;
   const std::int64_t stride = std::int64_t(gridDim.y) * blockDim.x;
-  for (std::int64_t i = std::int64_t(blockIdx.y) * blockDim.x + threadIdx.x; i < s.count; i += stride) {
-    switch (mode) {
-      case LocalMode::scale:
-        g[i] = f * (weight * g[i]);
-        break;
-      case LocalMode::store:
-        a[i] = weight * g[i];
-        break;
-      case LocalMode::accumulate:
-        a[i] += weight * g[i];
-        break;
-      case LocalMode::finish:
-        g[i] = f * (a[i] + weight * g[i]);
-        break;
-    }
-  }
+  for (std::int64_t i = std::int64_t(blockIdx.y) * blockDim.x + threadIdx.x; i < s.count; i += stride)
+    local_value(mode, g, a, f, weight, i);
 }
 
 // ptr[i] *= f over a chunk reduced in place (gradsync's InPlaceScaleKernel).

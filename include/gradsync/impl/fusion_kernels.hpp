@@ -331,6 +331,26 @@ enum class LocalMode {
   finish,      // ptr  = scale * m * (acc + w * ptr)     (pass N)
 };
 
+// Value i of a local segment by mode (the segment's factor f, this pass's weight, the accumulator a,
+// null in scale mode): LocalKernel and the raw CUDA kernel (cuda_space.hpp) share it.
+template <class T>
+GRADSYNC_HOST_DEVICE void local_value(LocalMode mode, T* g, T* a, T f, T weight, std::int64_t i) {
+  switch (mode) {
+    case LocalMode::scale:
+      g[i] = f * (weight * g[i]);
+      break;
+    case LocalMode::store:
+      a[i] = weight * g[i];
+      break;
+    case LocalMode::accumulate:
+      a[i] += weight * g[i];
+      break;
+    case LocalMode::finish:
+      g[i] = f * (a[i] + weight * g[i]);
+      break;
+  }
+}
+
 template <class T, class ExecutionSpace, class MemorySpace>
 struct LocalKernel {
   using member_type = team_member_t<ExecutionSpace>;
@@ -339,22 +359,7 @@ struct LocalKernel {
   LocalMode mode;
   T weight = T(1), mult = T(1);  // set_samples(): this pass's samples, 1 / the step's (exact when 1)
 
-  KOKKOS_INLINE_FUNCTION void apply(T* g, T* a, T f, std::int64_t i) const {
-    switch (mode) {
-      case LocalMode::scale:
-        g[i] = f * (weight * g[i]);
-        break;
-      case LocalMode::store:
-        a[i] = weight * g[i];
-        break;
-      case LocalMode::accumulate:
-        a[i] += weight * g[i];
-        break;
-      case LocalMode::finish:
-        g[i] = f * (a[i] + weight * g[i]);
-        break;
-    }
-  }
+  KOKKOS_INLINE_FUNCTION void apply(T* g, T* a, T f, std::int64_t i) const { local_value(mode, g, a, f, weight, i); }
   KOKKOS_INLINE_FUNCTION void operator()(const member_type& team) const {
     const Segment<T> s = segs(team.league_rank());
     // acc is empty in scale mode: form the pointer only where it is used.
