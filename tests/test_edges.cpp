@@ -403,8 +403,8 @@ TEST_CASE("a failed sync still tells what it held: every exchange parked, its re
   // The row-sparse rows and the dense tensor were parked with the failed step, not freed: the
   // queries still list both, and every later call refuses.
   std::vector<std::string> names;
-  sync.registrations().for_each(
-      [&](const std::string& name, const std::string&, gradsync::RegistrationKind, std::size_t) { names.push_back(name); });
+  sync.registrations().for_each([&](const std::string& name, const std::string&, gradsync::RegistrationKind,
+                                    std::size_t) { names.push_back(name); });
   CHECK(names == std::vector<std::string>{"w", "emb"});
   CHECK(sync.num_tensors() == 1);
   CHECK(sync.data_parallel_bytes() == 6 * sizeof(double));

@@ -173,9 +173,9 @@ enum class Capability {
   cuda_aware,                    ///< bool cuda_aware() const
   blocking_preference,           ///< bool prefers_blocking_allreduce() const
   wire_sums,                     ///< the sums take WireFp16 / WireBf16 (compression.hpp)
-  can_reduce_wire,               ///< template <class M> bool can_reduce_wire() const
+  can_reduce_wire,               ///< bool can_reduce_wire\<MemorySpace\>() const
   wire_ring,                     ///< sums_wire_in_place(bytes) and iallreduce_wire_in_place
-  reads_memory_space,            ///< template <class M> static constexpr bool reads_memory_space
+  reads_memory_space,            ///< static constexpr bool reads_memory_space\<MemorySpace\>
   abort,                         ///< void abort() const noexcept
   retire,                        ///< void retire(std::string) const noexcept; std::string retired() const
 };
@@ -184,7 +184,9 @@ enum class Capability {
 /// MpiBackend that adds ordered_on declares `MpiBackend::capabilities::with<Capability::ordered_on>`.
 template <Capability... Cs>
 struct Capabilities {
+  /// Whether `c` is declared.
   static constexpr bool has(Capability c) { return (false || ... || (c == Cs)); }
+  /// These capabilities and `More`.
   template <Capability... More>
   using with = Capabilities<Cs..., More...>;
 };
@@ -193,11 +195,12 @@ struct Capabilities {
 /// backend whose class you cannot edit.
 template <class B, class = void>
 struct backend_capabilities {
-  using type = Capabilities<>;
+  using type = Capabilities<>;  ///< None declared.
 };
+/// A backend with a member type `capabilities`: that declaration.
 template <class B>
 struct backend_capabilities<B, std::void_t<typename B::capabilities>> {
-  using type = typename B::capabilities;
+  using type = typename B::capabilities;  ///< B's declaration.
 };
 
 namespace impl {

@@ -127,10 +127,13 @@ class MpiBackend {
     std::int64_t non_finite = -1;  // a completed compressed sum in place: its first non-finite value (fp16)
     /// \endcond
 
-    /// A handle: moving it hands the collective over (the source is then complete); it cannot be
-    /// copied, so no collective is waited twice or through a stale copy of its MPI_Request.
+    /// A complete request. Requests are handles: moving one hands the collective over (the source
+    /// is then complete); none is copied, so no collective is waited twice or through a stale copy
+    /// of its MPI_Request.
     Request() = default;
+    /// Takes o's collective; o is complete afterwards.
     Request(Request&& o) noexcept { *this = std::move(o); }
+    /// Takes o's collective (this one must be complete); o is complete afterwards.
     Request& operator=(Request&& o) noexcept {
       req = std::exchange(o.req, MPI_REQUEST_NULL);
       ring = std::move(o.ring);
@@ -142,8 +145,8 @@ class MpiBackend {
       non_finite = o.non_finite;
       return *this;
     }
-    Request(const Request&) = delete;
-    Request& operator=(const Request&) = delete;
+    Request(const Request&) = delete;             ///< Move-only.
+    Request& operator=(const Request&) = delete;  ///< Move-only.
   };
 
   /// Works on a duplicate of `comm`; MPI must already be initialized by the caller. `cuda_aware`
