@@ -64,18 +64,18 @@ mpi 4 "$bench" models "$models" "$csv" "$(awk "BEGIN{print $budget/2}")"
 step "callgrind: host path of 1,000 one-value tensors, 1 rank"
 if command -v valgrind >/dev/null; then
   # Two runs, 10 and 30 syncs after the plan build: the difference over 20 is the steady state.
-  # The pass itself (sync_pass): synchronize() runs it inside a lambda, which a pattern matching
-  # synchronize* would also match (callgrind's toggles nest and switch collection back off).
+  # The whole call: GradientSync::synchronize() hands the step to impl::StepPipeline, whose names
+  # do not match the pattern (callgrind's toggles nest: a nested match would switch collection off).
   declare -A ir
   for reps in 10 30; do
     valgrind --tool=callgrind --callgrind-out-file="$out/callgrind.$reps.out" --collect-atstart=no \
-      '--toggle-collect=*GradientSync*sync_pass*' "$bench" hostpath 1000 "$reps" >"$out/callgrind.log" 2>&1 || true
+      '--toggle-collect=*GradientSync*synchronize*' "$bench" hostpath 1000 "$reps" >"$out/callgrind.log" 2>&1 || true
     ir[$reps]="$(awk '/^(summary|totals):/ {print $2; exit}' "$out/callgrind.$reps.out" 2>/dev/null || true)"
   done
   if [[ -n "${ir[10]}" && -n "${ir[30]}" ]]; then
     per=$(( (ir[30] - ir[10]) / 20 ))
     {
-      echo "\`valgrind --tool=callgrind --collect-atstart=no '--toggle-collect=*GradientSync*sync_pass*' bench_sync hostpath 1000 N\`"
+      echo "\`valgrind --tool=callgrind --collect-atstart=no '--toggle-collect=*GradientSync*synchronize*' bench_sync hostpath 1000 N\`"
       echo "for N = 10 and 30 (1 rank, MpiBackend, 1,000 data-parallel tensors of one float each; the first"
       echo "synchronize() builds the plan and is not counted in N):"
       echo
