@@ -17,8 +17,9 @@
 //   describe(regs)        its registrations, for the ranks' consistency check
 //
 // `f` is the StepFrame below; `scan(begin, end)` checks segments before they leave
-// (Options::check_finite). ExchangeBase gives the no-op forms, so an exchange writes only what it
-// does. Adding an exchange is one file with its class and one entry in StepPipeline's list.
+// (Options::check_finite), given only to an exchange that declares `scanned`. ExchangeBase gives the no-op forms, so an
+// exchange writes only what it does. Adding an exchange is one file with its class and one entry in StepPipeline's
+// list.
 #pragma once
 
 #include <cstdint>
@@ -43,6 +44,7 @@ struct StepFrame {
 };
 
 struct ExchangeBase {
+  static constexpr bool scanned = false;  // check_finite scans its values before they leave
   template <class Frame, class Layout>
   void provision(Frame&, const Layout&) {}
   template <class Frame, class Scan>

@@ -20,6 +20,8 @@ class DenseExchange : public SyncEngine<Backend, V, MemorySpace, ExecutionSpace>
   using Engine = SyncEngine<Backend, V, MemorySpace, ExecutionSpace>;
 
  public:
+  static constexpr bool scanned = true;  // the data-parallel chunks: check_finite's scan
+
   // The plan's layout, provisioned with the registered tensors' keepalives (a stalled collective
   // may still write into them).
   template <class Frame, class Layout>

@@ -278,10 +278,8 @@ class StepPipeline : public SyncParts<Backend, V, MemorySpace, ExecutionSpace> {
   void launch() {
     Context cx = ctx();
     Frame f = frame(cx);
-    if (opt_.check_finite)
-      std::get<Dense>(exchanges_).advance(f, finite_scan());
-    else
-      std::get<Dense>(exchanges_).advance(f, NoScan{});
+    for_each_exchange(exchanges_,
+                      [&](auto& x) { with_scan(x, opt_.check_finite, [&](auto&& scan) { x.advance(f, scan); }); });
   }
 
   // finish: every exchange, in list order (`scan`: chunks launched now, when mark_ready opened the
@@ -289,10 +287,8 @@ class StepPipeline : public SyncParts<Backend, V, MemorySpace, ExecutionSpace> {
   void finish(bool was_open) {
     Context cx = ctx();
     Frame f = frame(cx);
-    if (opt_.check_finite && was_open)
-      for_each_exchange(exchanges_, [&](auto& x) { x.finish(f, finite_scan()); });
-    else
-      for_each_exchange(exchanges_, [&](auto& x) { x.finish(f, NoScan{}); });
+    const bool scan = opt_.check_finite && was_open;
+    for_each_exchange(exchanges_, [&](auto& x) { with_scan(x, scan, [&](auto&& s) { x.finish(f, s); }); });
     fence(exec_, label_fence_sync());
   }
 
@@ -316,11 +312,19 @@ class StepPipeline : public SyncParts<Backend, V, MemorySpace, ExecutionSpace> {
   Frame frame(Context& cx) { return Frame{cx, plan_, registry_, sets(), opt_.backward_passes_per_step > 1}; }
   bool reducing_pass() const { return step_.pass() + 1 >= opt_.backward_passes_per_step; }
 
-  auto finite_scan() {
-    return [this](std::int64_t seg_begin, std::int64_t seg_end) {
-      Context cx = ctx();
-      checks_.check_finite(cx, registry_, dense().data_parallel_segments(), seg_end - seg_begin, seg_begin);
-    };
+  // run(scan) with check_finite's scan where `scan` is set and the exchange sends scanned values
+  // (ExchangeBase::scanned), else with none: each exchange's operation is instantiated only with the
+  // scans it can be given.
+  template <class X, class Run>
+  void with_scan(X&, bool scan, Run&& run) {
+    if constexpr (X::scanned) {
+      if (scan)
+        return run([this](std::int64_t seg_begin, std::int64_t seg_end) {
+          Context cx = ctx();
+          checks_.check_finite(cx, registry_, dense().data_parallel_segments(), seg_end - seg_begin, seg_begin);
+        });
+    }
+    run(NoScan{});
   }
 
   void require_counted() const { step_.require_counted(backend_.rank(), stats_.passes, weighted(), needs_samples_); }
