@@ -344,12 +344,18 @@ TEST_CASE("an empty RowSparse handle: set_rows() and add() refuse it with an Err
                      " is an empty RowSparse handle"));
 }
 
+// A table of 10 rows of 2 (4 rows a step) and a dense tensor of 6, for the registrations' cases.
+struct TableAndDense {
+  Kokkos::View<double**> values{"values", 4, 2};
+  Kokkos::View<std::int64_t*> indices{"indices", 4};
+  gradsync::RowSparse<Kokkos::View<double**>, Kokkos::View<std::int64_t*>> rows{values, indices, 10, 0};
+  View dense{"dense", 6};
+};
+
 TEST_CASE("default names are unique in a group that holds row-sparse and dense gradients") {
-  using Rows = gradsync::RowSparse<Kokkos::View<double**>, Kokkos::View<std::int64_t*>>;
-  Kokkos::View<double**> values("values", 4, 2);
-  Kokkos::View<std::int64_t*> indices("indices", 4);
-  Rows rows(values, indices, 10, 0);
-  View dense("dense", 6);
+  TableAndDense t;
+  auto& rows = t.rows;
+  auto& dense = t.dense;
   Sync sync(gradsync::MpiBackend(MPI_COMM_WORLD), opts());
   sync.add<Table>(rows);
   sync.add<Table>(dense);
@@ -386,11 +392,9 @@ TEST_CASE("default names are unique in a group that holds row-sparse and dense g
 }
 
 TEST_CASE("a failed sync still tells what it held: every exchange parked, its registrations listed") {
-  using Rows = gradsync::RowSparse<Kokkos::View<double**>, Kokkos::View<std::int64_t*>>;
-  Kokkos::View<double**> values("values", 4, 2);
-  Kokkos::View<std::int64_t*> indices("indices", 4);
-  Rows rows(values, indices, 10, 0);
-  View dense("dense", 6);
+  TableAndDense t;
+  auto& rows = t.rows;
+  auto& dense = t.dense;
   gradsync::Options o = opts();
   o.check_finite = true;
   Sync sync(gradsync::MpiBackend(MPI_COMM_WORLD), o);
