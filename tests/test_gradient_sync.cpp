@@ -433,6 +433,62 @@ TEST_CASE("no allocation after the first synchronize, ring sums of many sizes in
   GRADSYNC_CHECK_ALL(sync.stats().bytes_in_place == 13 * 1090000 * sizeof(float));  // every tensor in place
 }
 
+// Capability::region_sums: one ring over several regions as if they were one buffer. Regions of
+// every size (empty, one value, smaller than a ring segment, spanning several segments), so that a
+// segment crosses regions and goes as several messages: exact sums times the factor, and every rank
+// holds rank 0's bits where the order of the additions matters.
+TEST_CASE_TEMPLATE("MpiBackend sum over regions: the sums of one buffer, the same bits on every rank", T, float,
+                   double) {
+  const int rank = world_rank(), n = world_size();
+  gradsync::MpiBackend b(MPI_COMM_WORLD);
+  const std::size_t at = gradsync::MpiBackend::ring_min_bytes / sizeof(T);
+  const std::vector<std::size_t> sizes = {at / 3 + 1, 0, 5, 1, 2 * at + 1, 7, at / 2};
+  std::size_t total = 0;
+  for (std::size_t s : sizes) total += s;
+  auto exact = [](int r, std::size_t k, std::size_t i) { return T(double((r + 1) * int((i + k) % 97)) + 0.25 * r); };
+  const T third = T(1) / T(3);
+  for (bool order_dependent : {false, true}) {
+    CAPTURE(order_dependent);
+    auto value = [&](int r, std::size_t k, std::size_t i) {
+      return order_dependent ? T(std::sin(double(i) * 0.37 + double(k) + r) / (1.0 + r)) : exact(r, k, i);
+    };
+    std::vector<std::vector<T>> bufs;
+    std::vector<gradsync::SumRegion<T>> regions;
+    for (std::size_t k = 0; k < sizes.size(); ++k) {
+      bufs.emplace_back(sizes[k]);
+      for (std::size_t i = 0; i < sizes[k]; ++i) bufs[k][i] = value(rank, k, i);
+    }
+    for (auto& v : bufs) regions.push_back({v.data(), v.size()});
+    if (!b.sums_regions(total * sizeof(T))) {  // one rank: there is no ring
+      CHECK(n == 1);
+      CHECK_THROWS_AS(b.iallreduce_sum_regions(regions.data(), regions.size(), third), gradsync::Error);
+      continue;
+    }
+    CHECK_FALSE(b.sums_regions(std::size_t(at - 1) * sizeof(T)));  // below the ring: MPI's own schedule
+    auto r = b.iallreduce_sum_regions(regions.data(), regions.size(), third);
+    b.wait(r);
+    double worst = 0;
+    for (std::size_t k = 0; k < sizes.size(); ++k)
+      for (std::size_t i = 0; i < sizes[k]; ++i) {
+        T s = 0;
+        for (int q = 0; q < n; ++q) s += value(q, k, i);
+        if (!order_dependent) worst = std::max(worst, double(bufs[k][i] != s * third));
+        double d = 0;
+        for (int q = 0; q < n; ++q) d += double(value(q, k, i));
+        if (order_dependent) worst = std::max(worst, std::abs(double(bufs[k][i]) - d / 3));
+      }
+    CAPTURE(worst);
+    GRADSYNC_CHECK_ALL(worst <= (order_dependent ? (sizeof(T) == 4 ? 1e-5 : 1e-13) : 0.0));
+    bool same = true;
+    for (auto& v : bufs) {
+      std::vector<T> ref = v;
+      MPI_Bcast(ref.data(), int(ref.size() * sizeof(T)), MPI_BYTE, 0, MPI_COMM_WORLD);
+      same &= std::memcmp(ref.data(), v.data(), v.size() * sizeof(T)) == 0;
+    }
+    GRADSYNC_CHECK_ALL(same);
+  }
+}
+
 // MpiBackend's nonblocking sum: host buffers of at least ring_min_bytes go through gradsync's own
 // ring (reduce-scatter + allgather), smaller ones to MPI_Iallreduce. Sizes around the threshold,
 // not divisible by the rank count, several operations in flight completed in any order by test()

@@ -300,3 +300,62 @@ TEST_CASE("neighbours in memory on some ranks only: no rank merges, the values h
   CAPTURE(s.stats().allreduce_calls);
   GRADSYNC_CHECK_ALL(s.stats().allreduce_calls == 2 * per_step);
 }
+
+// A small model in the shape of DLRM's MLP: large tensors reduced in place and a packed chunk of
+// small ones, within one fusion threshold, go as one ring over their regions
+// (Capability::region_sums): one collective per step, the analytic average times both factors,
+// and bitwise the values of mark_ready in backward order. Rank 0 carves its small tensors side by
+// side in fused order (its packed chunk is contiguous, so reduced in place), the others allocate
+// each one (packed): the regions' sizes agree all the same.
+TEST_CASE("a small model's chunks go as one sum over their regions, in place and packed alike") {
+  const int rank = world_rank(), n = world_size();
+  const std::size_t sizes[] = {9000, 3, 20000, 17, 1, 12000, 40};  // >= 8192 doubles (64 KiB): in place
+  const std::size_t small[] = {1, 3, 4, 6};
+  struct Grads {
+    HostView arena{"arena", 61};
+    std::vector<HostView> g;
+    Grads(const std::size_t* sizes, const std::size_t* small, int rank) {
+      std::size_t at = 61;  // fused order is backward's: 40, 1, 17, 3 lie in the arena from its start
+      for (std::size_t k = 0; k < 7; ++k) {
+        const bool carved = rank == 0 && std::find(small, small + 4, k) != small + 4;
+        if (carved) at -= sizes[k];
+        g.push_back(carved ? HostView(Kokkos::subview(arena, std::make_pair(at, at + sizes[k])))
+                           : HostView("g", sizes[k]));
+      }
+    }
+    void fill(int r, int p) {
+      for (std::size_t k = 0; k < g.size(); ++k)
+        for (std::size_t i = 0; i < g[k].size(); ++i) g[k](i) = grad_value(int(k), i, r, p);
+    }
+  };
+  Grads plain(sizes, small, rank), marked(sizes, small, rank);
+  gradsync::Options opt;
+  opt.prescale_factor = 2.0;
+  opt.postscale_factor = 0.25;
+  HostSync a(gradsync::MpiBackend(MPI_COMM_WORLD), opt), b(gradsync::MpiBackend(MPI_COMM_WORLD), opt);
+  for (std::size_t k = 0; k < 7; ++k) {
+    a.add<Dense>(plain.g[k]);
+    b.add<Dense>(marked.g[k]);
+  }
+  for (int p = 0; p < 3; ++p) {
+    plain.fill(rank, p);
+    marked.fill(rank, p);
+    for (std::size_t k = 7; k-- > 0;) b.mark_ready(marked.g[k]);
+    CHECK(a.synchronize());
+    CHECK(b.synchronize());
+    const double worst = worst_vs_rank_average(
+        plain.g, n, [&](std::size_t k, std::size_t i, int r) { return 0.5 * grad_value(int(k), i, r, p); });
+    CAPTURE(worst);
+    GRADSYNC_CHECK_ALL(worst <= 1e-13);
+    bool same = true;
+    for (std::size_t k = 0; k < 7; ++k)
+      same &= std::memcmp(plain.g[k].data(), marked.g[k].data(), sizes[k] * sizeof(double)) == 0;
+    GRADSYNC_CHECK_ALL(same);
+  }
+  // Three tensors of their own and the packed chunk: one ring a step (one rank has no ring: a call per chunk).
+  CAPTURE(a.stats().allreduce_calls);
+  GRADSYNC_CHECK_ALL(a.stats().allreduce_calls == 3u * (n == 1 ? 4u : 1u));
+  GRADSYNC_CHECK_ALL(b.stats().allreduce_calls == a.stats().allreduce_calls);
+  const std::uint64_t packed = rank == 0 ? 0 : 61 * sizeof(double);
+  GRADSYNC_CHECK_ALL(a.stats().bytes_in_place == a.stats().bytes_allreduced - 3 * packed);
+}

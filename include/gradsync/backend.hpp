@@ -88,6 +88,13 @@
 //       Local: whether a nonblocking sum of `bytes` can multiply by a factor inside the reduction;
 //       if so the sync calls the second, collective and nonblocking: buf = factor * sum. Without
 //       them: never, the sync scales in its own kernels.
+//   bool sums_regions(std::size_t bytes) const;  [Capability::region_sums]
+//   template <class T> Request iallreduce_sum_regions(const SumRegion<T>* regions, std::size_t k, T factor) const;
+//       Local, then collective and nonblocking: whether a sum of `bytes` in all can run over several
+//       regions as one buffer (their concatenation), and that sum: each region = factor * its sum
+//       over ranks; every rank passes regions of the same sizes. The sync then sums consecutive
+//       chunks (large tensors in place, a packed slot) as one collective. Without them: one
+//       collective per chunk.
 //   template <class T> Request iallreduce_sum(T* buf, std::size_t n, T factor, T pre) const;
 //       [Capability::weighted_fold] Collective, nonblocking, where folds_factor(bytes): buf = factor * sum
 //       over ranks of (pre * buf), each rank's own pre (set_samples' weights). Without it: a
@@ -170,6 +177,7 @@ enum class Capability {
   nonblocking_hierarchical_sum,  ///< Request ihierarchical_allreduce_sum(T*, n) const
   folds_factor,                  ///< bool folds_factor(bytes) const and iallreduce_sum(T*, n, factor)
   weighted_fold,                 ///< Request iallreduce_sum(T*, n, factor, pre) const
+  region_sums,                   ///< sums_regions(bytes) and iallreduce_sum_regions(regions, k, factor)
   cuda_aware,                    ///< bool cuda_aware() const
   blocking_preference,           ///< bool prefers_blocking_allreduce() const
   wire_sums,                     ///< the sums take WireFp16 / WireBf16 (compression.hpp)
@@ -178,6 +186,13 @@ enum class Capability {
   reads_memory_space,            ///< static constexpr bool reads_memory_space\<MemorySpace\>
   abort,                         ///< void abort() const noexcept
   retire,                        ///< void retire(std::string) const noexcept; std::string retired() const
+};
+
+/// One part of a sum over several regions (Capability::region_sums): `count` values at `data`.
+template <class T>
+struct SumRegion {
+  T* data;            ///< the first value
+  std::size_t count;  ///< how many
 };
 
 /// A backend's declared capabilities (see Capability). `with<...>` adds some: a class derived from
@@ -409,6 +424,14 @@ struct detects_weighted_fold<B, std::void_t<decltype(std::declval<const B&>().ia
                                     static_cast<float*>(nullptr), std::size_t(), 1.0f, 1.0f))>> : std::true_type {};
 
 template <class B, class = void>
+struct detects_region_sums : std::false_type {};
+template <class B>
+struct detects_region_sums<B, std::void_t<decltype(bool(std::declval<const B&>().sums_regions(std::size_t()))),
+                                          decltype(std::declval<const B&>().iallreduce_sum_regions(
+                                              static_cast<const SumRegion<float>*>(nullptr), std::size_t(), 1.0f))>>
+    : std::true_type {};
+
+template <class B, class = void>
 struct detects_cuda_aware : std::false_type {};
 template <class B>
 struct detects_cuda_aware<B, std::void_t<decltype(bool(std::declval<const B&>().cuda_aware()))>> : std::true_type {};
@@ -481,6 +504,8 @@ struct has_folds_factor : std::bool_constant<declares<B>(Capability::folds_facto
 template <class B>
 struct has_weighted_fold : std::bool_constant<declares<B>(Capability::weighted_fold)> {};
 template <class B>
+struct has_region_sums : std::bool_constant<declares<B>(Capability::region_sums)> {};
+template <class B>
 struct has_cuda_aware : std::bool_constant<declares<B>(Capability::cuda_aware)> {};
 template <class B>
 struct has_blocking_preference : std::bool_constant<declares<B>(Capability::blocking_preference)> {};
@@ -535,6 +560,9 @@ constexpr bool check_capabilities() {
   // without meaning to offer them, so only the declared direction is checked.
   GRADSYNC_CHECK_DECLARED(weighted_fold, detects_weighted_fold<B>::value,
                           "Request iallreduce_sum(T*, std::size_t, T factor, T pre) const");
+  GRADSYNC_CHECK_CAPABILITY(region_sums, detects_region_sums<B>::value,
+                            "bool sums_regions(std::size_t) const and "
+                            "Request iallreduce_sum_regions(const SumRegion<T>*, std::size_t, T) const");
   GRADSYNC_CHECK_CAPABILITY(cuda_aware, detects_cuda_aware<B>::value, "bool cuda_aware() const");
   GRADSYNC_CHECK_CAPABILITY(blocking_preference, detects_blocking_preference<B>::value,
                             "bool prefers_blocking_allreduce() const");

@@ -173,8 +173,9 @@ class MpiBackend {
       Capabilities<Capability::split, Capability::max_count, Capability::comm, Capability::notice_comm,
                    Capability::ibroadcast, Capability::iallreduce_min, Capability::iallgather, Capability::topology,
                    Capability::hierarchical_sum, Capability::nonblocking_hierarchical_sum, Capability::folds_factor,
-                   Capability::weighted_fold, Capability::cuda_aware, Capability::blocking_preference,
-                   Capability::wire_sums, Capability::can_reduce_wire, Capability::wire_ring, Capability::retire>;
+                   Capability::weighted_fold, Capability::region_sums, Capability::cuda_aware,
+                   Capability::blocking_preference, Capability::wire_sums, Capability::can_reduce_wire,
+                   Capability::wire_ring, Capability::retire>;
   /// This rank in the backend's communicator. Local.
   int rank() const { return rank_; }
   /// The communicator's size. Local.
@@ -271,6 +272,26 @@ class MpiBackend {
   template <class T>
   Request iallreduce_sum(T* buf, std::size_t n, T factor, T pre) const {
     return start_sum(buf, n, double(factor), true, double(pre));
+  }
+  /// Whether a sum of this many bytes in all can run over several regions (iallreduce_sum_regions):
+  /// where the ring runs (folds_factor).
+  bool sums_regions(std::size_t bytes) const { return folds_factor(bytes); }
+  /// One ring sum over k host regions as if they were one buffer: each region = factor * its sum
+  /// over ranks. Every rank passes regions of the same sizes (a segment that spans regions goes as
+  /// one message per piece, matched in order); their total must fit one MPI call. Where
+  /// sums_regions(total bytes) only.
+  template <class T>
+  Request iallreduce_sum_regions(const SumRegion<T>* regions, std::size_t k, T factor) const {
+    std::size_t n = 0;
+    for (std::size_t i = 0; i < k; ++i) n += regions[i].count;
+    checked_count(n);
+    if (!sums_regions(n * sizeof(T)))
+      throw Error(impl::cat("MpiBackend::iallreduce_sum_regions: ", n * sizeof(T),
+                            " bytes do not run the ring (see sums_regions)"));
+    Request r;
+    r.ring = comm_->rings.template start_regions<T>(regions, k, double(factor), impl::mpi_type<T>(),
+                                                    impl::mpi_sum_op<T>(), comm(), rank_, size_);
+    return r;
   }
   /// The sync's automatic choice (gradsync::prefers_blocking_allreduce): nonblocking, so that
   /// chunks pipeline and overlap backward, unless MPI is CUDA-aware. Then sums go to libnbc, whose

@@ -282,6 +282,7 @@ unset multiplot
     if os.path.exists(cg):
         md += ["## Host path instruction count (regression reference)", "", open(cg).read().strip(), ""]
         md += hand_written("host_path_notes.md")  # the count's history
+    md += hand_written("step_notes.md")  # the step's reshape and DLRM's MLP (issue 45)
     md += hand_written("samples.md")  # the cost of set_samples()
 
     doc = ["# gradsync benchmarks", "",

@@ -25,6 +25,9 @@ struct Chunk {
   // Its segments lie back to back in memory (a piece of one tensor, or neighbouring tensors):
   // it can be reduced in place, without a copy through the fusion buffer.
   bool contiguous = false;
+  // A piece of a large tensor or region of its own: contiguous on every rank. (A packed chunk may
+  // be contiguous on one rank and not on another: its tensors' addresses are each rank's own.)
+  bool own = false;
   int kind = 0;  // its tensors' wire format (int(Compression)); a chunk never mixes formats
   // Compressed, contiguous, and summed in place by the backend's ring, which converts as it goes
   // (impl/wire_ring.hpp): no 16-bit copy. Set by the sync, which knows the backend.
@@ -96,7 +99,7 @@ struct FusionPlan {
       if (merge && std::int64_t(i) > single_through) {
         const Region r = region_from(tensors, i);
         if (r.members.size() > 1 && r.total >= own_min) {
-          emit_region(r, tensors, limit_of(tensors[r.members.front()].kind), own, emit);
+          emit_region(p, r, tensors, limit_of(tensors[r.members.front()].kind), own, emit);
           i = r.last;
           continue;
         }
@@ -106,7 +109,7 @@ struct FusionPlan {
       const std::int64_t size = std::int64_t(t.size);
       if (size == 0) continue;
       if (per_tensor || size >= own_min) {  // a region of one tensor
-        emit_region(Region{{i}, t.data, size, false, i}, tensors, limit_of(t.kind), own, emit);
+        emit_region(p, Region{{i}, t.data, size, false, i}, tensors, limit_of(t.kind), own, emit);
         continue;
       }
       if (open_size > 0 && tensors[open_tensors.back()].kind != t.kind) {  // formats never share a chunk
@@ -189,7 +192,7 @@ struct FusionPlan {
   // top of memory down for a descending region, so the tensors backward produces first are in the
   // first piece); each piece's segments in address order, cut at tensor boundaries.
   template <class Emit>
-  static void emit_region(const Region& r, const std::vector<Tensor>& ts, std::int64_t limit,
+  static void emit_region(FusionPlan& p, const Region& r, const std::vector<Tensor>& ts, std::int64_t limit,
                           std::vector<Segment<T>>& segs, Emit& emit) {
     const std::int64_t pieces = (r.total + limit - 1) / limit, piece = (r.total + pieces - 1) / pieces;
     std::vector<std::size_t> members;
@@ -207,6 +210,7 @@ struct FusionPlan {
         start = end;
       }
       emit(segs, b - a, members);
+      p.chunks.back().own = true;
     }
   }
 };

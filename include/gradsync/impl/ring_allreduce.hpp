@@ -15,6 +15,11 @@
 // 16-bit values on the wire: each send converts its segment, each receive adds into fp32 and rounds
 // once, the owner rounds the whole sum and writes back post * it, and the allgather forwards those
 // 16-bit values as received and writes each back the same way, so every rank ends with the same bits.
+//
+// A sum may run over several regions as if they were one buffer, their concatenation (the sync's
+// grouped chunks: large tensors in place and a packed slot, one collective). A segment that spans
+// regions goes as one message per piece; every rank passes regions of the same sizes, so the pieces
+// (and the messages, matched in order on one tag) are the same on both ends.
 #pragma once
 
 #include <mpi.h>
@@ -52,6 +57,12 @@ inline void check_ring_call(int rc, const char* what) {
 
 class RingAllreduce {
  public:
+  /// A part of the buffer a sum runs over: `count` values at `data`.
+  struct Region {
+    unsigned char* data;
+    std::size_t count;
+  };
+
   /// Whether a state may be reused: false from start() until done, and forever for an operation
   /// abandoned unfinished (after a stall its messages may still arrive into its buffer).
   bool busy() const { return busy_; }
@@ -65,8 +76,31 @@ class RingAllreduce {
   template <class T>
   void start(T* buf, int count, double factor, MPI_Datatype type, MPI_Op op, MPI_Comm comm, int rank, int size, int tag,
              std::uint64_t order, bool weighted = false, double pre = 1.0) {
+    one_region(buf, count);
+    start_sum<T>(count, factor, type, op, comm, rank, size, tag, order, weighted, pre);
+  }
+
+  /// start() over `k` regions (gradsync::SumRegion<T>: `data`, `count`) summed as one buffer of their
+  /// total length (every rank passes regions of the same sizes): regions[i] = factor * sum over
+  /// ranks of regions[i].
+  template <class T, class R>
+  void start_regions(const R* regions, std::size_t k, double factor, MPI_Datatype type, MPI_Op op, MPI_Comm comm,
+                     int rank, int size, int tag, std::uint64_t order) {
+    regions_.clear();
+    std::size_t total = 0;
+    for (std::size_t i = 0; i < k; ++i) {
+      regions_.push_back(Region{reinterpret_cast<unsigned char*>(regions[i].data), regions[i].count});
+      total += regions[i].count;
+    }
+    reqs_.assign(2 * std::max<std::size_t>(1, k), MPI_REQUEST_NULL);
+    start_sum<T>(int(total), factor, type, op, comm, rank, size, tag, order, false, 1.0);
+  }
+
+ private:
+  template <class T>
+  void start_sum(int count, double factor, MPI_Datatype type, MPI_Op op, MPI_Comm comm, int rank, int size, int tag,
+                 std::uint64_t order, bool weighted, double pre) {
     busy_ = true;
-    buf_ = reinterpret_cast<unsigned char*>(buf);
     n_ = std::size_t(count);
     type_ = type;
     elem_ = sizeof(T);
@@ -92,6 +126,7 @@ class RingAllreduce {
     post();
   }
 
+ public:
   /// Starts the compressed sum in place: buf[0, count) = post * (sum over ranks of pre * buf + residual),
   /// the values crossing as 16-bit W and added in T (WireRingOps). `residual` (or null) is this rank's
   /// error feedback: it gets what each of this rank's roundings dropped. Nothing is posted before a
@@ -101,7 +136,7 @@ class RingAllreduce {
   void start_wire(T* buf, int count, T pre, T post, T* residual, MPI_Comm comm, int rank, int size, int tag,
                   std::uint64_t order) {
     busy_ = true;
-    buf_ = reinterpret_cast<unsigned char*>(buf);
+    one_region(buf, count);
     res_ = reinterpret_cast<unsigned char*>(residual);
     n_ = std::size_t(count);
     type_ = MPI_UINT16_T;
@@ -113,7 +148,6 @@ class RingAllreduce {
     wire_ = &wire_ring_ops<W, T>;
     non_finite_ = -1;
     begin_on(comm, rank, size, tag, order);
-    reqs_[0] = reqs_[1] = MPI_REQUEST_NULL;
   }
 
   /// Without a buffer and needing one: in the reduce-scatter (its send is posted), or a compressed
@@ -149,19 +183,22 @@ class RingAllreduce {
     return std::move(tmp_);
   }
 
-  /// The step's two requests (receive, send), for RingPool's batched test.
-  MPI_Request* requests() { return reqs_; }
+  /// The step's requests (receives, then sends: one per piece), for RingPool's batched test.
+  MPI_Request* requests() { return reqs_.data(); }
+  std::size_t num_requests() const { return reqs_.size(); }
 
   /// Moves on through the steps whose requests a test has completed (set to MPI_REQUEST_NULL):
-  /// reduces a received segment as soon as it is in (the buffer can go back before the send
-  /// completes) and posts the next step. Calls no MPI progress itself.
+  /// reduces a received segment once the step's messages are through and posts the next step.
+  /// Calls no MPI progress itself.
   void advance_tested() {
     if (wire_) return advance_wire();
     while (busy_) {
       if (step_ < size_ - 1 && !reduced_) {  // reduce-scatter: add the received segment into ours
-        if (!has_buffer_ || reqs_[0] != MPI_REQUEST_NULL) return;
+        // After the step's send too: reducing while it was still in flight made about one step in
+        // three 80 us slower on Open MPI 4.1's shared memory (DLRM's MLP, 2 ranks: a bimodal step
+        // time, 0.23 or 0.31 ms; never once the reduction waits; docs/BENCHMARKS.md).
+        if (!has_buffer_ || !done(0) || !done(1)) return;
         const int seg = mod(rank_ - step_ - 1);
-        unsigned char* at = buf_ + begin(seg) * elem_;
         // Weighted, the first segment received is the neighbour's raw values: its weight, sent
         // ahead of them on the same tag, is in (a completed receive, or one about to complete).
         double left = 1.0;
@@ -169,15 +206,19 @@ class RingAllreduce {
           check_ring_call(MPI_Wait(&weight_reqs_[0], MPI_STATUS_IGNORE), "MPI_Wait (the neighbour's weight)");
           left = left_;
         }
-        if (step_ == size_ - 2 && sum_scale_ != nullptr)  // the last addition: the segment is ours
-          sum_scale_(at, tmp_.data(), std::size_t(len(seg)), factor_, pre_, left);
-        else if (weigh_ != nullptr)
-          weigh_(at, tmp_.data(), std::size_t(len(seg)), pre_, left);
-        else if (len(seg) > 0)
-          check_ring_call(MPI_Reduce_local(tmp_.data(), at, len(seg), type_, op_), "MPI_Reduce_local");
+        const bool last = step_ == size_ - 2;  // the last addition: the segment is ours
+        pieces(seg, [&](unsigned char* at, std::size_t n, std::size_t off) {
+          const unsigned char* in = tmp_.data() + off * elem_;
+          if (last && sum_scale_ != nullptr)
+            sum_scale_(at, in, n, factor_, pre_, left);
+          else if (weigh_ != nullptr)
+            weigh_(at, in, n, pre_, left);
+          else
+            check_ring_call(MPI_Reduce_local(in, at, int(n), type_, op_), "MPI_Reduce_local");
+        });
         reduced_ = true;
       }
-      if (reqs_[0] != MPI_REQUEST_NULL || reqs_[1] != MPI_REQUEST_NULL) return;
+      if (!done(0) || !done(1)) return;
       reduced_ = false;
       if (++step_ == 2 * (size_ - 1)) {
         // The weight's send: the right neighbour received the values sent after it long ago.
@@ -202,6 +243,33 @@ class RingAllreduce {
     reduced_ = false;
   }
 
+  // The whole buffer as one region (a plain sum, or a compressed one).
+  template <class T>
+  void one_region(T* buf, int count) {
+    regions_.assign(1, Region{reinterpret_cast<unsigned char*>(buf), std::size_t(count)});
+    reqs_.assign(2, MPI_REQUEST_NULL);
+  }
+  // The requests: receives in [0, k), sends in [k, 2k), k the most pieces a segment can have.
+  std::size_t max_pieces() const { return reqs_.size() / 2; }
+  bool done(int sends) const {
+    const std::size_t k = max_pieces(), at = std::size_t(sends) * k;
+    for (std::size_t i = at; i < at + k; ++i)
+      if (reqs_[i] != MPI_REQUEST_NULL) return false;
+    return true;
+  }
+  // f(address, values, offset in the segment) for each region's part of segment `seg`, in order.
+  template <class F>
+  void pieces(int seg, F&& f) const {
+    const std::size_t lo = begin(seg), hi = begin(seg + 1);
+    std::size_t at = 0;
+    for (const Region& r : regions_) {
+      const std::size_t a = std::max(lo, at), b = std::min(hi, at + r.count);
+      if (a < b) f(r.data + (a - at) * elem_, b - a, a - lo);
+      at += r.count;
+      if (at >= hi) return;
+    }
+  }
+
   int mod(int x) const { return ((x % size_) + size_) % size_; }
   std::size_t begin(int seg) const { return std::size_t(seg) * n_ / std::size_t(size_); }
   int len(int seg) const { return int(begin(seg + 1) - begin(seg)); }
@@ -212,17 +280,20 @@ class RingAllreduce {
   void post() {
     const int s = step_ < size_ - 1 ? step_ : step_ - (size_ - 1) - 1;
     const int send_seg = mod(rank_ - s);
-    reqs_[0] = MPI_REQUEST_NULL;
     if (step_ >= size_ - 1 || has_buffer_) post_receive();
-    check_ring_call(
-        MPI_Isend(buf_ + begin(send_seg) * elem_, len(send_seg), type_, mod(rank_ + 1), tag_, comm_, &reqs_[1]),
-        "MPI_Isend");
+    MPI_Request* r = reqs_.data() + max_pieces();
+    pieces(send_seg, [&](unsigned char* p, std::size_t n, std::size_t) {
+      check_ring_call(MPI_Isend(p, int(n), type_, mod(rank_ + 1), tag_, comm_, r++), "MPI_Isend");
+    });
   }
   void post_receive() {
     const bool scatter = step_ < size_ - 1;
     const int recv_seg = scatter ? mod(rank_ - step_ - 1) : mod(rank_ - (step_ - (size_ - 1)));
-    unsigned char* into = scatter ? tmp_.data() : buf_ + begin(recv_seg) * elem_;
-    check_ring_call(MPI_Irecv(into, len(recv_seg), type_, mod(rank_ - 1), tag_, comm_, &reqs_[0]), "MPI_Irecv");
+    MPI_Request* r = reqs_.data();
+    pieces(recv_seg, [&](unsigned char* p, std::size_t n, std::size_t off) {
+      unsigned char* into = scatter ? tmp_.data() + off * elem_ : p;
+      check_ring_call(MPI_Irecv(into, int(n), type_, mod(rank_ - 1), tag_, comm_, r++), "MPI_Irecv");
+    });
   }
 
   // A compressed sum: step k receives into half(k) and sends from half(k + 1). The reduce-scatter's
@@ -232,7 +303,7 @@ class RingAllreduce {
     const std::size_t seg = (n_ + std::size_t(size_) - 1) / std::size_t(size_);
     return reinterpret_cast<std::uint16_t*>(tmp_.data()) + std::size_t(k % 2) * seg;
   }
-  unsigned char* values(int seg) const { return buf_ + begin(seg) * elem_; }
+  unsigned char* values(int seg) const { return regions_[0].data + begin(seg) * elem_; }
   unsigned char* residual(int seg) const { return res_ ? res_ + begin(seg) * elem_ : nullptr; }
 
   void post_wire() {
@@ -304,7 +375,7 @@ class RingAllreduce {
   }
 
   bool busy_ = false, has_buffer_ = false, reduced_ = false;
-  unsigned char* buf_ = nullptr;
+  std::vector<Region> regions_;   // what the sum runs over (one region but for start_regions)
   unsigned char* res_ = nullptr;  // compressed: this rank's residuals (error feedback), or null
   std::size_t n_ = 0, elem_ = 0;
   double factor_ = 1, pre_ = 1;
@@ -319,7 +390,7 @@ class RingAllreduce {
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0, size_ = 1, tag_ = 0, step_ = 0;
   std::uint64_t order_ = 0;
-  MPI_Request reqs_[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+  std::vector<MPI_Request> reqs_ = std::vector<MPI_Request>(2, MPI_REQUEST_NULL);  // see max_pieces()
   std::vector<unsigned char> tmp_;
 };
 
@@ -346,6 +417,16 @@ class RingPool {
     return s;
   }
 
+  /// Starts a sum over regions (RingAllreduce::start_regions).
+  template <class T, class R>
+  std::shared_ptr<RingAllreduce> start_regions(const R* regions, std::size_t k, double factor, MPI_Datatype type,
+                                               MPI_Op op, MPI_Comm comm, int rank, int size) {
+    std::shared_ptr<RingAllreduce> s = idle_state();
+    s->template start_regions<T>(regions, k, factor, type, op, comm, rank, size, next_tag(), ++started_);
+    lend();
+    return s;
+  }
+
   /// Starts a compressed sum in place (RingAllreduce::start_wire).
   template <class W, class T>
   std::shared_ptr<RingAllreduce> start_wire(T* buf, int count, T pre, T post, T* residual, MPI_Comm comm, int rank,
@@ -366,7 +447,7 @@ class RingPool {
     for (auto& s : states_)
       if (held(s)) {
         held_.push_back(s.get());
-        reqs_.insert(reqs_.end(), s->requests(), s->requests() + 2);
+        reqs_.insert(reqs_.end(), s->requests(), s->requests() + s->num_requests());
       }
     if (held_.empty()) return;
     int completed = 0;
@@ -374,8 +455,11 @@ class RingPool {
     check_ring_call(MPI_Testsome(int(reqs_.size()), reqs_.data(), &completed, indices_.data(), MPI_STATUSES_IGNORE),
                     "MPI_Testsome");
     bool returned = false;
+    std::size_t at = 0;
     for (std::size_t i = 0; i < held_.size(); ++i) {
-      std::copy_n(&reqs_[2 * i], 2, held_[i]->requests());  // completed ones are MPI_REQUEST_NULL now
+      const std::size_t k = held_[i]->num_requests();
+      std::copy_n(&reqs_[at], k, held_[i]->requests());  // completed ones are MPI_REQUEST_NULL now
+      at += k;
       held_[i]->advance_tested();
       std::vector<unsigned char> b = held_[i]->give_back();
       if (!b.empty()) spare_.push_back(fit(std::move(b))), returned = true;

@@ -60,6 +60,7 @@ class SyncEngine {
     ready_.build(dp_data, L.tensor_chunks, plan.num_chunks());
     requests_.clear();  // move-only handles: none copied
     requests_.resize(plan.num_chunks());
+    regions_.reserve(plan.widest_group());
     ensure_on_huge_pages(cx, buffer_, std::size_t(L.capacity), "gradsync::fusion_buffer");
     move_to_huge_pages(cx, plan, L.data_parallel);
     if (plan.staged()) ensure(cx, staging_, std::size_t(L.capacity), "gradsync::host_staging");
@@ -107,7 +108,7 @@ class SyncEngine {
   void open_step() {
     ready_.reset();
     wire_non_finite_ = nullptr;
-    launched_ = completed_ = 0;
+    launched_ = completed_ = flying_ = 0;
   }
   // The index of the data-parallel tensor at p in fused order (-1: none).
   std::int64_t find_ready_slot(const void* p) const { return ready_.find(p); }
@@ -117,7 +118,7 @@ class SyncEngine {
   // `scan(seg_begin, seg_end)` runs before a chunk is launched (Options::check_finite).
   template <class Scan = NoScan>
   void progress(Context& cx, const Plan& plan, bool aggregated, Scan&& scan = {}) {
-    while (completed_ < launched_ && cx.backend.test(requests_[completed_])) complete_chunk(cx, plan, completed_++);
+    while (completed_ < launched_ && cx.backend.test(requests_[completed_])) complete_chunk(cx, plan);
     launch_through(cx, plan, ready_.ready_prefix(), aggregated, false, scan);
   }
 
@@ -125,7 +126,7 @@ class SyncEngine {
   template <class Scan = NoScan>
   void reduce(Context& cx, const Plan& plan, bool aggregated, Scan&& scan = {}) {
     launch_through(cx, plan, plan.num_chunks(), aggregated, true, scan);
-    while (completed_ < launched_) complete_chunk(cx, plan, completed_++);
+    while (completed_ < launched_) complete_chunk(cx, plan);
   }
 
   // The failure path (StepPipeline::fail): the requests of chunks in flight, handed over to be
@@ -133,7 +134,7 @@ class SyncEngine {
   std::shared_ptr<void> park() {
     auto parked = std::make_shared<std::vector<typename Backend::Request>>(std::move(requests_));
     requests_.clear();
-    launched_ = completed_ = 0;
+    launched_ = completed_ = flying_ = 0;
     return parked;
   }
 
@@ -300,28 +301,28 @@ class SyncEngine {
                     InPlaceScaleKernel<V, ExecutionSpace, MemorySpace>{dp_segs_, ch.seg_begin, factor});
   }
 
-  // Packs chunk c into its place (the kernels index the buffer by segment offset - base).
-  void pack_chunk(Context& cx, const Plan& plan, std::size_t c, bool aggregated) {
+  // Packs chunk c into its place (the kernels index the buffer by segment offset - base), times `pre`.
+  void pack_chunk(Context& cx, const Plan& plan, std::size_t c, bool aggregated, V pre) {
     TimelineScope span(cx.timeline, Timeline::Kind::pack, "pack", std::int64_t(c));
     ProfileRegion region(Region::pack);
     const Chunk& ch = plan.chunk(c);
-    launch_segments(label_pack(), cx.exec, ch.seg_end - ch.seg_begin,
-                    PackKernel<V, ExecutionSpace, MemorySpace>{dp_segs_, buffer_, ch.seg_begin,
-                                                               ch.begin - plan.buffer_pos(c), plan.pre_factor(),
-                                                               aggregated, wire_, residual_, Compression(ch.kind)});
+    launch_segments(
+        label_pack(), cx.exec, ch.seg_end - ch.seg_begin,
+        PackKernel<V, ExecutionSpace, MemorySpace>{dp_segs_, buffer_, ch.seg_begin, ch.begin - plan.buffer_pos(c), pre,
+                                                   aggregated, wire_, residual_, Compression(ch.kind)});
   }
 
   // Kept out of line: inlined into complete_chunk, GCC 12 gives its
   // per-segment loop one more instruction (callgrind, bench_sync hostpath).
-  [[gnu::noinline]] void unpack_chunk(Context& cx, const Plan& plan, std::size_t c) {
+  [[gnu::noinline]] void unpack_chunk(Context& cx, const Plan& plan, std::size_t c, V post) {
     TimelineScope span(cx.timeline, Timeline::Kind::unpack, "unpack", std::int64_t(c));
     ProfileRegion region(Region::unpack);
     const Chunk& ch = plan.chunk(c);
-    launch_segments(label_unpack(), cx.exec, ch.seg_end - ch.seg_begin,
-                    UnpackKernel<V, ExecutionSpace, MemorySpace>{
-                        dp_segs_, buffer_, ch.seg_begin, ch.begin - plan.buffer_pos(c), plan.post_factor(), wire_,
-                        Compression(ch.kind),
-                        ch.kind == int(Compression::fp16) ? overflow_ : BufferView<std::int64_t, MemorySpace>{}});
+    launch_segments(
+        label_unpack(), cx.exec, ch.seg_end - ch.seg_begin,
+        UnpackKernel<V, ExecutionSpace, MemorySpace>{
+            dp_segs_, buffer_, ch.seg_begin, ch.begin - plan.buffer_pos(c), post, wire_, Compression(ch.kind),
+            ch.kind == int(Compression::fp16) ? overflow_ : BufferView<std::int64_t, MemorySpace>{}});
   }
 
   // Packs chunk c and hands it to the backend without waiting for the reduction.
@@ -340,7 +341,7 @@ class SyncEngine {
       data = plan.chunk_data(c);
       cx.stats.bytes_in_place += bytes;
     } else {
-      pack_chunk(cx, plan, c, aggregated);
+      pack_chunk(cx, plan, c, aggregated, plan.pre_factor());
       if (plan.staged()) copy_buffer(cx.exec, staging_, std::size_t(pos), buffer_, std::size_t(pos), std::size_t(len));
       data = (plan.staged() ? staging_.data() : buffer_.data()) + pos;
     }
@@ -361,12 +362,43 @@ class SyncEngine {
     cx.stats.bytes_uncompressed += bytes;
   }
 
+  // Chunks [c, e) as one sum over their regions (SyncPlan::plan_groups): members in place where they
+  // are, the packed one in its slot, packed and unpacked as they are: the sum applies both factors
+  // to every region.
+  void launch_group([[maybe_unused]] Context& cx, [[maybe_unused]] const Plan& plan, [[maybe_unused]] std::size_t c,
+                    [[maybe_unused]] std::size_t e, [[maybe_unused]] bool aggregated) {
+    if constexpr (has_region_sums<Backend>::value) {  // else the plan has no groups
+      regions_.clear();
+      std::size_t bytes = 0;
+      for (std::size_t k = c; k < e; ++k) {
+        const std::size_t len = std::size_t(plan.chunk(k).size());
+        if (plan.reduced_in_place(k)) {
+          regions_.push_back(SumRegion<V>{plan.chunk_data(k), len});
+          cx.stats.bytes_in_place += len * sizeof(V);
+        } else {
+          pack_chunk(cx, plan, k, aggregated, V(1));
+          regions_.push_back(SumRegion<V>{buffer_.data() + plan.buffer_pos(k), len});
+        }
+        bytes += len * sizeof(V);
+      }
+      if (!ordered_on(cx.backend, cx.exec)) fence(cx.exec, label_fence_pack());
+      if (cx.timeline)
+        for (std::size_t k = c; k < e; ++k) cx.timeline->reduce_begin(k);
+      ProfileRegion region(Region::reduce);
+      requests_[c] = cx.backend.iallreduce_sum_regions(regions_.data(), regions_.size(),
+                                                       V(plan.pre_factor() * plan.post_factor()));
+      ++cx.stats.allreduce_calls;
+      cx.stats.bytes_allreduced += bytes;
+      cx.stats.bytes_uncompressed += bytes;
+    }
+  }
+
   // A compressed chunk: packed into 16-bit values by the pack kernel, summed by the backend in its
   // wire format (staged through host memory when the backend cannot sum it where it lives).
   void launch_compressed(Context& cx, const Plan& plan, std::size_t c, bool aggregated) {
     if (plan.chunk(c).wire_ring) return launch_wire_ring(cx, plan, c);
     const std::int64_t pos = plan.buffer_pos(c), len = plan.chunk(c).size();
-    pack_chunk(cx, plan, c, aggregated);
+    pack_chunk(cx, plan, c, aggregated, plan.pre_factor());
     if (wire_staged_) copy_buffer(cx.exec, wire_staging_, std::size_t(pos), wire_, std::size_t(pos), std::size_t(len));
     std::uint16_t* data = (wire_staged_ ? wire_staging_.data() : wire_.data()) + pos;
     if (wire_staged_ || !ordered_on(cx.backend, cx.exec)) fence(cx.exec, label_fence_pack());
@@ -435,14 +467,24 @@ class SyncEngine {
            (!plan.weighted() || has_weighted_fold<Backend>::value) && folds_factor(cx.backend, bytes);
   }
 
-  // Waits for chunk c's reduction and unpacks it into the gradients.
-  void complete_chunk(Context& cx, const Plan& plan, std::size_t c) {
+  // Waits for the oldest chunk in flight (or its group) and unpacks it into the gradients.
+  void complete_chunk(Context& cx, const Plan& plan) {
+    const std::size_t c = completed_, e = plan.group_end(c);
+    completed_ = e;
+    --flying_;
     const std::int64_t waited_from = cx.timeline && !plan.blocking() ? Timeline::now() : 0;
     // Nonblocking collectives are waited under the stall watchdog (blocking ones cannot be).
     if (!plan.blocking()) {
       ProfileRegion region(Region::reduce);
       wait_for(cx.backend, requests_[c], cx.ctl, cx.opt,
                WaitSite{"allreduce", std::int64_t(cx.stats.passes), std::int64_t(c), std::int64_t(plan.num_chunks())});
+    }
+    if (e > c + 1) {  // a group: its packed member has its factors already (launch_group)
+      for (std::size_t k = c; k < e; ++k) {
+        if (cx.timeline) cx.timeline->reduce_end(k, waited_from);
+        if (!plan.reduced_in_place(k)) unpack_chunk(cx, plan, k, V(1));
+      }
+      return;
     }
     if (cx.timeline) cx.timeline->reduce_end(c, waited_from);
     if (plan.reduced_in_place(c)) {  // scaled before or in the reduction
@@ -457,37 +499,46 @@ class SyncEngine {
     } else if (plan.staged()) {
       copy_buffer(cx.exec, buffer_, std::size_t(pos), staging_, std::size_t(pos), std::size_t(len));
     }
-    unpack_chunk(cx, plan, c);
+    unpack_chunk(cx, plan, c, plan.post_factor());
   }
 
   // Launches chunks [launched_, end) in fused order. Nonblocking: chunk k is reduced while chunk
   // k+1 is packed and chunk k-1 unpacked, up to max_chunks_in_flight chunks in flight, packed ones each in
   // a slot of the buffer; without `may_block` it stops where it would have to wait. Blocking:
   // each chunk is packed, reduced and unpacked before the next (one slot, which stays hot).
+  // A group of chunks goes as one collective once every member is ready.
   template <class Scan>
   void launch_through(Context& cx, const Plan& plan, std::size_t end, bool aggregated, bool may_block, Scan& scan) {
-    for (; launched_ < end; ++launched_) {
-      if (plan.blocking()) {
-        scan(plan.chunk(launched_).seg_begin, plan.chunk(launched_).seg_end);
-        launch_chunk(cx, plan, launched_, aggregated);
-        complete_chunk(cx, plan, completed_++);
-        continue;
-      }
-      while (launched_ - completed_ >= std::size_t(plan.in_flight()) ||
-             (plan.prev_in_slot(launched_) >= 0 && std::size_t(plan.prev_in_slot(launched_)) >= completed_)) {
+    while (launched_ < end) {
+      const std::size_t c = launched_, e = plan.group_end(c);
+      if (e > end) return;
+      while (!plan.blocking() && (flying_ >= std::size_t(plan.in_flight()) || slot_taken(plan, c, e))) {
         if (!may_block) return;
-        complete_chunk(cx, plan, completed_++);
+        complete_chunk(cx, plan);
       }
-      scan(plan.chunk(launched_).seg_begin, plan.chunk(launched_).seg_end);  // before its first byte leaves
-      launch_chunk(cx, plan, launched_, aggregated);
+      for (std::size_t k = c; k < e; ++k) scan(plan.chunk(k).seg_begin, plan.chunk(k).seg_end);  // before it leaves
+      if (e > c + 1)
+        launch_group(cx, plan, c, e, aggregated);
+      else
+        launch_chunk(cx, plan, c, aggregated);
+      launched_ = e;
+      ++flying_;
+      if (plan.blocking()) complete_chunk(cx, plan);
     }
+  }
+  // Whether a packed chunk of [c, e) waits for the previous user of its slot.
+  bool slot_taken(const Plan& plan, std::size_t c, std::size_t e) const {
+    for (std::size_t k = c; k < e; ++k)
+      if (plan.prev_in_slot(k) >= 0 && std::size_t(plan.prev_in_slot(k)) >= completed_) return true;
+    return false;
   }
 
   // The step in progress (whether one is open: impl::SyncStep): chunks launched and completed so
-  // far, and which are ready.
-  std::size_t launched_ = 0, completed_ = 0;
+  // far, collectives in flight, and which chunks are ready.
+  std::size_t launched_ = 0, completed_ = 0, flying_ = 0;
   ReadyTracker ready_;
-  std::vector<typename Backend::Request> requests_;  // per chunk
+  std::vector<typename Backend::Request> requests_;  // per chunk (a group's: its first chunk's)
+  std::vector<SumRegion<V>> regions_;                // launch_group's operand (reserved: no allocation)
 
   Buffer buffer_, local_acc_;
   BufferView<V, staging_space_t<MemorySpace>> staging_;

@@ -188,6 +188,7 @@ class SyncPlan {
         last[std::size_t(slot)] = std::int64_t(c);
       }
     }
+    plan_groups(backend);
     slot_size_ = windowed_ ? plan.widest : 0;
     L.capacity = windowed_ ? plan.widest * std::min<std::int64_t>(slots_, std::int64_t(chunks_.size())) : plan.total;
     L.total = plan.total;
@@ -267,6 +268,12 @@ class SyncPlan {
   bool reduced_in_place(std::size_t c) const {
     return chunks_[c].kind == 0 ? in_place_ && chunks_[c].contiguous : chunks_[c].wire_ring;
   }
+  // Chunks summed as one collective (plan_groups): chunk c's group is [group_begin(c), group_end(c)).
+  std::size_t group_begin(std::size_t c) const { return groups_[c].first; }
+  std::size_t group_end(std::size_t c) const { return groups_[c].second; }
+  bool grouped(std::size_t c) const { return groups_[c].second - groups_[c].first > 1; }
+  // The most chunks one group holds (1: none grouped).
+  std::size_t widest_group() const { return widest_group_; }
   // Where an in-place chunk starts in the gradients' memory.
   V* chunk_data(std::size_t c) const { return first_ptr_[c]; }
   // Bytes chunk c hands to the backend.
@@ -286,6 +293,38 @@ class SyncPlan {
     if (threshold == 0) return max_chunk_elements();
     const std::size_t by_bytes = threshold / value_bytes;
     return std::max<std::size_t>(1, std::min(by_bytes, max_chunk_elements()));
+  }
+
+  // Consecutive chunks summed as one collective over their regions (Capability::region_sums), up to
+  // a chunk's worth of values: raw MPI sends a small model as one buffer, and one collective per
+  // large tensor plus one for the packed slot cost DLRM's MLP 1.16x raw (docs/BENCHMARKS.md). Only
+  // plain nonblocking in-place sums (a factor folded for every region alike: not weighted), and at
+  // most one chunk that is not a region of its own, so that no packed member waits for its slot on
+  // another member. Decided from sizes, kinds and the plan, which every rank shares, never from
+  // addresses (a packed chunk may be in place on one rank only): the regions' sizes agree.
+  void plan_groups(const Backend& backend) {
+    groups_.resize(chunks_.size());
+    for (std::size_t c = 0; c < chunks_.size(); ++c) groups_[c] = {c, c + 1};
+    widest_group_ = 1;
+    if constexpr (has_region_sums<Backend>::value) {
+      if (!in_place_ || blocking_ || hierarchical_ || weighted_ || fusion_threshold_bytes() == 0) return;
+      const std::int64_t limit = std::int64_t(chunk_limit());
+      for (std::size_t c = 0; c < chunks_.size();) {
+        std::size_t e = c;
+        std::int64_t total = 0;
+        bool packed = false;
+        for (; e < chunks_.size() && chunks_[e].kind == 0 && total + chunks_[e].size() <= limit; ++e) {
+          if (!chunks_[e].own && packed) break;
+          packed = packed || !chunks_[e].own;
+          total += chunks_[e].size();
+        }
+        if (e > c + 1 && backend.sums_regions(std::size_t(total) * sizeof(V))) {
+          for (std::size_t k = c; k < e; ++k) groups_[k] = {c, e};
+          widest_group_ = std::max(widest_group_, e - c);
+        }
+        c = std::max(e, c + 1);
+      }
+    }
   }
 
   static Topology find_topology(const Backend& b) {
@@ -352,7 +391,9 @@ class SyncPlan {
   bool staged_ = false;
   bool in_place_ = false;  // contiguous chunks are reduced in the gradients' memory
   std::vector<Chunk> chunks_;
-  std::vector<V*> first_ptr_;  // per chunk, its first value in the gradients
+  std::vector<V*> first_ptr_;                                // per chunk, its first value in the gradients
+  std::vector<std::pair<std::size_t, std::size_t>> groups_;  // per chunk, its group [begin, end)
+  std::size_t widest_group_ = 1;
   std::int64_t slot_size_ = 0;
   std::int64_t slots_ = pipeline_depth;
   std::vector<std::int64_t> slot_of_, prev_in_slot_;  // per chunk: its slot (-1: in place), the slot's previous chunk
