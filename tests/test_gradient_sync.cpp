@@ -489,6 +489,67 @@ TEST_CASE_TEMPLATE("MpiBackend sum over regions: the sums of one buffer, the sam
   }
 }
 
+// Capability::shard_sums: the two halves of a sharded step over regions of every size (as above),
+// at every size (one value per rank and fewer; the ring runs at any size here). After the
+// reduce-scatter, this rank's slice (shard_slice) holds factor * the exact sum (weighted: of each
+// rank's pre * values); after the allgather, every value is its owner's, on every rank.
+TEST_CASE_TEMPLATE("MpiBackend sharded halves over regions: the slice's sum, then every owner's values", T, float,
+                   double) {
+  const int rank = world_rank(), n = world_size();
+  gradsync::MpiBackend b(MPI_COMM_WORLD);
+  auto exact = [](int r, std::size_t k, std::size_t i) { return T(double((r + 1) * int((i + k) % 97)) + 0.25 * r); };
+  const T third = T(1) / T(3);
+  for (const std::vector<std::size_t>& sizes : {std::vector<std::size_t>{3}, std::vector<std::size_t>{0, 1, 2},
+                                                std::vector<std::size_t>{5000, 0, 7, 1, 20011, 3}}) {
+    for (bool weighted : {false, true}) {
+      CAPTURE(sizes.size());
+      CAPTURE(weighted);
+      std::size_t total = 0;
+      for (std::size_t s : sizes) total += s;
+      std::vector<std::vector<T>> bufs;
+      std::vector<gradsync::SumRegion<T>> regions;
+      for (std::size_t k = 0; k < sizes.size(); ++k) {
+        bufs.emplace_back(sizes[k]);
+        for (std::size_t i = 0; i < sizes[k]; ++i) bufs[k][i] = exact(rank, k, i);
+      }
+      for (auto& v : bufs) regions.push_back({v.data(), v.size()});
+      const T pre = T(rank + 1);  // exact weights
+      auto r = weighted ? b.ireduce_scatter_sum_regions(regions.data(), regions.size(), third, pre)
+                        : b.ireduce_scatter_sum_regions(regions.data(), regions.size(), third);
+      b.wait(r);
+      const auto [lo, hi] = gradsync::shard_slice(total, n, rank);
+      bool ok = true;
+      std::size_t at = 0;
+      for (std::size_t k = 0; k < sizes.size(); ++k)
+        for (std::size_t i = 0; i < sizes[k]; ++i, ++at) {
+          if (at < lo || at >= hi) {
+            bufs[k][i] = T(-1);  // unspecified: the allgather must overwrite it
+            continue;
+          }
+          T s = 0;
+          for (int q = 0; q < n; ++q) s += (weighted ? T(q + 1) : T(1)) * exact(q, k, i);
+          ok &= bufs[k][i] == s * third;
+        }
+      GRADSYNC_CHECK_ALL(ok);
+      std::vector<std::vector<T>> mine = bufs;  // this rank's slice, to compare with the others'
+      auto g = b.iallgather_regions(regions.data(), regions.size());
+      b.wait(g);
+      bool same = true;
+      for (std::size_t k = 0; k < bufs.size(); ++k) {
+        std::vector<T> ref = bufs[k];
+        MPI_Bcast(ref.data(), int(ref.size() * sizeof(T)), MPI_BYTE, 0, MPI_COMM_WORLD);
+        same &= std::memcmp(ref.data(), bufs[k].data(), ref.size() * sizeof(T)) == 0;
+        for (T x : bufs[k]) same &= x != T(-1);
+      }
+      at = 0;
+      for (std::size_t k = 0; k < sizes.size(); ++k)  // this rank's slice came back as it was
+        for (std::size_t i = 0; i < sizes[k]; ++i, ++at)
+          if (at >= lo && at < hi) same &= bufs[k][i] == mine[k][i];
+      GRADSYNC_CHECK_ALL(same);
+    }
+  }
+}
+
 // MpiBackend's nonblocking sum: host buffers of at least ring_min_bytes go through gradsync's own
 // ring (reduce-scatter + allgather), smaller ones to MPI_Iallreduce. Sizes around the threshold,
 // not divisible by the rank count, several operations in flight completed in any order by test()

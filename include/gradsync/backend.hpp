@@ -95,6 +95,14 @@
 //       over ranks; every rank passes regions of the same sizes. The sync then sums consecutive
 //       chunks (large tensors in place, a packed slot) as one collective. Without them: one
 //       collective per chunk.
+//   template <class T> Request ireduce_scatter_sum_regions(const SumRegion<T>* regions, std::size_t k,
+//                                                         T factor[, T pre]) const;  [Capability::shard_sums]
+//   template <class T> Request iallgather_regions(const SumRegion<T>* regions, std::size_t k) const;
+//       Collective, nonblocking, the two halves of a sharded step (Options::shard) over k regions
+//       taken as one buffer of n values: the first leaves factor * (sum over ranks of [pre *] values,
+//       pre each rank's own, every rank calling the same form) in this rank's slice only (shard_slice(n, size, rank),
+//       below; the rest is unspecified), the second sends each rank's slice to every rank. Every rank passes regions of
+//       the same sizes. Without them: Options::shard is a ConfigError.
 //   template <class T> Request iallreduce_sum(T* buf, std::size_t n, T factor, T pre) const;
 //       [Capability::weighted_fold] Collective, nonblocking, where folds_factor(bytes): buf = factor * sum
 //       over ranks of (pre * buf), each rank's own pre (set_samples' weights). Without it: a
@@ -178,6 +186,7 @@ enum class Capability {
   folds_factor,                  ///< bool folds_factor(bytes) const and iallreduce_sum(T*, n, factor)
   weighted_fold,                 ///< Request iallreduce_sum(T*, n, factor, pre) const
   region_sums,                   ///< sums_regions(bytes) and iallreduce_sum_regions(regions, k, factor)
+  shard_sums,                    ///< ireduce_scatter_sum_regions and iallgather_regions (Options::shard)
   cuda_aware,                    ///< bool cuda_aware() const
   blocking_preference,           ///< bool prefers_blocking_allreduce() const
   wire_sums,                     ///< the sums take WireFp16 / WireBf16 (compression.hpp)
@@ -194,6 +203,12 @@ struct SumRegion {
   T* data;            ///< the first value
   std::size_t count;  ///< how many
 };
+
+/// The slice of n values that rank `rank` of `size` owns in a sharded step (Capability::shard_sums):
+/// [rank * n / size, (rank + 1) * n / size), balanced to within one value.
+inline std::pair<std::size_t, std::size_t> shard_slice(std::size_t n, int size, int rank) {
+  return {std::size_t(rank) * n / std::size_t(size), std::size_t(rank + 1) * n / std::size_t(size)};
+}
 
 /// A backend's declared capabilities (see Capability). `with<...>` adds some: a class derived from
 /// MpiBackend that adds ordered_on declares `MpiBackend::capabilities::with<Capability::ordered_on>`.
@@ -432,6 +447,15 @@ struct detects_region_sums<B, std::void_t<decltype(bool(std::declval<const B&>()
     : std::true_type {};
 
 template <class B, class = void>
+struct detects_shard_sums : std::false_type {};
+template <class B>
+struct detects_shard_sums<B, std::void_t<decltype(std::declval<const B&>().ireduce_scatter_sum_regions(
+                                             static_cast<const SumRegion<float>*>(nullptr), std::size_t(), 1.0f, 1.0f)),
+                                         decltype(std::declval<const B&>().iallgather_regions(
+                                             static_cast<const SumRegion<float>*>(nullptr), std::size_t()))>>
+    : std::true_type {};
+
+template <class B, class = void>
 struct detects_cuda_aware : std::false_type {};
 template <class B>
 struct detects_cuda_aware<B, std::void_t<decltype(bool(std::declval<const B&>().cuda_aware()))>> : std::true_type {};
@@ -506,6 +530,8 @@ struct has_weighted_fold : std::bool_constant<declares<B>(Capability::weighted_f
 template <class B>
 struct has_region_sums : std::bool_constant<declares<B>(Capability::region_sums)> {};
 template <class B>
+struct has_shard_sums : std::bool_constant<declares<B>(Capability::shard_sums)> {};
+template <class B>
 struct has_cuda_aware : std::bool_constant<declares<B>(Capability::cuda_aware)> {};
 template <class B>
 struct has_blocking_preference : std::bool_constant<declares<B>(Capability::blocking_preference)> {};
@@ -563,6 +589,9 @@ constexpr bool check_capabilities() {
   GRADSYNC_CHECK_CAPABILITY(region_sums, detects_region_sums<B>::value,
                             "bool sums_regions(std::size_t) const and "
                             "Request iallreduce_sum_regions(const SumRegion<T>*, std::size_t, T) const");
+  GRADSYNC_CHECK_CAPABILITY(shard_sums, detects_shard_sums<B>::value,
+                            "Request ireduce_scatter_sum_regions(const SumRegion<T>*, std::size_t, T, T) const and "
+                            "Request iallgather_regions(const SumRegion<T>*, std::size_t) const");
   GRADSYNC_CHECK_CAPABILITY(cuda_aware, detects_cuda_aware<B>::value, "bool cuda_aware() const");
   GRADSYNC_CHECK_CAPABILITY(blocking_preference, detects_blocking_preference<B>::value,
                             "bool prefers_blocking_allreduce() const");

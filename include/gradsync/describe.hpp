@@ -199,7 +199,8 @@ inline std::string describe_summary(const SyncSummary& s) {
     os << "auto";
   else
     os << o.tuning.spin_before_yield << " s";
-  os << ", compression " << to_string(o.compression) << ", error_feedback " << impl::to_text(o.error_feedback);
+  os << ", compression " << to_string(o.compression) << ", error_feedback " << impl::to_text(o.error_feedback)
+     << ", shard " << (o.shard == Shard::optimizer_state ? "optimizer_state" : "none");
   return os.str();
 }
 

@@ -49,6 +49,7 @@
 #include "impl/parameter_broadcast.hpp"
 #include "impl/profiling.hpp"
 #include "impl/range_index.hpp"
+#include "impl/sharded_params.hpp"
 #include "impl/stall.hpp"
 #include "impl/sync_access.hpp"
 #include "process_set.hpp"
@@ -128,7 +129,8 @@ class DistributedOptimizer {
     try {
       const Entry& x = entries_.back();
       if (fold_) impl::SyncAccess::defer_local_scale(sync(), Span<value_type, memory_space>(x.grad, x.size));
-      entries_.back().slot = opt_.add(param, grad);
+      // Sharded, the optimizer's slots wait for the sync's slices (the first apply()).
+      if (!sharded()) entries_.back().slot = opt_.add(param, grad);
     } catch (...) {
       impl::SyncAccess::withdraw_last<Group>(sync(), entries_.back().grad);
       forget_last();
@@ -199,10 +201,33 @@ class DistributedOptimizer {
 
   /// Runs the wrapped optimizer on the current gradients (and their pending local factors). Local;
   /// after synchronize() returned true.
+  /// Sharded (Options::shard), the optimizer updates this rank's slices, and the parameters are
+  /// allgathered before it returns: collective then, under the sync's stall watchdog.
   void apply() {
     impl::ProfileRegion region(impl::Region::optimizer_update);
+    if (sharded()) make_shards();
     if constexpr (folds) hand_factors();
     opt_.step();
+    if (!sharded()) return;
+    shards_.slices_to_gradients();
+    impl::SyncAccess::gather_slices(sync());
+    shards_.gradients_to_parameters();
+  }
+
+  /// Whether the optimizer state is sharded (the sync's Options::shard). Local; any state.
+  bool sharded() const { return sync().options().shard != Shard::none; }
+
+  /// The bytes of optimizer state this rank holds (state buffers of every slot: local parameters
+  /// whole, data-parallel ones whole or, sharded, this rank's slices; step counters not counted).
+  /// Sharded, the slices exist from the first apply(). Local; any state.
+  std::size_t state_bytes() {
+    std::size_t bytes = 0;
+    if constexpr (impl::has_state_visitor<Optimizer>::value)
+      for (std::size_t slot : slots())
+        opt_.for_each_state(slot, [&](auto* data, std::size_t n) {
+          if constexpr (std::is_same_v<std::remove_pointer_t<decltype(data)>, value_type>) bytes += n * sizeof(*data);
+        });
+    return bytes;
   }
 
   /// synchronize(), then apply() when it returned true. Returns whether the parameters changed
@@ -285,11 +310,13 @@ class DistributedOptimizer {
  private:
   friend struct impl::CheckpointAccess;
 
+  static constexpr std::size_t no_slot = std::size_t(-1);  // sharded data-parallel: slices have the slots
+
   struct Entry {
     value_type* param = nullptr;
     value_type* grad = nullptr;
     std::size_t size = 0;
-    std::size_t slot = 0;
+    std::size_t slot = no_slot;
     std::string name, group;
     value_type deferred = 1;  // the factor its gradient needs while the sync's scale is pending
   };
@@ -311,8 +338,62 @@ class DistributedOptimizer {
       factors_valid_ = true;
     }
     const bool pending = impl::SyncAccess::local_scale_pending(sync());
-    for (const Entry& e : entries_) opt_.set_grad_scale(e.slot, pending ? e.deferred : value_type(1));
+    for (const Entry& e : entries_)
+      if (e.slot != no_slot) opt_.set_grad_scale(e.slot, pending ? e.deferred : value_type(1));
     factors_set_ = fold_;
+  }
+
+  // Sharded: at the first apply(), local parameters get a slot each and data-parallel ones a slot
+  // per slice this rank owns (impl/sharded_params.hpp). The slots cannot move afterwards.
+  void make_shards() {
+    const auto& owned = sync().owned_slices();
+    if (shards_.built()) {
+      if (!shards_.same_as(owned))
+        throw ConfigError(impl::cat(
+            "DistributedOptimizer (shard = optimizer_state): the sync's slices changed after the first apply() "
+            "(registrations changed, or register_local_var) on rank ",
+            sync().backend().rank(), "; sharded optimizer state cannot follow them yet"));
+      return;
+    }
+    using Span_ = Span<value_type, memory_space>;
+    if constexpr (!adds_spans<Span_>::value) {
+      throw ConfigError(impl::cat("DistributedOptimizer (shard = optimizer_state): the optimizer ",
+                                  impl::type_name<Optimizer>(),
+                                  " cannot add(gradsync::Span, gradsync::Span): its slots cannot be slices"));
+    } else {
+      make_shard_slots<Span_>(owned);
+    }
+  }
+  template <class S, class = void>
+  struct adds_spans : std::false_type {};
+  template <class S>
+  struct adds_spans<
+      S, std::void_t<decltype(std::declval<Optimizer&>().add(std::declval<const S&>(), std::declval<const S&>()))>>
+      : std::true_type {};
+  template <class Span_>
+  void make_shard_slots(const std::vector<std::pair<value_type*, std::size_t>>& owned) {
+    std::unordered_map<const value_type*, bool> local;
+    impl::SyncAccess::for_each_gradient(sync(),
+                                        [&](const value_type* d, std::size_t, bool l, value_type) { local[d] = l; });
+    std::vector<typename Shards::Whole> dp;
+    for (Entry& e : entries_) {
+      if (local.at(e.grad))
+        e.slot = opt_.add(Span_(e.param, e.size), Span_(e.grad, e.size));
+      else
+        dp.push_back({e.param, e.grad, e.size});
+    }
+    shards_.build(owned, std::move(dp), [&](auto& piece) {
+      piece.slot = opt_.add(Span_(piece.param, piece.count), Span_(piece.grad, piece.count));
+    });
+    factors_valid_ = false;
+  }
+  // Every slot of the optimizer: the entries' and, sharded, the slices'.
+  std::vector<std::size_t> slots() const {
+    std::vector<std::size_t> out;
+    for (const Entry& e : entries_)
+      if (e.slot != no_slot) out.push_back(e.slot);
+    for (const auto& p : shards_.pieces()) out.push_back(p.slot);
+    return out;
   }
 
   // This object's part of add() and its undoing (the last entry only).
@@ -414,6 +495,7 @@ class DistributedOptimizer {
     std::vector<std::int64_t*> counters;
     for (const Entry* e : es) {
       impl::broadcast_over<memory_space, Kokkos::HostSpace>(b, e->param, e->size, root);
+      if (e->slot == no_slot) continue;  // sharded: its state is this rank's slices, no replica's
       if constexpr (impl::has_state_visitor<Optimizer>::value)
         opt_.for_each_state(e->slot, [&](auto* data, std::size_t n) {
           using T = std::remove_pointer_t<decltype(data)>;
@@ -496,6 +578,8 @@ class DistributedOptimizer {
   bool factors_valid_ = false, factors_set_ = false;
   std::size_t factors_plan_ = 0;
   GlobalNorm<sync_type> norm_;
+  using Shards = impl::ShardedParams<value_type, memory_space>;
+  Shards shards_;  // sharded: the slices' slots and the copies around the allgather
   std::vector<Entry> entries_;
   using Params = impl::RangeIndex<value_type>;
   Params params_;                                           // the non-empty parameters, by address

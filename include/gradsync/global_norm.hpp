@@ -9,7 +9,8 @@
 // and one allreduce of that single value gives the square of the norm on every rank (dividing the
 // replicated parts, rather than counting them on one rank, makes the result independent of
 // last-bit differences between ranks' copies). Row-sparse gradients count the rows() rows they
-// hold after the sync, by the same weights.
+// hold after the sync, by the same weights. Sharded (Options::shard), a data-parallel gradient holds
+// its average only in the slice a rank owns: each rank counts its own slices, with weight 1.
 #pragma once
 
 #include <algorithm>
@@ -195,7 +196,7 @@ class GlobalNorm {
           used_.push_back(std::int64_t(used));
         });
     const int n = sync.backend().size();
-    const bool rebuilt = n != world_ || scratch_ != keys_;
+    const bool rebuilt = n != world_ || scratch_ != keys_ || sync.owned_slices() != owned_;
     if (rebuilt) rebuild(sync, n);
     bool changed = rebuilt;
     for (const SparseSegment& d : sparse_segs_) {
@@ -210,9 +211,16 @@ class GlobalNorm {
     std::vector<impl::NormSegment<value_type>> host;
     sparse_segs_.clear();
     const auto& sets = impl::SyncAccess::process_sets(sync);
+    const bool sharded = sync.options().shard != Shard::none;
+    owned_ = sync.owned_slices();
+    for (const auto& [data, size] : owned_)
+      impl::for_each_segment(size, [&, data = data](std::int64_t off, std::int64_t count) {
+        host.push_back(impl::NormSegment<value_type>{data + off, count, 1.0, value_type(1)});
+      });
     for (const Key& k : scratch_) {
       if (k.sparse) continue;
       const auto* set = sets.set_holding(k.data);
+      if (sharded && !set && !k.local) continue;  // its owned slices, above
       const double weight = set ? 1.0 / double(set->ranks.size()) : k.local ? 1.0 : 1.0 / double(n);
       // for_each_gradient hands out const pointers; clip() scales these same gradients in place.
       value_type* const data = const_cast<value_type*>(k.data);
@@ -245,8 +253,9 @@ class GlobalNorm {
   execution_space exec_;
   int world_ = 0;  // the world size the table was built for; 0 before the first build
   std::vector<Key> keys_, scratch_;
-  std::vector<std::int64_t> used_;          // this call's values in use of each row-sparse gradient
-  std::vector<SparseSegment> sparse_segs_;  // the segments whose count follows used_
+  std::vector<std::pair<value_type*, std::size_t>> owned_;  // sharded: the sync's slices the table holds
+  std::vector<std::int64_t> used_;                          // this call's values in use of each row-sparse gradient
+  std::vector<SparseSegment> sparse_segs_;                  // the segments whose count follows used_
   impl::NormSegmentView<value_type, memory_space> segs_;
   typename impl::NormSegmentView<value_type, memory_space>::HostMirror segs_host_;  // segs_ itself on the host
   Kokkos::View<double*, memory_space> partial_;                                     // one partial sum per segment

@@ -173,7 +173,7 @@ class MpiBackend {
       Capabilities<Capability::split, Capability::max_count, Capability::comm, Capability::notice_comm,
                    Capability::ibroadcast, Capability::iallreduce_min, Capability::iallgather, Capability::topology,
                    Capability::hierarchical_sum, Capability::nonblocking_hierarchical_sum, Capability::folds_factor,
-                   Capability::weighted_fold, Capability::region_sums, Capability::cuda_aware,
+                   Capability::weighted_fold, Capability::region_sums, Capability::shard_sums, Capability::cuda_aware,
                    Capability::blocking_preference, Capability::wire_sums, Capability::can_reduce_wire,
                    Capability::wire_ring, Capability::retire>;
   /// This rank in the backend's communicator. Local.
@@ -292,6 +292,25 @@ class MpiBackend {
     r.ring = comm_->rings.template start_regions<T>(regions, k, double(factor), impl::mpi_type<T>(),
                                                     impl::mpi_sum_op<T>(), comm(), rank_, size_);
     return r;
+  }
+  /// The reduce-scatter half of a sharded step over k host regions taken as one buffer: this rank's
+  /// slice (gradsync::shard_slice) ends holding factor * the sum over ranks; the rest is
+  /// unspecified. Always gradsync's ring (any size), every rank passing regions of the same sizes;
+  /// one rank multiplies in place.
+  template <class T>
+  Request ireduce_scatter_sum_regions(const SumRegion<T>* regions, std::size_t k, T factor) const {
+    return start_half(regions, k, factor, false, T(1), impl::RingAllreduce::Half::reduce_scatter);
+  }
+  /// The same with each rank's values multiplied by its own `pre` first (set_samples' weights);
+  /// every rank calls this form for the same sums.
+  template <class T>
+  Request ireduce_scatter_sum_regions(const SumRegion<T>* regions, std::size_t k, T factor, T pre) const {
+    return start_half(regions, k, factor, true, pre, impl::RingAllreduce::Half::reduce_scatter);
+  }
+  /// The allgather half: every rank's slice of the regions (taken as one buffer) to every rank.
+  template <class T>
+  Request iallgather_regions(const SumRegion<T>* regions, std::size_t k) const {
+    return start_half(regions, k, T(1), false, T(1), impl::RingAllreduce::Half::allgather);
   }
   /// The sync's automatic choice (gradsync::prefers_blocking_allreduce): nonblocking, so that
   /// chunks pipeline and overlap backward, unless MPI is CUDA-aware. Then sums go to libnbc, whose
@@ -564,6 +583,29 @@ class MpiBackend {
     impl::mpi_check(
         MPI_Iallreduce(MPI_IN_PLACE, buf, count, impl::mpi_type<T>(), impl::mpi_sum_op<T>(), comm(), &r.req),
         "MPI_Iallreduce");
+    return r;
+  }
+
+  template <class T>
+  Request start_half(const SumRegion<T>* regions, std::size_t k, T factor, bool weighted, T pre,
+                     impl::RingAllreduce::Half half) const {
+    std::size_t n = 0;
+    for (std::size_t i = 0; i < k; ++i) n += regions[i].count;
+    checked_count(n);
+    Request r;
+    if (size_ == 1) {  // the slice is everything: the factor, and nothing to send
+      if (half == impl::RingAllreduce::Half::reduce_scatter && factor * pre != T(1))
+        for (std::size_t i = 0; i < k; ++i)
+          for (std::size_t j = 0; j < regions[i].count; ++j) regions[i].data[j] = factor * (pre * regions[i].data[j]);
+      return r;
+    }
+    if (cuda_aware_.aware)
+      throw Error(
+          "MpiBackend: a sharded step (Options::shard) runs gradsync's ring on host memory; this MPI is "
+          "CUDA-aware and the sync's buffers may be device memory");
+    r.ring =
+        comm_->rings.template start_regions<T>(regions, k, double(factor), impl::mpi_type<T>(), impl::mpi_sum_op<T>(),
+                                               comm(), rank_, size_, half, weighted, double(pre));
     return r;
   }
 

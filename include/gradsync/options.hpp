@@ -58,6 +58,12 @@ enum class Compression {
   bf16,  ///< bfloat16: 8-bit significand, fp32's range
 };
 
+/// What a sharded step divides among the ranks (Options::shard, docs/SHARDING.md).
+enum class Shard {
+  none,             ///< every rank holds every data-parallel gradient sum and the whole optimizer state
+  optimizer_state,  ///< reduce-scatter: each rank sums its slice; DistributedOptimizer keeps that slice's state
+};
+
 /// "none", "fp16" or "bf16".
 inline const char* to_string(Compression c) {
   return c == Compression::fp16 ? "fp16" : c == Compression::bf16 ? "bf16" : "none";
@@ -150,6 +156,12 @@ struct Options {
   /// Scan data-parallel gradients for NaN/Inf before they leave the rank (one pass over them); every
   /// rank then throws an Error naming the tensor and the rank holding it.
   bool check_finite = false;
+  /// Shard::optimizer_state: data-parallel gradients are reduce-scattered, so that each rank holds
+  /// the average only on its slice of each chunk (GradientSync::owned_slices(); the other values are
+  /// unspecified after synchronize()), and a DistributedOptimizer keeps optimizer state for that
+  /// slice only, updates it, and allgathers the parameters (docs/SHARDING.md). Needs a backend with
+  /// Capability::shard_sums (MpiBackend, on host memory).
+  Shard shard = Shard::none;
   /// Seconds a collective may wait for the other ranks before the stall is reported (a StallError
   /// naming the missing ranks, on every waiting rank). 0: no deadline; a rank then waits forever for
   /// a missing peer, but still stops when a peer reports a failure. May differ between ranks.

@@ -55,7 +55,7 @@ inline std::int64_t double_bits(double d) {
 
 // The options that must agree, as words, with their names for the message.
 struct OptionWords {
-  static constexpr int count = 24;
+  static constexpr int count = 25;
   static constexpr int calls = 10;  // the word that counts synchronize() calls
   std::int64_t w[count] = {};
   static const char* name(int i) {
@@ -83,7 +83,8 @@ struct OptionWords {
         "algorithm",
         "the plan as resolved from the topology (nodes, ranks per node, chunk sizes, algorithms)",
         "compression",
-        "error_feedback"};
+        "error_feedback",
+        "shard"};
     return names[i];
   }
   static std::string show(int i, std::int64_t v) {
@@ -131,6 +132,8 @@ struct OptionWords {
         return pick({"none", "fp16", "bf16"});
       case 23:
         return v ? "true" : "false";
+      case 24:
+        return pick({"none", "optimizer_state"});
       default:
         return cat(v);
     }
@@ -177,6 +180,7 @@ struct OptionWords {
     w[21] = f.plan;
     w[22] = std::int64_t(o.compression);  // the wire format, hence the bytes and the sums
     w[23] = o.error_feedback;
+    w[24] = std::int64_t(o.shard);  // a reduce-scatter instead of an allreduce
   }
   // Every word but the call count, which the arrival check compares by itself.
   std::uint64_t hash_without_calls() const {

@@ -57,6 +57,11 @@ inline void check_ring_call(int rc, const char* what) {
 
 class RingAllreduce {
  public:
+  /// Which part of the ring a sum runs: both halves (an allreduce), or one half of a sharded step.
+  /// Halves number their segments so that rank r owns segment r (impl::shard_slice): the
+  /// reduce-scatter leaves the sum there, the allgather sends it from there.
+  enum class Half { both, reduce_scatter, allgather };
+
   /// A part of the buffer a sum runs over: `count` values at `data`.
   struct Region {
     unsigned char* data;
@@ -85,7 +90,8 @@ class RingAllreduce {
   /// ranks of regions[i].
   template <class T, class R>
   void start_regions(const R* regions, std::size_t k, double factor, MPI_Datatype type, MPI_Op op, MPI_Comm comm,
-                     int rank, int size, int tag, std::uint64_t order) {
+                     int rank, int size, int tag, std::uint64_t order, Half half = Half::both, bool weighted = false,
+                     double pre = 1.0) {
     regions_.clear();
     std::size_t total = 0;
     for (std::size_t i = 0; i < k; ++i) {
@@ -93,13 +99,13 @@ class RingAllreduce {
       total += regions[i].count;
     }
     reqs_.assign(2 * std::max<std::size_t>(1, k), MPI_REQUEST_NULL);
-    start_sum<T>(int(total), factor, type, op, comm, rank, size, tag, order, false, 1.0);
+    start_sum<T>(int(total), factor, type, op, comm, rank, size, tag, order, weighted, pre, half);
   }
 
  private:
   template <class T>
   void start_sum(int count, double factor, MPI_Datatype type, MPI_Op op, MPI_Comm comm, int rank, int size, int tag,
-                 std::uint64_t order, bool weighted, double pre) {
+                 std::uint64_t order, bool weighted, double pre, Half half = Half::both) {
     busy_ = true;
     n_ = std::size_t(count);
     type_ = type;
@@ -111,7 +117,8 @@ class RingAllreduce {
     pre_ = weighted ? pre : 1.0;
     left_ = 1.0;
     weigh_ = nullptr;
-    weighted = weighted && size > 1 && (std::is_same_v<T, float> || std::is_same_v<T, double>);
+    weighted =
+        weighted && half != Half::allgather && size > 1 && (std::is_same_v<T, float> || std::is_same_v<T, double>);
     if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
       sum_scale_ = factor == 1.0 && !weighted ? nullptr : &sum_scale<T>;
       if (weighted) weigh_ = &weighted_add<T>;
@@ -119,6 +126,9 @@ class RingAllreduce {
       sum_scale_ = nullptr;  // 16-bit wire values (op adds them in fp32): never scaled here
     }
     begin_on(comm, rank, size, tag, order);
+    if (half != Half::both) rot_ = size_ - 1;  // rank r ends the reduce-scatter owning ring segment r + 1
+    if (half == Half::reduce_scatter) end_step_ = size_ - 1;
+    if (half == Half::allgather) step_ = size_ - 1;
     if (weighted) {  // posted before the values' messages: MPI keeps one sender's messages in order
       check_ring_call(MPI_Irecv(&left_, 1, MPI_DOUBLE, mod(rank_ - 1), tag_, comm_, &weight_reqs_[0]), "MPI_Irecv");
       check_ring_call(MPI_Isend(&pre_, 1, MPI_DOUBLE, mod(rank_ + 1), tag_, comm_, &weight_reqs_[1]), "MPI_Isend");
@@ -220,7 +230,7 @@ class RingAllreduce {
       }
       if (!done(0) || !done(1)) return;
       reduced_ = false;
-      if (++step_ == 2 * (size_ - 1)) {
+      if (++step_ == end_step_) {
         // The weight's send: the right neighbour received the values sent after it long ago.
         if (weight_reqs_[1] != MPI_REQUEST_NULL)
           check_ring_call(MPI_Wait(&weight_reqs_[1], MPI_STATUS_IGNORE), "MPI_Wait (this rank's weight)");
@@ -240,6 +250,8 @@ class RingAllreduce {
     tag_ = tag;
     order_ = order;
     step_ = 0;
+    end_step_ = 2 * (size - 1);
+    rot_ = 0;
     reduced_ = false;
   }
 
@@ -260,7 +272,7 @@ class RingAllreduce {
   // f(address, values, offset in the segment) for each region's part of segment `seg`, in order.
   template <class F>
   void pieces(int seg, F&& f) const {
-    const std::size_t lo = begin(seg), hi = begin(seg + 1);
+    const std::size_t lo = begin(seg), hi = end(seg);
     std::size_t at = 0;
     for (const Region& r : regions_) {
       const std::size_t a = std::max(lo, at), b = std::min(hi, at + r.count);
@@ -271,8 +283,11 @@ class RingAllreduce {
   }
 
   int mod(int x) const { return ((x % size_) + size_) % size_; }
-  std::size_t begin(int seg) const { return std::size_t(seg) * n_ / std::size_t(size_); }
-  int len(int seg) const { return int(begin(seg + 1) - begin(seg)); }
+  // Ring segment seg is the buffer's segment (seg + rot_) mod p, cut at i * n / p.
+  std::size_t bound(int i) const { return std::size_t(i) * n_ / std::size_t(size_); }
+  std::size_t begin(int seg) const { return bound((seg + rot_) % size_); }
+  std::size_t end(int seg) const { return bound((seg + rot_) % size_ + 1); }
+  int len(int seg) const { return int(end(seg) - begin(seg)); }
 
   // Step s < p-1 (reduce-scatter): send segment r-s, receive segment r-s-1 into the buffer. Step
   // p-1+s (allgather): send segment r-s+1, which this rank completed last step, and receive
@@ -389,6 +404,7 @@ class RingAllreduce {
   MPI_Op op_ = MPI_SUM;
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0, size_ = 1, tag_ = 0, step_ = 0;
+  int end_step_ = 0, rot_ = 0;  // the step after the last (2(p - 1) for both halves); segment rotation
   std::uint64_t order_ = 0;
   std::vector<MPI_Request> reqs_ = std::vector<MPI_Request>(2, MPI_REQUEST_NULL);  // see max_pieces()
   std::vector<unsigned char> tmp_;
@@ -420,9 +436,12 @@ class RingPool {
   /// Starts a sum over regions (RingAllreduce::start_regions).
   template <class T, class R>
   std::shared_ptr<RingAllreduce> start_regions(const R* regions, std::size_t k, double factor, MPI_Datatype type,
-                                               MPI_Op op, MPI_Comm comm, int rank, int size) {
+                                               MPI_Op op, MPI_Comm comm, int rank, int size,
+                                               RingAllreduce::Half half = RingAllreduce::Half::both,
+                                               bool weighted = false, double pre = 1.0) {
     std::shared_ptr<RingAllreduce> s = idle_state();
-    s->template start_regions<T>(regions, k, factor, type, op, comm, rank, size, next_tag(), ++started_);
+    s->template start_regions<T>(regions, k, factor, type, op, comm, rank, size, next_tag(), ++started_, half, weighted,
+                                 pre);
     lend();
     return s;
   }

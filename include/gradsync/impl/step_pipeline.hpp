@@ -239,13 +239,39 @@ class StepPipeline : public SyncParts<Backend, V, MemorySpace, ExecutionSpace> {
     ProfileRegion region(Region::plan_build);
     Context cx = ctx();
     checks_.require_staging_possible(cx);
+    if (opt_.shard != Shard::none) refuse_unshardable();
     const auto layout = plan_.build(registry_, opt_, backend_.size(), Plan::staging_wanted(backend_, opt_), backend_);
+    if (opt_.shard != Shard::none)
+      for (const Chunk& c : plan_.chunks())
+        if (c.kind != 0)
+          throw ConfigError(
+              "shard = optimizer_state: a group compresses its gradients (CompressWith): not "
+              "supported sharded yet");
     Frame f = frame(cx);
     for_each_exchange(exchanges_, [&](auto& x) { x.provision(f, layout); });
     if (timeline_) plan_.note_in(*timeline_, registry_.data_parallel_names_in_fused_order(opt_), layout.tensor_chunks);
     ++stats_.plan_builds;
     plan_.built();
     if (!announced_) announce();
+  }
+
+  // Options::shard: what a sharded step cannot do yet, named (the same on every rank: the
+  // registrations were compared, the backend's reach agreed).
+  void refuse_unshardable() {
+    if (Plan::staging_wanted(backend_, opt_))
+      throw ConfigError(
+          "shard = optimizer_state: the backend cannot read the gradients where they are (host "
+          "staging): not supported sharded yet");
+    this->rows().for_each_registration(
+        [](const std::string& name, const std::string& group, bool local, bool, std::size_t) {
+          if (!local)
+            throw ConfigError(cat("shard = optimizer_state: row-sparse data-parallel gradient '", name, "' (group ",
+                                  group, "): not supported sharded yet (local row-sparse tables are)"));
+        });
+    for (const auto& s : this->sets().sets())
+      if (!s.tensors.empty())
+        throw ConfigError(cat("shard = optimizer_state: process set ", s.tag, " reduces '", s.tensors.front().name,
+                              "': process-set groups are not supported sharded yet"));
   }
 
   // check: with check_finite, everything that leaves in this step, before the first byte does.

@@ -136,6 +136,18 @@ struct SyncAccess {
                       "synchronize() returned"));
   }
 
+  // Options::shard: the allgather of every rank's slices (DistributedOptimizer::apply(), after its
+  // update wrote them into the gradients' slices). Why not public: it sends gradient memory that
+  // holds parameters, which only the optimizer means.
+  template <class S>
+  static void gather_slices(S& s) {
+    collective(s, "DistributedOptimizer::apply()", "allgather of the parameters' slices", [&](const auto&) {
+      auto& p = s.pipe_;
+      auto cx = p.ctx();
+      p.dense().gather(cx, p.sync_plan());
+    });
+  }
+
   // ---- Process sets and row-sparse gradients: GlobalNorm, DistributedOptimizer,
   // broadcast_set_parameter ----
   // Why not public: the exchanges' own objects (their communicators, tensors and rows), which the

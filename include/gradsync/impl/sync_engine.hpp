@@ -138,6 +138,22 @@ class SyncEngine {
     return parked;
   }
 
+  // Options::shard, after the optimizer's update: the allgather of every group's slices, in the
+  // regions of the step's reduce-scatter (the caller put what each rank owns into its gradients'
+  // slices). Blocks until done, under the stall watchdog.
+  void gather(Context& cx, const Plan& plan) {
+    launched_ = completed_ = flying_ = 0;
+    gathering_ = true;
+    struct Done {
+      bool& flag;
+      ~Done() { flag = false; }
+    } done{gathering_};
+    NoScan scan;
+    launch_through(cx, plan, plan.num_chunks(), false, true, scan);
+    while (completed_ < launched_) complete_chunk(cx, plan);
+    fence(cx.exec, label_fence_sync());
+  }
+
   // Local tensors: their factor (and the sums of an aggregation cycle), in place.
   void finish_local(Context& cx, const Plan& plan, bool aggregated) {
     TimelineScope span(n_local_segs_ ? cx.timeline : nullptr, Timeline::Kind::local, "local scaling", n_local_segs_);
@@ -362,12 +378,15 @@ class SyncEngine {
     cx.stats.bytes_uncompressed += bytes;
   }
 
-  // Chunks [c, e) as one sum over their regions (SyncPlan::plan_groups): members in place where they
-  // are, the packed one in its slot, packed and unpacked as they are: the sum applies both factors
-  // to every region.
+  // Chunks [c, e) as one sum over their regions (SyncPlan::plan_groups; sharded, every chunk):
+  // members in place where they are, the packed one in its slot. With N == 1 members are packed as
+  // they are and the sum applies both factors to every region (this rank's pre inside the ring when
+  // weighted); sharded with N > 1 the buffer's sums were packed with pre and the sum applies post.
+  // Sharded it is the reduce-scatter, or with gathering_ the allgather of the slices.
   void launch_group([[maybe_unused]] Context& cx, [[maybe_unused]] const Plan& plan, [[maybe_unused]] std::size_t c,
                     [[maybe_unused]] std::size_t e, [[maybe_unused]] bool aggregated) {
-    if constexpr (has_region_sums<Backend>::value) {  // else the plan has no groups
+    if constexpr (has_region_sums<Backend>::value || has_shard_sums<Backend>::value) {  // else no groups
+      const V pre = plan.windowed() || gathering_ ? V(1) : plan.pre_factor();
       regions_.clear();
       std::size_t bytes = 0;
       for (std::size_t k = c; k < e; ++k) {
@@ -376,21 +395,35 @@ class SyncEngine {
           regions_.push_back(SumRegion<V>{plan.chunk_data(k), len});
           cx.stats.bytes_in_place += len * sizeof(V);
         } else {
-          pack_chunk(cx, plan, k, aggregated, V(1));
+          pack_chunk(cx, plan, k, aggregated && !gathering_, pre);
           regions_.push_back(SumRegion<V>{buffer_.data() + plan.buffer_pos(k), len});
         }
         bytes += len * sizeof(V);
       }
       if (!ordered_on(cx.backend, cx.exec)) fence(cx.exec, label_fence_pack());
-      if (cx.timeline)
+      if (cx.timeline && !gathering_)
         for (std::size_t k = c; k < e; ++k) cx.timeline->reduce_begin(k);
       ProfileRegion region(Region::reduce);
-      requests_[c] = cx.backend.iallreduce_sum_regions(regions_.data(), regions_.size(),
-                                                       V(plan.pre_factor() * plan.post_factor()));
+      requests_[c] = start_regions(cx, plan);
       ++cx.stats.allreduce_calls;
       cx.stats.bytes_allreduced += bytes;
       cx.stats.bytes_uncompressed += bytes;
     }
+  }
+  typename Backend::Request start_regions([[maybe_unused]] Context& cx, [[maybe_unused]] const Plan& plan) {
+    [[maybe_unused]] const V both = plan.pre_factor() * plan.post_factor();
+    if constexpr (has_shard_sums<Backend>::value) {
+      if (gathering_) return cx.backend.iallgather_regions(regions_.data(), regions_.size());
+      if (plan.sharded() && !plan.windowed())
+        return cx.backend.ireduce_scatter_sum_regions(regions_.data(), regions_.size(), plan.post_factor());
+      if (plan.sharded() && plan.weighted())
+        return cx.backend.ireduce_scatter_sum_regions(regions_.data(), regions_.size(), plan.post_factor(),
+                                                      plan.pre_factor());
+      if (plan.sharded()) return cx.backend.ireduce_scatter_sum_regions(regions_.data(), regions_.size(), both);
+    }
+    if constexpr (has_region_sums<Backend>::value)
+      return cx.backend.iallreduce_sum_regions(regions_.data(), regions_.size(), both);
+    return typename Backend::Request{};  // never: a plan without groups or shards
   }
 
   // A compressed chunk: packed into 16-bit values by the pack kernel, summed by the backend in its
@@ -476,12 +509,13 @@ class SyncEngine {
     // Nonblocking collectives are waited under the stall watchdog (blocking ones cannot be).
     if (!plan.blocking()) {
       ProfileRegion region(Region::reduce);
+      const char* what = gathering_ ? "allgather" : plan.sharded() ? "reduce-scatter" : "allreduce";
       wait_for(cx.backend, requests_[c], cx.ctl, cx.opt,
-               WaitSite{"allreduce", std::int64_t(cx.stats.passes), std::int64_t(c), std::int64_t(plan.num_chunks())});
+               WaitSite{what, std::int64_t(cx.stats.passes), std::int64_t(c), std::int64_t(plan.num_chunks())});
     }
-    if (e > c + 1) {  // a group: its packed member has its factors already (launch_group)
+    if (e > c + 1 || plan.sharded()) {  // launch_group's: its packed member has its factors already
       for (std::size_t k = c; k < e; ++k) {
-        if (cx.timeline) cx.timeline->reduce_end(k, waited_from);
+        if (cx.timeline && !gathering_) cx.timeline->reduce_end(k, waited_from);
         if (!plan.reduced_in_place(k)) unpack_chunk(cx, plan, k, V(1));
       }
       return;
@@ -517,7 +551,7 @@ class SyncEngine {
         complete_chunk(cx, plan);
       }
       for (std::size_t k = c; k < e; ++k) scan(plan.chunk(k).seg_begin, plan.chunk(k).seg_end);  // before it leaves
-      if (e > c + 1)
+      if (e > c + 1 || plan.sharded())
         launch_group(cx, plan, c, e, aggregated);
       else
         launch_chunk(cx, plan, c, aggregated);
@@ -536,6 +570,7 @@ class SyncEngine {
   // The step in progress (whether one is open: impl::SyncStep): chunks launched and completed so
   // far, collectives in flight, and which chunks are ready.
   std::size_t launched_ = 0, completed_ = 0, flying_ = 0;
+  bool gathering_ = false;  // gather(): the sharded allgather, not the step's exchange
   ReadyTracker ready_;
   std::vector<typename Backend::Request> requests_;  // per chunk (a group's: its first chunk's)
   std::vector<SumRegion<V>> regions_;                // launch_group's operand (reserved: no allocation)

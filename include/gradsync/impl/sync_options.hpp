@@ -9,6 +9,7 @@
 #include <cmath>
 #include <exception>
 
+#include "../backend.hpp"
 #include "../env.hpp"
 #include "../error.hpp"
 #include "../options.hpp"
@@ -34,6 +35,20 @@ inline void validate_options(const Options& o) {
   if (bad(o.tuning.stall_warning))
     throw ConfigError(
         cat("stall_warning must be finite and >= 0 seconds (0: no warning), got ", o.tuning.stall_warning));
+  if (o.shard == Shard::optimizer_state) {  // what a sharded step cannot do yet, each named
+    if (o.compression != Compression::none)
+      throw ConfigError("shard = optimizer_state with compression: not supported yet (use Compression::none)");
+    if (o.tuning.collectives == Collectives::blocking)
+      throw ConfigError(
+          "shard = optimizer_state needs nonblocking collectives (its reduce-scatter and allgather "
+          "are two halves of a ring): collectives = blocking is refused");
+    if (o.tuning.algorithm == Algorithm::hierarchical)
+      throw ConfigError("shard = optimizer_state with algorithm = hierarchical: not supported yet (use flat)");
+    if (o.tuning.fusion_threshold_bytes == fusion_threshold_auto)
+      throw ConfigError(
+          "shard = optimizer_state with fusion_threshold_auto: the slices follow the chunks, which "
+          "the tuner moves; set a fusion_threshold_bytes");
+  }
   if (bad(o.tuning.spin_before_yield) && o.tuning.spin_before_yield != spin_before_yield_auto)
     throw ConfigError(cat("spin_before_yield must be finite and >= 0 seconds, or spin_before_yield_auto, got ",
                           o.tuning.spin_before_yield));
@@ -45,6 +60,11 @@ Options prepare_options(const Options& given, const Backend& backend) {
     Options o = given.tuning.read_environment ? apply_env(given) : given;
     o.tuning.timeline = keep_timeline_path(o.tuning.timeline);
     validate_options(o);
+    if (o.shard != Shard::none && !has_shard_sums<Backend>::value)
+      throw ConfigError(
+          cat("shard = optimizer_state needs a backend with Capability::shard_sums (a reduce-scatter "
+              "and an allgather); backend '",
+              Backend::name(), "' does not declare it"));
     return o;
   } catch (const std::exception& e) {
     tell_peers_at_construction(backend, given, kind_of(e),

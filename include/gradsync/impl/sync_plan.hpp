@@ -64,8 +64,10 @@ class SyncPlan {
       : topology_(find_topology(backend)),
         choices_(plan_candidates(opt, topology_, stream_ordered)),
         tuner_(choices_.size()),
-        collectives_block_(opt.tuning.collectives == Collectives::blocking ||
-                           (opt.tuning.collectives == Collectives::automatic && prefers_blocking(backend))) {}
+        collectives_block_(opt.shard == Shard::none &&
+                           (opt.tuning.collectives == Collectives::blocking ||
+                            (opt.tuning.collectives == Collectives::automatic && prefers_blocking(backend)))),
+        sharded_(opt.shard != Shard::none) {}
 
   // --- The decision (the same on every rank: the topology is, the options are compared) ---
 
@@ -189,6 +191,7 @@ class SyncPlan {
       }
     }
     plan_groups(backend);
+    find_owned(plan.segments, ranks, backend.rank());
     slot_size_ = windowed_ ? plan.widest : 0;
     L.capacity = windowed_ ? plan.widest * std::min<std::int64_t>(slots_, std::int64_t(chunks_.size())) : plan.total;
     L.total = plan.total;
@@ -268,6 +271,12 @@ class SyncPlan {
   bool reduced_in_place(std::size_t c) const {
     return chunks_[c].kind == 0 ? in_place_ && chunks_[c].contiguous : chunks_[c].wire_ring;
   }
+  // Options::shard: each group (or chunk) is reduce-scattered, this rank keeping shard_slice of it;
+  // owned(): those slices in the gradients' memory, in fused order (empty unless sharded).
+  bool sharded() const { return sharded_; }
+  const std::vector<std::pair<V*, std::size_t>>& owned() const { return owned_; }
+  // The buffer is chunk-sized slots (N == 1) rather than every sum of an aggregation cycle.
+  bool windowed() const { return windowed_; }
   // Chunks summed as one collective (plan_groups): chunk c's group is [group_begin(c), group_end(c)).
   std::size_t group_begin(std::size_t c) const { return groups_[c].first; }
   std::size_t group_end(std::size_t c) const { return groups_[c].second; }
@@ -302,12 +311,14 @@ class SyncPlan {
   // most one chunk that is not a region of its own, so that no packed member waits for its slot on
   // another member. Decided from sizes, kinds and the plan, which every rank shares, never from
   // addresses (a packed chunk may be in place on one rank only): the regions' sizes agree.
-  void plan_groups(const Backend& backend) {
+  // Sharded, every group and chunk is a reduce-scatter over regions (the ring at any size), weighted
+  // or not.
+  void plan_groups([[maybe_unused]] const Backend& backend) {
     groups_.resize(chunks_.size());
     for (std::size_t c = 0; c < chunks_.size(); ++c) groups_[c] = {c, c + 1};
     widest_group_ = 1;
-    if constexpr (has_region_sums<Backend>::value) {
-      if (!in_place_ || blocking_ || hierarchical_ || weighted_ || fusion_threshold_bytes() == 0) return;
+    if constexpr (has_region_sums<Backend>::value || has_shard_sums<Backend>::value) {
+      if (!in_place_ || blocking_ || hierarchical_ || (weighted_ && !sharded_) || fusion_threshold_bytes() == 0) return;
       const std::int64_t limit = std::int64_t(chunk_limit());
       for (std::size_t c = 0; c < chunks_.size();) {
         std::size_t e = c;
@@ -318,11 +329,38 @@ class SyncPlan {
           packed = packed || !chunks_[e].own;
           total += chunks_[e].size();
         }
-        if (e > c + 1 && backend.sums_regions(std::size_t(total) * sizeof(V))) {
+        if (e > c + 1 && (sharded_ || sums_regions(backend, std::size_t(total) * sizeof(V)))) {
           for (std::size_t k = c; k < e; ++k) groups_[k] = {c, e};
           widest_group_ = std::max(widest_group_, e - c);
         }
         c = std::max(e, c + 1);
+      }
+    }
+  }
+
+  static bool sums_regions([[maybe_unused]] const Backend& b, [[maybe_unused]] std::size_t bytes) {
+    if constexpr (has_region_sums<Backend>::value) return b.sums_regions(bytes);
+    return false;
+  }
+
+  // This rank's slice of each group (shard_slice of its values in fused order), as pieces of the
+  // gradients (the segments', which lie in fused order), neighbours merged.
+  void find_owned(const std::vector<Seg>& segs, int ranks, int rank) {
+    owned_.clear();
+    if (!sharded_) return;
+    for (std::size_t c = 0; c < chunks_.size(); c = groups_[c].second) {
+      const Chunk &first = chunks_[c], &last = chunks_[groups_[c].second - 1];
+      const auto [lo, hi] = shard_slice(std::size_t(last.end - first.begin), ranks, rank);
+      const std::int64_t a = first.begin + std::int64_t(lo), b = first.begin + std::int64_t(hi);
+      for (std::int64_t k = first.seg_begin; k < last.seg_end; ++k) {
+        const Seg& g = segs[std::size_t(k)];
+        const std::int64_t x = std::max(a, g.off), y = std::min(b, g.off + g.count);
+        if (x >= y) continue;
+        V* at = g.ptr + (x - g.off);
+        if (!owned_.empty() && owned_.back().first + owned_.back().second == at)
+          owned_.back().second += std::size_t(y - x);
+        else
+          owned_.emplace_back(at, std::size_t(y - x));
       }
     }
   }
@@ -365,7 +403,7 @@ class SyncPlan {
         throw ConfigError(cat("algorithm = hierarchical, but backend '", Backend::name(),
                               "' has no hierarchical sum (MpiBackend has); use flat or automatic"));
       algorithms = {Algorithm::hierarchical};
-    } else if (o.tuning.algorithm == Algorithm::automatic && t.hierarchical_helps() &&
+    } else if (o.tuning.algorithm == Algorithm::automatic && o.shard == Shard::none && t.hierarchical_helps() &&
                has_hierarchical_sum<Backend>::value) {
       algorithms = {Algorithm::flat, Algorithm::hierarchical};
     } else {
@@ -393,6 +431,8 @@ class SyncPlan {
   std::vector<Chunk> chunks_;
   std::vector<V*> first_ptr_;                                // per chunk, its first value in the gradients
   std::vector<std::pair<std::size_t, std::size_t>> groups_;  // per chunk, its group [begin, end)
+  bool sharded_ = false;                                     // Options::shard
+  std::vector<std::pair<V*, std::size_t>> owned_;            // sharded: this rank's slices
   std::size_t widest_group_ = 1;
   std::int64_t slot_size_ = 0;
   std::int64_t slots_ = pipeline_depth;

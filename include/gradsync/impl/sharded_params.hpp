@@ -1,0 +1,95 @@
+// gradsync internals: a DistributedOptimizer's data-parallel parameters under Options::shard.
+//
+// The sync says which slices of the data-parallel gradients this rank owns
+// (GradientSync::owned_slices()). Each slice, cut at tensor boundaries, becomes one slot of the
+// wrapped optimizer over the matching slice of the parameter, so the optimizer keeps state for
+// those values only and updates only them; local parameters keep one slot each. After the update,
+// the slices travel through the gradients' own memory: each rank copies its updated parameter
+// slices into its gradient slices, the sync allgathers them in the regions of its reduce-scatter
+// (impl::SyncEngine::gather), and every rank copies the gradients back into its parameters.
+// Exact: the update of a slice is the unsharded update of those values, and copies are copies.
+#pragma once
+
+#include <cstddef>
+#include <utility>
+#include <vector>
+
+#include "../config.hpp"
+#include "../error.hpp"
+#include "range_index.hpp"
+
+namespace gradsync::impl {
+
+template <class V, class MemorySpace>
+class ShardedParams {
+ public:
+  // A slice of one data-parallel parameter and of its gradient.
+  struct Piece {
+    V* param;
+    V* grad;
+    std::size_t count;
+    std::size_t slot = 0;  // the optimizer's
+  };
+  // A data-parallel parameter whole (the copy back after the allgather).
+  struct Whole {
+    V* param;
+    V* grad;
+    std::size_t count;
+  };
+
+  bool built() const { return built_; }
+  const std::vector<Piece>& pieces() const { return pieces_; }
+
+  // Cuts `owned` (pointer, count into gradients) at the data-parallel parameters in `dp` and calls
+  // add(piece) for each, in order. Once: the optimizer's slots cannot move (same_as() says whether a
+  // later plan kept the slices).
+  template <class Add>
+  void build(const std::vector<std::pair<V*, std::size_t>>& owned, std::vector<Whole> dp, Add&& add) {
+    RangeIndex<V> by_grad;
+    for (std::size_t i = 0; i < dp.size(); ++i)
+      if (dp[i].count > 0) by_grad.insert(dp[i].grad, dp[i].count, i);
+    for (auto [g, n] : owned) {
+      while (n > 0) {
+        const std::size_t i = by_grad.holding(g);
+        if (i == RangeIndex<V>::npos)
+          throw Error("sharded DistributedOptimizer: a slice the sync owns lies outside every data-parallel "
+                      "parameter's gradient (a gradient registered with the sync but not with add<Group>())");
+        const Whole& w = dp[i];
+        const std::size_t off = std::size_t(g - w.grad), k = std::min(n, w.count - off);
+        pieces_.push_back(Piece{w.param + off, g, k, 0});
+        add(pieces_.back());
+        g += k;
+        n -= k;
+      }
+    }
+    owned_ = owned;
+    whole_ = std::move(dp);
+    built_ = true;
+  }
+  bool same_as(const std::vector<std::pair<V*, std::size_t>>& owned) const { return owned == owned_; }
+
+  // Before the allgather: this rank's updated slices into its gradients' slices.
+  void slices_to_gradients() const {
+    for (const Piece& p : pieces_) copy(p.grad, p.param, p.count);
+    Kokkos::fence();
+  }
+  // After it: every data-parallel parameter from its gradient, which now holds every owner's slice.
+  void gradients_to_parameters() const {
+    for (const Whole& w : whole_) copy(w.param, w.grad, w.count);
+    Kokkos::fence();
+  }
+
+ private:
+  static void copy(V* to, const V* from, std::size_t n) {
+    using Out = Kokkos::View<V*, MemorySpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+    using In = Kokkos::View<const V*, MemorySpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+    if (n > 0) Kokkos::deep_copy(Out(to, n), In(from, n));
+  }
+
+  bool built_ = false;
+  std::vector<Piece> pieces_;
+  std::vector<Whole> whole_;
+  std::vector<std::pair<V*, std::size_t>> owned_;
+};
+
+}  // namespace gradsync::impl
