@@ -41,8 +41,7 @@ template <class Opt>
 struct Model {
   std::vector<View> p, g;
   gradsync::DistributedOptimizer<Opt, Sync> dopt;
-  Model(Opt opt, gradsync::Options o, int rank)
-      : dopt(std::move(opt), Sync(gradsync::MpiBackend(MPI_COMM_WORLD), o)) {
+  Model(Opt opt, gradsync::Options o, int rank) : dopt(std::move(opt), Sync(gradsync::MpiBackend(MPI_COMM_WORLD), o)) {
     for (std::size_t k = 0; k <= dp_sizes.size(); ++k) {
       const std::size_t n = k < dp_sizes.size() ? dp_sizes[k] : tower_size(rank);
       p.emplace_back("p", n);
@@ -97,7 +96,8 @@ double run_case(const Opt& opt, const Case& c, int steps, double* state_ratio = 
   }
   double worst = 0;
   for (std::size_t k = 0; k < plain.p.size(); ++k)
-    for (std::size_t i = 0; i < plain.p[k].size(); ++i) worst = std::max(worst, rel_err(sharded.p[k](i), plain.p[k](i)));
+    for (std::size_t i = 0; i < plain.p[k].size(); ++i)
+      worst = std::max(worst, rel_err(sharded.p[k](i), plain.p[k](i)));
   if (state_ratio) {
     const double full = double(plain.dopt.state_bytes()), mine = double(sharded.dopt.state_bytes());
     const double local = 2.0 * double(tower_size(rank)) * sizeof(double);  // Adam: two moments
@@ -161,16 +161,17 @@ TEST_CASE("what a sharded step cannot do yet is a ConfigError naming it") {
   gradsync::Options o;
   o.shard = gradsync::Shard::optimizer_state;
   o.compression = gradsync::Compression::bf16;
-  CHECK(error_of<gradsync::ConfigError>([&] { Sync s(gradsync::MpiBackend(MPI_COMM_WORLD), o); })
-            .find("compression") != std::string::npos);
+  CHECK(error_of<gradsync::ConfigError>([&] { Sync s(gradsync::MpiBackend(MPI_COMM_WORLD), o); }).find("compression") !=
+        std::string::npos);
   o.compression = gradsync::Compression::none;
   o.tuning.fusion_threshold_bytes = gradsync::fusion_threshold_auto;
-  CHECK(error_of<gradsync::ConfigError>([&] { Sync s(gradsync::MpiBackend(MPI_COMM_WORLD), o); })
-            .find("fusion_threshold_auto") != std::string::npos);
+  CHECK(error_of<gradsync::ConfigError>([&] {
+          Sync s(gradsync::MpiBackend(MPI_COMM_WORLD), o);
+        }).find("fusion_threshold_auto") != std::string::npos);
   o.tuning.fusion_threshold_bytes = gradsync::fusion_threshold_by_topology;
   o.tuning.collectives = gradsync::Collectives::blocking;
-  CHECK(error_of<gradsync::ConfigError>([&] { Sync s(gradsync::MpiBackend(MPI_COMM_WORLD), o); })
-            .find("blocking") != std::string::npos);
+  CHECK(error_of<gradsync::ConfigError>([&] { Sync s(gradsync::MpiBackend(MPI_COMM_WORLD), o); }).find("blocking") !=
+        std::string::npos);
   // A row-sparse data-parallel gradient: refused at the plan, on every rank alike.
   o.tuning.collectives = gradsync::Collectives::automatic;
   Sync s(gradsync::MpiBackend(MPI_COMM_WORLD), o);

@@ -71,11 +71,13 @@ void run_checkpoint(S& sync, bool save, const std::string& path, Items&& items) 
                            try {
                              CkptJob job = checkpoint_job(sync, comm, call, path);
                              Kokkos::fence();  // pending kernels may still write parameters or state
-                             items(job);
-                             if (save)
+                             items(job, comm);
+                             if (save) {
                                save_job(job, comm, path);
-                             else
+                             } else {
                                load_job(job, comm, path);
+                               for (auto& f : job.after_load) f();
+                             }
                            } catch (const CheckpointError& e) {  // agreed: thrown alike on every rank
                              refused = e.what();
                            }
@@ -94,10 +96,14 @@ void run_checkpoint(S& sync, bool save, const std::string& path, Items&& items) 
 /// over the sync's ranks (an MpiBackend's communicator); between steps, and not in the middle of an
 /// aggregation cycle (gradients are not saved). Throws CheckpointError on every rank, with the same
 /// message, when any rank fails; then `path` is untouched.
+/// A sharded optimizer (Options::shard) writes the same file as an unsharded one would: each
+/// parameter's state whole, summed from the ranks' slices (docs/SHARDING.md).
 template <class Optimizer, class Sync>
 void save_checkpoint(DistributedOptimizer<Optimizer, Sync>& dopt, const std::string& path,
                      const CheckpointState& state = {}) {
-  impl::run_checkpoint(dopt.sync(), true, path, [&](impl::CkptJob& job) { impl::add_items_of(job, dopt, state); });
+  impl::CheckpointAccess::make_shards(dopt);
+  impl::run_checkpoint(dopt.sync(), true, path,
+                       [&](impl::CkptJob& job, const auto& comm) { impl::add_items_of(job, dopt, state, comm); });
 }
 
 /// The same for a program that updates its parameters itself: `state` names them
@@ -105,7 +111,8 @@ void save_checkpoint(DistributedOptimizer<Optimizer, Sync>& dopt, const std::str
 /// own state.
 template <class Backend, class Tensor>
 void save_checkpoint(GradientSync<Backend, Tensor>& sync, const std::string& path, const CheckpointState& state) {
-  impl::run_checkpoint(sync, true, path, [&](impl::CkptJob& job) { impl::add_items_of(job, sync, state); });
+  impl::run_checkpoint(sync, true, path,
+                       [&](impl::CkptJob& job, const auto&) { impl::add_items_of(job, sync, state); });
 }
 
 /// Reads a checkpoint written by save_checkpoint() into the optimizer's parameters and optimizer
@@ -117,17 +124,21 @@ void save_checkpoint(GradientSync<Backend, Tensor>& sync, const std::string& pat
 /// incomplete, a parameter the file lacks or holds with another size, group, table shape or
 /// optimizer state, a dataset whose checksum differs, a file of another model: CheckpointError on
 /// every rank, with the same message naming the tensor, its group and the rank that found it, and
-/// nothing was loaded anywhere.
+/// nothing was loaded anywhere. A sharded optimizer reads each parameter's whole state and keeps
+/// its slices, whatever the rank count and shard setting of the save.
 template <class Optimizer, class Sync>
 void load_checkpoint(DistributedOptimizer<Optimizer, Sync>& dopt, const std::string& path,
                      const CheckpointState& state = {}) {
-  impl::run_checkpoint(dopt.sync(), false, path, [&](impl::CkptJob& job) { impl::add_items_of(job, dopt, state); });
+  impl::CheckpointAccess::make_shards(dopt);
+  impl::run_checkpoint(dopt.sync(), false, path,
+                       [&](impl::CkptJob& job, const auto& comm) { impl::add_items_of(job, dopt, state, comm); });
 }
 
 /// The same for a program that updates its parameters itself (see save_checkpoint()).
 template <class Backend, class Tensor>
 void load_checkpoint(GradientSync<Backend, Tensor>& sync, const std::string& path, const CheckpointState& state) {
-  impl::run_checkpoint(sync, false, path, [&](impl::CkptJob& job) { impl::add_items_of(job, sync, state); });
+  impl::run_checkpoint(sync, false, path,
+                       [&](impl::CkptJob& job, const auto&) { impl::add_items_of(job, sync, state); });
 }
 
 }  // namespace gradsync

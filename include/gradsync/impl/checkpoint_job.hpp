@@ -15,7 +15,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <map>
+#include <memory>
 #include <random>
 #include <string>
 #include <utility>
@@ -42,6 +44,24 @@ struct CheckpointAccess {
   static auto& optimizer(D& d) {
     return d.opt_;
   }
+  // Sharded (Options::shard): the slices' optimizer slots, made now if not yet (the plan first:
+  // prepare(), collective) so that a save or load before the first apply() has them.
+  template <class D>
+  static void make_shards(D& d) {
+    if (!d.sharded()) return;
+    d.sync().prepare();
+    d.make_shards();
+  }
+  template <class D>
+  static const auto& shards(const D& d) {
+    return d.shards_;
+  }
+  template <class D>
+  static std::vector<std::size_t> slots(const D& d) {
+    return d.slots();
+  }
+  template <class D>
+  static constexpr std::size_t no_slot = D::no_slot;
 };
 struct CheckpointStateAccess {
   static const auto& params(const CheckpointState& s) { return s.params_; }
@@ -56,6 +76,8 @@ struct CkptJob {
   std::string id;  // this save's, alike on every rank: the partial file's suffix, the file's save_id
   std::vector<CkptItem> items;
   std::string optimizer = "none";
+  bool saving = false;
+  std::vector<std::function<void()>> after_load;  // once a load read everything (sharded state)
   // The sync's error-feedback residuals (per rank; /residuals), when it has any.
   bool has_residuals = false;
   CkptData residuals;
@@ -100,6 +122,7 @@ CkptJob checkpoint_job(S& sync, const Comm& comm, const char* call, const std::s
   job.rank = comm.rank();
   job.size = comm.size();
   job.what = cat(call, "(\"", path, "\")");
+  job.saving = std::string(call) == "save_checkpoint";
   FieldWriter mine;
   if (job.rank == 0) mine << path << ckpt_unique_id();
   const std::string first = comm.broadcast(mine.str(), 0);
@@ -201,15 +224,104 @@ inline void add_state_items(CkptJob& job, const CheckpointState& state,
   }
 }
 
-// A DistributedOptimizer's parameters with their optimizer state (Adam's moments, the counters).
+// Sharded (Options::shard): the data-parallel parameters' state, whole, as an unsharded optimizer
+// holds it, so that the file depends neither on the rank count nor on the shard setting. A save
+// sums it from the ranks' slices (each value is one rank's; the others add zeros: exact); a load
+// reads it whole on every rank and hands each rank its slices (after_load). The whole state stays
+// in host memory for the call: the memory a sharded optimizer saves is spent again during it.
+template <class T>
+struct ShardedWholeState {
+  std::vector<T> values;                   // state k of the parameter at `at` begins at k * total + at
+  std::size_t total = 0;                   // values of every sharded parameter
+  int nstate = 0;                          // value buffers per slot (Adam: 2, 3 with amsgrad)
+  std::int64_t step = 0;                   // the slots' step count (every slot steps alike)
+  std::map<const T*, std::size_t> at;      // parameter -> its offset
+  std::vector<std::int64_t> loaded_steps;  // a load's counters, per parameter (in `at` order)
+};
+
+template <class D, class Comm>
+std::shared_ptr<ShardedWholeState<typename D::value_type>> sharded_whole_state(const CkptJob& job, D& dopt,
+                                                                               const Comm& comm) {
+  using T = typename D::value_type;
+  using Space = typename D::memory_space;
+  using U = Kokkos::MemoryTraits<Kokkos::Unmanaged>;
+  auto w = std::make_shared<ShardedWholeState<T>>();
+  [[maybe_unused]] auto& opt = CheckpointAccess::optimizer(dopt);
+  for (const auto& e : CheckpointAccess::entries(dopt))
+    if (e.slot == CheckpointAccess::no_slot<D>) w->at[e.param] = w->total, w->total += e.size;
+  // The slots' shape and step count, agreed: a rank may hold no slot at all.
+  std::vector<std::int64_t> mine{1, 1};  // -(buffers), -(step): min over ranks is the max
+  if constexpr (has_state_visitor<typename D::optimizer_type>::value)
+    for (std::size_t slot : CheckpointAccess::slots(dopt)) {
+      std::int64_t n = 0;
+      opt.for_each_state(slot, [&](auto* data, std::size_t) {
+        if constexpr (std::is_same_v<std::remove_pointer_t<decltype(data)>, T>)
+          ++n;
+        else
+          mine[1] = -*data;
+      });
+      mine[0] = -n;
+      break;
+    }
+  comm.min(mine);
+  w->nstate = int(-std::min<std::int64_t>(mine[0], 0));
+  w->step = -std::min<std::int64_t>(mine[1], 0);
+  w->values.assign(std::size_t(w->nstate) * w->total, T(0));
+  w->loaded_steps.assign(w->at.size(), w->step);
+  if (!job.saving) return w;
+  if constexpr (has_state_visitor<typename D::optimizer_type>::value)
+    for (const auto& p : CheckpointAccess::shards(dopt).pieces()) {
+      const auto e = std::prev(w->at.upper_bound(p.param));  // the parameter holding the slice
+      T* out = w->values.data() + e->second + std::size_t(p.param - e->first);
+      opt.for_each_state(p.slot, [&](auto* data, std::size_t n) {
+        if constexpr (std::is_same_v<std::remove_pointer_t<decltype(data)>, T>) {
+          Kokkos::deep_copy(Kokkos::View<T*, Kokkos::HostSpace, U>(out, n), Kokkos::View<const T*, Space, U>(data, n));
+          out += w->total;
+        }
+      });
+    }
+  comm.sum(w->values);
+  return w;
+}
+
+// After a sharded load: each slice's state from the whole, and every slot's step count.
 template <class D>
+void adopt_sharded_state(D& dopt, const ShardedWholeState<typename D::value_type>& w) {
+  using T = typename D::value_type;
+  using Space = typename D::memory_space;
+  using U = Kokkos::MemoryTraits<Kokkos::Unmanaged>;
+  [[maybe_unused]] auto& opt = CheckpointAccess::optimizer(dopt);
+  if constexpr (has_state_visitor<typename D::optimizer_type>::value)
+    for (const auto& p : CheckpointAccess::shards(dopt).pieces()) {
+      const auto e = std::prev(w.at.upper_bound(p.param));
+      const T* in = w.values.data() + e->second + std::size_t(p.param - e->first);
+      const std::int64_t step = w.loaded_steps[std::size_t(std::distance(w.at.begin(), e))];
+      opt.for_each_state(p.slot, [&](auto* data, std::size_t n) {
+        if constexpr (std::is_same_v<std::remove_pointer_t<decltype(data)>, T>) {
+          Kokkos::deep_copy(Kokkos::View<T*, Space, U>(data, n), Kokkos::View<const T*, Kokkos::HostSpace, U>(in, n));
+          in += w.total;
+        } else {
+          for (std::size_t i = 0; i < n; ++i) data[i] = step;
+        }
+      });
+    }
+  Kokkos::fence();
+}
+
+// A DistributedOptimizer's parameters with their optimizer state (Adam's moments, the counters).
+template <class D, class Comm>
 void add_optimizer_items(CkptJob& job, D& dopt, const CheckpointState& state,
-                         const std::map<std::string, CkptRegistration>& regs) {
+                         const std::map<std::string, CkptRegistration>& regs, const Comm& comm) {
   using T = typename D::value_type;
   using Space = typename D::memory_space;
   using Opt = typename D::optimizer_type;
   static_assert(std::is_same_v<T, double> || std::is_same_v<T, float>,
                 "gradsync checkpoints: parameters are float or double");
+  std::shared_ptr<ShardedWholeState<T>> whole;
+  if (dopt.sharded()) {
+    whole = sharded_whole_state(job, dopt, comm);
+    if (!job.saving) job.after_load.push_back([&dopt, whole] { adopt_sharded_state(dopt, *whole); });
+  }
   const auto& shards = CheckpointStateAccess::shards(state);
   for (const auto& [name, shard] : shards) {
     bool found = false;
@@ -222,6 +334,22 @@ void add_optimizer_items(CkptJob& job, D& dopt, const CheckpointState& state,
     const bool rowwise = it.kind == CkptKind::sharded;
     it.data.push_back(ckpt_data<T, Space>("param", e.param, e.size, rowwise));
     std::vector<std::int64_t*> counters;
+    if (e.slot == CheckpointAccess::no_slot<D>) {  // sharded data-parallel: from the whole state
+      const std::size_t at = whole->at.at(e.param);
+      for (int k = 0; k < whole->nstate; ++k)
+        it.data.push_back(ckpt_data<T, Kokkos::HostSpace>(cat("state", k), whole->values.data() + k * whole->total + at,
+                                                          e.size, false, whole));
+      std::int64_t* step = &whole->loaded_steps[std::size_t(std::distance(whole->at.begin(), whole->at.find(e.param)))];
+      CkptData d;
+      d.name = "counters";
+      d.type = CkptType::i64;
+      d.count = 1;
+      d.get = [whole, step](void* out) { *static_cast<std::int64_t*>(out) = *step; };
+      d.put = [whole, step](const void* in) { *step = *static_cast<const std::int64_t*>(in); };
+      it.data.push_back(std::move(d));
+      job.items.push_back(std::move(it));
+      continue;
+    }
     if constexpr (has_state_visitor<Opt>::value)
       CheckpointAccess::optimizer(dopt).for_each_state(e.slot, [&](auto* data, std::size_t n) {
         using X = std::remove_pointer_t<decltype(data)>;
@@ -252,10 +380,11 @@ void add_optimizer_items(CkptJob& job, D& dopt, const CheckpointState& state,
 
 // The owner's items: a DistributedOptimizer's parameters with their optimizer state, or a bare
 // sync's named in `state`, and the program's entries.
-template <class Optimizer, class Sync>
-void add_items_of(CkptJob& job, DistributedOptimizer<Optimizer, Sync>& dopt, const CheckpointState& state) {
+template <class Optimizer, class Sync, class Comm>
+void add_items_of(CkptJob& job, DistributedOptimizer<Optimizer, Sync>& dopt, const CheckpointState& state,
+                  const Comm& comm) {
   const auto regs = registrations_by_name(dopt.sync());
-  add_optimizer_items(job, dopt, state, regs);
+  add_optimizer_items(job, dopt, state, regs, comm);
   add_state_items(job, state, regs);
   job.optimizer = type_name<Optimizer>();
 }

@@ -52,8 +52,9 @@ class ShardedParams {
       while (n > 0) {
         const std::size_t i = by_grad.holding(g);
         if (i == RangeIndex<V>::npos)
-          throw Error("sharded DistributedOptimizer: a slice the sync owns lies outside every data-parallel "
-                      "parameter's gradient (a gradient registered with the sync but not with add<Group>())");
+          throw Error(
+              "sharded DistributedOptimizer: a slice the sync owns lies outside every data-parallel "
+              "parameter's gradient (a gradient registered with the sync but not with add<Group>())");
         const Whole& w = dp[i];
         const std::size_t off = std::size_t(g - w.grad), k = std::min(n, w.count - off);
         pieces_.push_back(Piece{w.param + off, g, k, 0});
