@@ -43,6 +43,7 @@ struct Config {
   std::string save_path;       // --save PATH: a checkpoint after training
   std::string load_path;       // --load PATH: continue from a checkpoint
   bool digest = false;         // --digest: the sum of squares of every parameter
+  bool shard = false;          // --shard: Adam's state sharded over the ranks (Options::shard)
 
   double fine_dt() const { return dt / substeps; }
   bool selecting() const { return select_steep >= 0; }
@@ -65,6 +66,8 @@ inline void usage(const char* argv0) {
       "                     the schedule, the solver's time step and fine field\n"
       "  --load PATH        continue from a checkpoint (the same rank count), --steps more solver steps\n"
       "  --digest           rank 0 prints 'parameters digest: X', the sum of squares of every parameter\n"
+      "  --shard            shard the trunk's Adam state over the ranks (docs/SHARDING.md); the heads keep\n"
+      "                     theirs whole\n"
       "  --rollout K        steps of each free-running evaluation window, 0 for none (default 25)\n"
       "  --eval-windows W   free-running windows after training, the closure frozen (default 20)\n"
       "  --log-every N      progress line every N steps (default 250)\n"
@@ -146,6 +149,8 @@ inline bool parse(Config& c, int argc, char** argv, bool print) {
       c.load_path = value();
     else if (o == "--digest")
       c.digest = true;
+    else if (o == "--shard")
+      c.shard = true;
     else if (o == "--rollout")
       c.rollout = std::stoi(value());
     else if (o == "--eval-windows")

@@ -311,6 +311,9 @@ class Simulation {
   std::uint64_t halo_bytes() const { return chalo_.bytes_sent() + fhalo_.bytes_sent(); }
 
   /// The trunk's parameters (grads = false) or gradients, by name, in registration order.
+  /// --shard: this rank's slices of the trunk's gradients (where a sharded sync leaves the average).
+  const auto& owned_slices() const { return opt_.sync().owned_slices(); }
+
   std::vector<std::pair<std::string, View1>> trunk(bool grads) const {
     return {{"trunk.0.weight", grads ? gw1_ : w1_},
             {"trunk.0.bias", grads ? gb1_ : b1_},
@@ -365,6 +368,7 @@ class Simulation {
     // Unweighted selection: the plain mean of the (rank, pass) means, 1/(n passes) each, the
     // counterpart of the weighted mean over every sample of the step (which covers the passes).
     o.average_aggregated_gradients = c.selecting() && !c.sample_weights;
+    if (c.shard) o.shard = gradsync::Shard::optimizer_state;
     return o;
   }
 

@@ -18,8 +18,8 @@ class SelfBackend {
 
   /// "self", in summaries and messages.
   static constexpr const char* name() { return "self"; }
-  /// Splits into itself; sums 16-bit wire values too (the identity).
-  using capabilities = Capabilities<Capability::split, Capability::wire_sums>;
+  /// Splits into itself; sums 16-bit wire values too (the identity); shards a step (one slice: all).
+  using capabilities = Capabilities<Capability::split, Capability::wire_sums, Capability::shard_sums>;
   /// Always 0.
   int rank() const { return 0; }
   /// Always 1.
@@ -37,6 +37,20 @@ class SelfBackend {
   /// The same, complete at once.
   template <class T>
   Request iallreduce_sum(T*, std::size_t) const {
+    return {};
+  }
+  /// Options::shard over one rank: the slice is everything, times `factor` (and `pre`). Host memory
+  /// only when a factor is not 1.
+  template <class T>
+  Request ireduce_scatter_sum_regions(const SumRegion<T>* regions, std::size_t k, T factor, T pre = T(1)) const {
+    if (factor * pre != T(1))
+      for (std::size_t i = 0; i < k; ++i)
+        for (std::size_t j = 0; j < regions[i].count; ++j) regions[i].data[j] = factor * (pre * regions[i].data[j]);
+    return {};
+  }
+  /// Nothing to gather from other ranks.
+  template <class T>
+  Request iallgather_regions(const SumRegion<T>*, std::size_t) const {
     return {};
   }
   /// Returns at once.

@@ -262,6 +262,11 @@ class StepPipeline : public SyncParts<Backend, V, MemorySpace, ExecutionSpace> {
       throw ConfigError(
           "shard = optimizer_state: the backend cannot read the gradients where they are (host "
           "staging): not supported sharded yet");
+    if constexpr (has_cuda_aware<Backend>::value)
+      if (backend_.cuda_aware())  // MpiBackend's halves run gradsync's ring, whose additions are host loops
+        throw ConfigError(
+            "shard = optimizer_state with CUDA-aware MPI: the reduce-scatter runs on host memory; "
+            "not supported sharded yet");
     this->rows().for_each_registration(
         [](const std::string& name, const std::string& group, bool local, bool, std::size_t) {
           if (!local)
