@@ -155,6 +155,11 @@ TEST_CASE("sharded Adam holds a 1/p share of the data-parallel state, and the sl
   for (std::size_t s : dp_sizes) dp += s;
   GRADSYNC_CHECK_ALL(total == double(dp));
   GRADSYNC_CHECK_ALL(mine <= double(dp) / n + 64);
+  m.dopt.apply();
+  const std::string d = gradsync::describe(m.dopt);
+  CAPTURE(d);
+  CHECK(d.find(" bytes on this rank (data-parallel state sharded") != std::string::npos);
+  CHECK(d.find("shard optimizer_state") != std::string::npos);
 }
 
 TEST_CASE("what a sharded step cannot do yet is a ConfigError naming it") {
@@ -184,4 +189,19 @@ TEST_CASE("what a sharded step cannot do yet is a ConfigError naming it") {
   const std::string e = error_of<gradsync::ConfigError>([&] { (void)s.synchronize(); });
   CAPTURE(e);
   GRADSYNC_CHECK_ALL(e.find("row-sparse data-parallel gradient 'rows'") != std::string::npos);
+}
+
+TEST_CASE("check_finite, sharded: a NaN on one rank is an Error naming the tensor on every rank") {
+  const int rank = world_rank();
+  gradsync::Options o;
+  o.shard = gradsync::Shard::optimizer_state;
+  o.check_finite = true;
+  Model<gradsync::Adam<View>> m(gradsync::Adam<View>(), o, rank);
+  m.fill(rank, 0);
+  REQUIRE(m.dopt.step());
+  m.fill(rank, 1);
+  if (rank == world_size() - 1) m.g[3](17) = std::nan("");
+  const std::string e = error_of<gradsync::Error>([&] { (void)m.dopt.synchronize(); });
+  CAPTURE(e);
+  GRADSYNC_CHECK_ALL(e.find("Dense[3]") != std::string::npos);
 }

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "impl/demangle.hpp"
 #include "local_var_policy.hpp"
 #include "options.hpp"
 #include "topology.hpp"
@@ -21,6 +22,8 @@ namespace gradsync {
 /// \cond GRADSYNC_FORWARD
 template <class Backend, class Tensor>
 class GradientSync;
+template <class Optimizer, class Sync>
+class DistributedOptimizer;
 /// \endcond
 
 /// What a GradientSync holds and how it exchanges it, on this rank. Bytes are bytes of gradient.
@@ -212,6 +215,17 @@ inline std::string describe_summary(const SyncSummary& s) {
 template <class Backend, class Tensor>
 std::string describe(const GradientSync<Backend, Tensor>& sync) {
   return impl::describe_summary(sync.summary());
+}
+
+/// describe() of the optimizer's sync, and a line for the optimizer: its type, the bytes of state
+/// this rank holds (DistributedOptimizer::state_bytes()) and whether they are sharded. Local.
+template <class Optimizer, class Sync>
+std::string describe(DistributedOptimizer<Optimizer, Sync>& dopt) {
+  std::ostringstream os;
+  os << describe(dopt.sync()) << "\n  optimizer: " << impl::type_name<Optimizer>() << ", " << dopt.num_params()
+     << " parameters, state " << dopt.state_bytes() << " bytes on this rank"
+     << (dopt.sharded() ? " (data-parallel state sharded: this rank's slices)" : "");
+  return os.str();
 }
 
 }  // namespace gradsync

@@ -346,30 +346,14 @@ class DistributedOptimizer {
   // Sharded: at the first apply(), local parameters get a slot each and data-parallel ones a slot
   // per slice this rank owns (impl/sharded_params.hpp). The slots cannot move afterwards.
   void make_shards() {
-    const auto& owned = sync().owned_slices();
-    if (shards_.built()) {
-      if (!shards_.same_as(owned))
-        throw ConfigError(impl::cat(
-            "DistributedOptimizer (shard = optimizer_state): the sync's slices changed after the first apply() "
-            "(registrations changed, or register_local_var) on rank ",
-            sync().backend().rank(), "; sharded optimizer state cannot follow them yet"));
-      return;
-    }
     using Span_ = Span<value_type, memory_space>;
-    if constexpr (!adds_spans<Span_>::value) {
+    if (shards_.built()) return shards_.require_same(sync().owned_slices(), sync().backend().rank());
+    if constexpr (!impl::adds_spans<Optimizer, Span_>::value)
       throw ConfigError(impl::cat("DistributedOptimizer (shard = optimizer_state): the optimizer ",
-                                  impl::type_name<Optimizer>(),
-                                  " cannot add(gradsync::Span, gradsync::Span): its slots cannot be slices"));
-    } else {
-      make_shard_slots<Span_>(owned);
-    }
+                                  impl::type_name<Optimizer>(), " cannot add(Span, Span): its slots cannot be slices"));
+    else
+      make_shard_slots<Span_>(sync().owned_slices());
   }
-  template <class S, class = void>
-  struct adds_spans : std::false_type {};
-  template <class S>
-  struct adds_spans<
-      S, std::void_t<decltype(std::declval<Optimizer&>().add(std::declval<const S&>(), std::declval<const S&>()))>>
-      : std::true_type {};
   template <class Span_>
   void make_shard_slots(const std::vector<std::pair<value_type*, std::size_t>>& owned) {
     std::unordered_map<const value_type*, bool> local;

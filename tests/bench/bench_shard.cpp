@@ -61,15 +61,17 @@ void run_step(const std::string& dir, int reps) {
     std::vector<bench::Method> ms;
     ms.push_back({"unsharded step (allreduce + Adam on all)", [&] { plain.step(); }, {}});
     ms.push_back({"sharded step (reduce-scatter + Adam on 1/p + allgather)", [&] { sharded.step(); }, {}});
-    ms.push_back({"raw MPI_Allreduce", [&] {
-                    MPI_Allreduce(MPI_IN_PLACE, raw.data(), int(raw.size()), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
-                  }, {}});
-    ms.push_back({"raw MPI_Reduce_scatter_block + MPI_Allgather", [&] {
+    ms.push_back({"raw MPI_Allreduce",
+                  [&] { MPI_Allreduce(MPI_IN_PLACE, raw.data(), int(raw.size()), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); },
+                  {}});
+    ms.push_back({"raw MPI_Reduce_scatter_block + MPI_Allgather",
+                  [&] {
                     MPI_Reduce_scatter_block(raw.data(), slice.data(), int(slice.size()), MPI_FLOAT, MPI_SUM,
                                              MPI_COMM_WORLD);
-                    MPI_Allgather(slice.data(), int(slice.size()), MPI_FLOAT, raw.data(), int(slice.size()),
-                                  MPI_FLOAT, MPI_COMM_WORLD);
-                  }, {}});
+                    MPI_Allgather(slice.data(), int(slice.size()), MPI_FLOAT, raw.data(), int(slice.size()), MPI_FLOAT,
+                                  MPI_COMM_WORLD);
+                  },
+                  {}});
     bench::measure(ms, 2, reps);
     if (bench::rank() == 0) {
       std::printf("%s, %zu floats (%.1f MiB), %d ranks, medians of %d interleaved steps:\n", m.name.c_str(), n,

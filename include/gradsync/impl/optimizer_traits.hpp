@@ -23,6 +23,15 @@ struct has_state_visitor<
     O, std::void_t<decltype(std::declval<O&>().for_each_state(std::size_t(0), std::declval<StateProbe&>()))>>
     : std::true_type {};
 
+// Whether the optimizer's add() takes S (gradsync::Span): a sharded DistributedOptimizer's slots are
+// slices of parameters.
+template <class O, class S, class = void>
+struct adds_spans : std::false_type {};
+template <class O, class S>
+struct adds_spans<O, S,
+                  std::void_t<decltype(std::declval<O&>().add(std::declval<const S&>(), std::declval<const S&>()))>>
+    : std::true_type {};
+
 template <class O, class T, class = void>
 struct has_grad_scale : std::false_type {};
 template <class O, class T>

@@ -41,8 +41,8 @@ class ShardedParams {
   const std::vector<Piece>& pieces() const { return pieces_; }
 
   // Cuts `owned` (pointer, count into gradients) at the data-parallel parameters in `dp` and calls
-  // add(piece) for each, in order. Once: the optimizer's slots cannot move (same_as() says whether a
-  // later plan kept the slices).
+  // add(piece) for each, in order. Once: the optimizer's slots cannot move (require_same() refuses a
+  // later plan with other slices).
   template <class Add>
   void build(const std::vector<std::pair<V*, std::size_t>>& owned, std::vector<Whole> dp, Add&& add) {
     RangeIndex<V> by_grad;
@@ -67,7 +67,14 @@ class ShardedParams {
     whole_ = std::move(dp);
     built_ = true;
   }
-  bool same_as(const std::vector<std::pair<V*, std::size_t>>& owned) const { return owned == owned_; }
+  // The optimizer's slots were cut from `owned_`: a plan with other slices is refused.
+  void require_same(const std::vector<std::pair<V*, std::size_t>>& owned, int rank) const {
+    if (owned != owned_)
+      throw ConfigError(
+          cat("DistributedOptimizer (shard = optimizer_state): the sync's slices changed after the "
+              "first apply() (registrations changed, or register_local_var) on rank ",
+              rank, "; sharded optimizer state cannot follow them yet"));
+  }
 
   // Before the allgather: this rank's updated slices into its gradients' slices.
   void slices_to_gradients() const {
