@@ -47,6 +47,7 @@ struct Config {
   std::string save_path;             // --save PATH: a checkpoint at the end of the run
   std::string load_path;             // --load PATH: continue from a checkpoint (its step onwards)
   bool digest = false;               // --digest: print the sum of squares of every parameter
+  bool shard = false;                // --shard: the MLP step sharded (Options::shard, docs/SHARDING.md)
 
   int num_tables() const { return int(table_rows.size()); }
   int dense_features() const { return bottom.front(); }
@@ -84,6 +85,8 @@ inline void usage(const char* argv0) {
       "                     (any rank count: each table goes to whichever rank holds it now)\n"
       "  --digest           rank 0 prints 'parameters digest: X', the sum of squares of every parameter of\n"
       "                     the global model (tables once), 17 significant digits\n"
+      "  --shard            the MLPs' step sharded (docs/SHARDING.md): their gradients reduce-scattered, each\n"
+      "                     rank updates its slices, the parameters allgathered (gradsync::allgather_parameters)\n"
       "  --bottom-mlp L     e.g. 13-512-256-64-16 (first = 13 dense features, last = dim)\n"
       "  --top-mlp L        e.g. 367-512-256-1 (first = interaction width, last = 1)\n"
       "  --config FILE      read table_rows, embedding_dim, bottom_mlp, top_mlp from a DLRM JSON\n",
@@ -157,6 +160,8 @@ inline void validate(const Config& c) {
   if (c.uneven && !c.scale_tables) fail("--uneven takes the default --table-scale world_size");
   if (!c.weights && !c.uneven) fail("--weights off goes with --uneven");
   if (!(c.clip >= 0)) fail("--clip must be >= 0");
+  if (c.shard && c.replicas > 0) fail("--shard with --replicas: process-set groups are not sharded yet");
+  if (c.shard && c.compression != "none") fail("--shard with --compression: not sharded yet");
   if (c.check && (!c.save_path.empty() || !c.load_path.empty()))
     fail("--save and --load go with training runs, not --check");
 }
@@ -200,6 +205,8 @@ inline bool parse(Config& c, int argc, char** argv, bool print = true) {
       c.load_path = value();
     } else if (o == "--digest") {
       c.digest = true;
+    } else if (o == "--shard") {
+      c.shard = true;
     } else if (o == "--clip")
       c.clip = std::stod(value());
     else if (o == "--min-loss-drop")

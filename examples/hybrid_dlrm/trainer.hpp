@@ -82,6 +82,7 @@ inline gradsync::Options sync_options(const Config& c) {
   o.compression = c.compression == "bf16"   ? gradsync::Compression::bf16
                   : c.compression == "fp16" ? gradsync::Compression::fp16
                                             : gradsync::Compression::none;
+  if (c.shard) o.shard = gradsync::Shard::optimizer_state;
   return o;
 }
 
@@ -216,13 +217,23 @@ class Trainer {
     }
   }
 
-  /// One SGD step: MLPs everywhere, only the touched rows of this rank's tables.
+  /// One SGD step: MLPs everywhere (--shard: this rank's slices, then every rank's to every rank),
+  /// only the touched rows of this rank's tables.
   void apply_sgd() {
-    for (auto* mlp : {&bottom_, &top_})
-      for (Layer& l : *mlp) {
-        Kokkos::parallel_for("dlrm::sgd", range(Index(l.w.size())), AxpyUpdate{l.w.data(), l.gw.data(), cfg_.lr});
-        Kokkos::parallel_for("dlrm::sgd", range(Index(l.b.size())), AxpyUpdate{l.b.data(), l.gb.data(), cfg_.lr});
-      }
+    if (cfg_.shard) {
+      for (auto [g, count] : sync_.owned_slices())
+        for (const auto& [p, pg] : mlp_pairs_)  // the parameter whose gradient holds the slice
+          if (g >= pg.data() && g < pg.data() + pg.size())
+            Kokkos::parallel_for("dlrm::sgd", range(Index(count)), AxpyUpdate{p.data() + (g - pg.data()), g, cfg_.lr});
+      Kokkos::fence();
+      gradsync::allgather_parameters(sync_, mlp_pairs_);
+    } else {
+      for (auto* mlp : {&bottom_, &top_})
+        for (Layer& l : *mlp) {
+          Kokkos::parallel_for("dlrm::sgd", range(Index(l.w.size())), AxpyUpdate{l.w.data(), l.gw.data(), cfg_.lr});
+          Kokkos::parallel_for("dlrm::sgd", range(Index(l.b.size())), AxpyUpdate{l.b.data(), l.gb.data(), cfg_.lr});
+        }
+    }
     // The rows the sync left in each table's RowSparse: this batch's rows, or with replicas the
     // union of every replica's rows (summed over the table's process set).
     for (std::size_t i = 0; i < table_rows_.size(); ++i)
@@ -274,6 +285,8 @@ class Trainer {
   /// This rank's replica group (--replicas: groups of n/R consecutive ranks; 0 without).
   int replica() const { return r_ / gn_; }
   const std::vector<Layer>& bottom() const { return bottom_; }
+  /// --shard: this rank's slices of the MLP gradients (where a sharded sync leaves the average).
+  const auto& owned_slices() const { return sync_.owned_slices(); }
   const std::vector<Layer>& top() const { return top_; }
   const std::vector<int>& owned_tables() const { return my_; }
   const std::vector<int>& owners() const { return owner_; }
@@ -479,6 +492,8 @@ class Trainer {
       for (Layer& l : *mlp) {
         sync_.template add<Mlp>(l.gw, l.name + ".weight");
         sync_.template add<Mlp>(l.gb, l.name + ".bias");
+        mlp_pairs_.push_back({MlpSpan(l.w.data(), l.w.size()), MlpSpan(l.gw.data(), l.gw.size())});
+        mlp_pairs_.push_back({MlpSpan(l.b.data(), l.b.size()), MlpSpan(l.gb.data(), l.gb.size())});
       }
     // Each table's sparse-row gradient: local to its owner, its touched rows scaled by the group's
     // policy. Up to B rows (one per sample), of a table of rows(t) rows.
@@ -635,6 +650,8 @@ class Trainer {
   std::vector<TableRows> table_rows_;  // table_grad_'s slices as RowSparse, shared with the sync
 
   std::vector<Layer> bottom_, top_;
+  using MlpSpan = gradsync::Span<Real, Mem>;
+  std::vector<std::pair<MlpSpan, MlpSpan>> mlp_pairs_;  // (parameter, gradient) of every MLP tensor
   Matrix dense_, inter_, dinter_;
   typename Matrix::HostMirror dense_h_;
   View1<Real> label_;

@@ -23,6 +23,7 @@
 #include "options.hpp"
 #include "registrations.hpp"
 #include "self_backend.hpp"
+#include "shard.hpp"
 #include "stats.hpp"
 #include "tensor_traits.hpp"
 #include "watch.hpp"

@@ -140,8 +140,8 @@ struct SyncAccess {
   // update wrote them into the gradients' slices). Why not public: it sends gradient memory that
   // holds parameters, which only the optimizer means.
   template <class S>
-  static void gather_slices(S& s) {
-    collective(s, "DistributedOptimizer::apply()", "allgather of the parameters' slices", [&](const auto&) {
+  static void gather_slices(S& s, const char* call = "DistributedOptimizer::apply()") {
+    collective(s, call, "allgather of the parameters' slices", [&](const auto&) {
       auto& p = s.pipe_;
       auto cx = p.ctx();
       p.dense().gather(cx, p.sync_plan());
