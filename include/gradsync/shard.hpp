@@ -32,10 +32,10 @@ namespace gradsync {
 template <class Backend, class Tensor>
 void allgather_parameters(
     GradientSync<Backend, Tensor>& sync,
-    const std::vector<std::pair<Span<typename GradientSync<Backend, Tensor>::value_type,
-                                     typename GradientSync<Backend, Tensor>::memory_space>,
-                                Span<typename GradientSync<Backend, Tensor>::value_type,
-                                     typename GradientSync<Backend, Tensor>::memory_space>>>& pairs) {
+    const std::vector<std::pair<
+        Span<typename GradientSync<Backend, Tensor>::value_type, typename GradientSync<Backend, Tensor>::memory_space>,
+        Span<typename GradientSync<Backend, Tensor>::value_type,
+             typename GradientSync<Backend, Tensor>::memory_space>>>& pairs) {
   using S = GradientSync<Backend, Tensor>;
   using V = typename S::value_type;
   if (sync.options().shard == Shard::none)
