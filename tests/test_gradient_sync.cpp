@@ -483,7 +483,7 @@ TEST_CASE_TEMPLATE("MpiBackend sum over regions: the sums of one buffer, the sam
     for (auto& v : bufs) {
       std::vector<T> ref = v;
       MPI_Bcast(ref.data(), int(ref.size() * sizeof(T)), MPI_BYTE, 0, MPI_COMM_WORLD);
-      same &= std::memcmp(ref.data(), v.data(), v.size() * sizeof(T)) == 0;
+      same &= v.empty() || std::memcmp(ref.data(), v.data(), v.size() * sizeof(T)) == 0;  // empty: null data
     }
     GRADSYNC_CHECK_ALL(same);
   }
@@ -538,7 +538,7 @@ TEST_CASE_TEMPLATE("MpiBackend sharded halves over regions: the slice's sum, the
       for (std::size_t k = 0; k < bufs.size(); ++k) {
         std::vector<T> ref = bufs[k];
         MPI_Bcast(ref.data(), int(ref.size() * sizeof(T)), MPI_BYTE, 0, MPI_COMM_WORLD);
-        same &= std::memcmp(ref.data(), bufs[k].data(), ref.size() * sizeof(T)) == 0;
+        same &= ref.empty() || std::memcmp(ref.data(), bufs[k].data(), ref.size() * sizeof(T)) == 0;
         for (T x : bufs[k]) same &= x != T(-1);
       }
       at = 0;

@@ -6,11 +6,13 @@
 // those values only and updates only them; local parameters keep one slot each. After the update,
 // the slices travel through the gradients' own memory: each rank copies its updated parameter
 // slices into its gradient slices, the sync allgathers them in the regions of its reduce-scatter
-// (impl::SyncEngine::gather), and every rank copies the gradients back into its parameters.
+// (impl::SyncEngine::gather), and every rank copies the other ranks' slices into its parameters.
 // Exact: the update of a slice is the unsharded update of those values, and copies are copies.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <utility>
 #include <vector>
 
@@ -30,7 +32,7 @@ class ShardedParams {
     std::size_t count;
     std::size_t slot = 0;  // the optimizer's
   };
-  // A data-parallel parameter whole (the copy back after the allgather).
+  // A run of a data-parallel parameter and of its gradient: a whole one, or the part other ranks own.
   struct Whole {
     V* param;
     V* grad;
@@ -44,7 +46,7 @@ class ShardedParams {
   // add(piece) for each, in order. Once: the optimizer's slots cannot move (require_same() refuses a
   // later plan with other slices).
   template <class Add>
-  void build(const std::vector<std::pair<V*, std::size_t>>& owned, std::vector<Whole> dp, Add&& add) {
+  void build(const std::vector<std::pair<V*, std::size_t>>& owned, const std::vector<Whole>& dp, Add&& add) {
     RangeIndex<V> by_grad;
     for (std::size_t i = 0; i < dp.size(); ++i)
       if (dp[i].count > 0) by_grad.insert(dp[i].grad, dp[i].count, i);
@@ -63,8 +65,26 @@ class ShardedParams {
         n -= k;
       }
     }
+    // What the allgather brings: each parameter but this rank's pieces (already its values).
+    std::vector<std::pair<std::uintptr_t, std::size_t>> mine;
+    for (const Piece& p : pieces_) mine.emplace_back(reinterpret_cast<std::uintptr_t>(p.grad), p.count);
+    std::sort(mine.begin(), mine.end());
+    for (const Whole& w : dp) {
+      std::uintptr_t at = reinterpret_cast<std::uintptr_t>(w.grad);
+      const std::uintptr_t end = at + w.count * sizeof(V);
+      const auto rest = [&](std::uintptr_t to) {
+        if (to > at)
+          others_.push_back(Whole{w.param + (at - reinterpret_cast<std::uintptr_t>(w.grad)) / sizeof(V),
+                                  reinterpret_cast<V*>(at), (to - at) / sizeof(V)});
+      };
+      for (auto it = std::lower_bound(mine.begin(), mine.end(), std::make_pair(at, std::size_t(0)));
+           it != mine.end() && it->first < end; ++it) {
+        rest(it->first);
+        at = it->first + it->second * sizeof(V);
+      }
+      rest(end);
+    }
     owned_ = owned;
-    whole_ = std::move(dp);
     built_ = true;
   }
   // The optimizer's slots were cut from `owned_`: a plan with other slices is refused.
@@ -81,9 +101,10 @@ class ShardedParams {
     for (const Piece& p : pieces_) copy(p.grad, p.param, p.count);
     Kokkos::fence();
   }
-  // After it: every data-parallel parameter from its gradient, which now holds every owner's slice.
+  // After it: the rest of every data-parallel parameter from its gradient, which now holds every
+  // owner's slice.
   void gradients_to_parameters() const {
-    for (const Whole& w : whole_) copy(w.param, w.grad, w.count);
+    for (const Whole& w : others_) copy(w.param, w.grad, w.count);
     Kokkos::fence();
   }
 
@@ -96,7 +117,7 @@ class ShardedParams {
 
   bool built_ = false;
   std::vector<Piece> pieces_;
-  std::vector<Whole> whole_;
+  std::vector<Whole> others_;  // the parameters' values other ranks own
   std::vector<std::pair<V*, std::size_t>> owned_;
 };
 
