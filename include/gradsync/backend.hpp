@@ -235,6 +235,15 @@ struct backend_capabilities<B, std::void_t<typename B::capabilities>> {
 
 namespace impl {
 
+// A one-rank sharded reduce-scatter (the slice is everything): regions = factor * (pre * regions),
+// on the host. MpiBackend and SelfBackend at one rank.
+template <class T>
+void scale_regions(const SumRegion<T>* regions, std::size_t k, T factor, T pre) {
+  if (factor * pre == T(1)) return;
+  for (std::size_t i = 0; i < k; ++i)
+    for (std::size_t j = 0; j < regions[i].count; ++j) regions[i].data[j] = factor * (pre * regions[i].data[j]);
+}
+
 // ---- What a backend must provide ----
 
 template <class B, class = void>

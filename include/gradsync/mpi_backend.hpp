@@ -594,9 +594,7 @@ class MpiBackend {
     checked_count(n);
     Request r;
     if (size_ == 1) {  // the slice is everything: the factor, and nothing to send
-      if (half == impl::RingAllreduce::Half::reduce_scatter && factor * pre != T(1))
-        for (std::size_t i = 0; i < k; ++i)
-          for (std::size_t j = 0; j < regions[i].count; ++j) regions[i].data[j] = factor * (pre * regions[i].data[j]);
+      if (half == impl::RingAllreduce::Half::reduce_scatter) impl::scale_regions(regions, k, factor, pre);
       return r;
     }
     if (cuda_aware_.aware)

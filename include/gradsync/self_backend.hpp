@@ -43,9 +43,7 @@ class SelfBackend {
   /// only when a factor is not 1.
   template <class T>
   Request ireduce_scatter_sum_regions(const SumRegion<T>* regions, std::size_t k, T factor, T pre = T(1)) const {
-    if (factor * pre != T(1))
-      for (std::size_t i = 0; i < k; ++i)
-        for (std::size_t j = 0; j < regions[i].count; ++j) regions[i].data[j] = factor * (pre * regions[i].data[j]);
+    impl::scale_regions(regions, k, factor, pre);
     return {};
   }
   /// Nothing to gather from other ranks.

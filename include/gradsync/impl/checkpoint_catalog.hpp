@@ -29,6 +29,7 @@
 #include "../error.hpp"
 #include "checkpoint_hdf5.hpp"
 #include "demangle.hpp"
+#include "memory_ops.hpp"
 #include "stall.hpp"
 
 namespace gradsync::impl {
@@ -87,23 +88,14 @@ struct CkptData {
 
 template <class T, class Space>
 CkptData ckpt_data(std::string name, T* p, std::size_t n, bool rowwise = false, std::shared_ptr<const void> keep = {}) {
-  using U = Kokkos::MemoryTraits<Kokkos::Unmanaged>;
   CkptData d;
   d.name = std::move(name);
   d.type = ckpt_type_of<std::remove_const_t<T>>();
   d.count = n;
   d.rowwise = rowwise;
   if constexpr (Kokkos::SpaceAccessibility<Kokkos::HostSpace, Space>::accessible) d.host = p;
-  d.get = [p, n, keep](void* out) {
-    if (n)
-      Kokkos::deep_copy(Kokkos::View<T*, Kokkos::HostSpace, U>(static_cast<T*>(out), n),
-                        Kokkos::View<const T*, Space, U>(p, n));
-  };
-  d.put = [p, n, keep](const void* in) {
-    if (n)
-      Kokkos::deep_copy(Kokkos::View<T*, Space, U>(p, n),
-                        Kokkos::View<const T*, Kokkos::HostSpace, U>(static_cast<const T*>(in), n));
-  };
+  d.get = [p, n, keep](void* out) { copy_values<Kokkos::HostSpace, Space>(static_cast<T*>(out), p, n); };
+  d.put = [p, n, keep](const void* in) { copy_values<Space, Kokkos::HostSpace>(p, static_cast<const T*>(in), n); };
   return d;
 }
 

@@ -30,6 +30,7 @@
 #include "../registrations.hpp"
 #include "checkpoint_catalog.hpp"
 #include "hash.hpp"
+#include "memory_ops.hpp"
 #include "sync_access.hpp"
 
 namespace gradsync::impl {
@@ -244,7 +245,6 @@ std::shared_ptr<ShardedWholeState<typename D::value_type>> sharded_whole_state(c
                                                                                const Comm& comm) {
   using T = typename D::value_type;
   using Space = typename D::memory_space;
-  using U = Kokkos::MemoryTraits<Kokkos::Unmanaged>;
   auto w = std::make_shared<ShardedWholeState<T>>();
   [[maybe_unused]] auto& opt = CheckpointAccess::optimizer(dopt);
   for (const auto& e : CheckpointAccess::entries(dopt))
@@ -275,7 +275,7 @@ std::shared_ptr<ShardedWholeState<typename D::value_type>> sharded_whole_state(c
       T* out = w->values.data() + e->second + std::size_t(p.param - e->first);
       opt.for_each_state(p.slot, [&](auto* data, std::size_t n) {
         if constexpr (std::is_same_v<std::remove_pointer_t<decltype(data)>, T>) {
-          Kokkos::deep_copy(Kokkos::View<T*, Kokkos::HostSpace, U>(out, n), Kokkos::View<const T*, Space, U>(data, n));
+          copy_values<Kokkos::HostSpace, Space>(out, data, n);
           out += w->total;
         }
       });
@@ -289,7 +289,6 @@ template <class D>
 void adopt_sharded_state(D& dopt, const ShardedWholeState<typename D::value_type>& w) {
   using T = typename D::value_type;
   using Space = typename D::memory_space;
-  using U = Kokkos::MemoryTraits<Kokkos::Unmanaged>;
   [[maybe_unused]] auto& opt = CheckpointAccess::optimizer(dopt);
   if constexpr (has_state_visitor<typename D::optimizer_type>::value)
     for (const auto& p : CheckpointAccess::shards(dopt).pieces()) {
@@ -298,7 +297,7 @@ void adopt_sharded_state(D& dopt, const ShardedWholeState<typename D::value_type
       const std::int64_t step = w.loaded_steps[std::size_t(std::distance(w.at.begin(), e))];
       opt.for_each_state(p.slot, [&](auto* data, std::size_t n) {
         if constexpr (std::is_same_v<std::remove_pointer_t<decltype(data)>, T>) {
-          Kokkos::deep_copy(Kokkos::View<T*, Space, U>(data, n), Kokkos::View<const T*, Kokkos::HostSpace, U>(in, n));
+          copy_values<Space, Kokkos::HostSpace>(data, in, n);
           in += w.total;
         } else {
           for (std::size_t i = 0; i < n; ++i) data[i] = step;

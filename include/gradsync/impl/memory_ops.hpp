@@ -93,6 +93,12 @@ template <class V, class X>
 bool upload_buffer(const V& dev, const X* host, std::size_t n) {
   return MemoryOps<typename V::memory_space>::upload(dev, host, n);
 }
+// dst[0, n) = src[0, n) between raw pointers into two memory spaces; complete on return.
+template <class DstSpace, class SrcSpace, class T>
+void copy_values(T* dst, const T* src, std::size_t n) {
+  using U = Kokkos::MemoryTraits<Kokkos::Unmanaged>;
+  if (n > 0) Kokkos::deep_copy(Kokkos::View<T*, DstSpace, U>(dst, n), Kokkos::View<const T*, SrcSpace, U>(src, n));
+}
 template <class ExecutionSpace, class Dst, class Src>
 void copy_buffer(const ExecutionSpace& exec, const Dst& dst, std::size_t dpos, const Src& src, std::size_t spos,
                  std::size_t len) {

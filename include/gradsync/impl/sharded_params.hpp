@@ -18,6 +18,7 @@
 
 #include "../config.hpp"
 #include "../error.hpp"
+#include "memory_ops.hpp"
 #include "range_index.hpp"
 
 namespace gradsync::impl {
@@ -109,11 +110,7 @@ class ShardedParams {
   }
 
  private:
-  static void copy(V* to, const V* from, std::size_t n) {
-    using Out = Kokkos::View<V*, MemorySpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
-    using In = Kokkos::View<const V*, MemorySpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
-    if (n > 0) Kokkos::deep_copy(Out(to, n), In(from, n));
-  }
+  static void copy(V* to, const V* from, std::size_t n) { copy_values<MemorySpace, MemorySpace>(to, from, n); }
 
   bool built_ = false;
   std::vector<Piece> pieces_;
