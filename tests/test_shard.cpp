@@ -35,6 +35,11 @@ std::size_t tower_size(int rank) { return 37 + 1000 * std::size_t(rank); }
 double grad_value(std::size_t k, std::size_t i, int rank, int pass) {
   return std::sin(0.37 * double(i) + 1.3 * double(k) + 0.7 * rank + 0.11 * pass) * (1.0 + 0.1 * rank);
 }
+// Quarters in [-2, 2]: every partial sum of up to 4 ranks and 2 passes is exact in bf16 and fp16,
+// so a compressed sum equals the full-precision one whatever the order of its roundings.
+double exact_value(std::size_t k, std::size_t i, int rank, int pass) {
+  return double(int((7 * i + 3 * k + 5 * std::size_t(rank) + std::size_t(pass)) % 17) - 8) / 4;
+}
 double init_value(std::size_t k, std::size_t i) { return std::cos(0.05 * double(i) + double(k)); }
 
 template <class Opt>
@@ -53,15 +58,17 @@ struct Model {
         dopt.template add<Tower>(p.back(), g.back());
     }
   }
-  void fill(int rank, int pass) {
+  void fill(int rank, int pass, bool exact = false) {
     for (std::size_t k = 0; k < g.size(); ++k)
-      for (std::size_t i = 0; i < g[k].size(); ++i) g[k](i) = grad_value(k, i, rank, pass);
+      for (std::size_t i = 0; i < g[k].size(); ++i)
+        g[k](i) = exact ? exact_value(k, i, rank, pass) : grad_value(k, i, rank, pass);
   }
 };
 
 struct Case {
   int passes;
   bool samples, clip;
+  gradsync::Compression compression = gradsync::Compression::none;  // both runs; exact values with it
 };
 
 // K steps of the sharded and the unsharded model side by side; the worst relative difference of
@@ -71,6 +78,8 @@ double run_case(const Opt& opt, const Case& c, int steps, double* state_ratio = 
   const int rank = world_rank(), n = world_size();
   gradsync::Options o;
   o.backward_passes_per_step = c.passes;
+  o.compression = c.compression;
+  const bool exact = c.compression != gradsync::Compression::none;
   Model<Opt> plain(opt, o, rank);
   o.shard = gradsync::Shard::optimizer_state;
   Model<Opt> sharded(opt, o, rank);
@@ -79,8 +88,8 @@ double run_case(const Opt& opt, const Case& c, int steps, double* state_ratio = 
     for (int q = 0; q < c.passes; ++q, ++pass) {
       for (auto* m : {&plain.dopt, &sharded.dopt})
         if (c.samples) m->set_samples(1 + (rank + pass) % 3);
-      plain.fill(rank, pass);
-      sharded.fill(rank, pass);
+      plain.fill(rank, pass, exact);
+      sharded.fill(rank, pass, exact);
       const bool a = plain.dopt.synchronize(), b = sharded.dopt.synchronize();
       REQUIRE(a == b);
       if (!a) continue;
@@ -131,6 +140,114 @@ TEST_CASE("sharded Adam, AdamW and Sgd with momentum equal the unsharded run, ev
     CAPTURE(sgd);
     GRADSYNC_CHECK_ALL(adam <= 1e-12 && adamw <= 1e-12 && sgd <= 1e-12);
   }
+  // Compressed (the reduce-scatter of gradsync's ring with 16 bits on the wire, the allgather of the
+  // parameters in full precision), on values whose sums are exact in 16 bits.
+  for (const Case& c :
+       {Case{1, false, false, gradsync::Compression::bf16}, Case{2, false, true, gradsync::Compression::bf16},
+        Case{1, false, true, gradsync::Compression::fp16}, Case{2, false, false, gradsync::Compression::fp16}}) {
+    CAPTURE(c.passes);
+    CAPTURE(int(c.compression));
+    const double adam = run_case(gradsync::Adam<View>(ao), c, 3);
+    CAPTURE(adam);
+    GRADSYNC_CHECK_ALL(adam <= 1e-12);
+  }
+}
+
+TEST_CASE("sharded with compression: each rank's slice holds the 16-bit sum, in place and packed, 1 and 2 passes") {
+  const int rank = world_rank(), n = world_size();
+  for (auto comp : {gradsync::Compression::bf16, gradsync::Compression::fp16})
+    for (int passes : {1, 2})
+      for (bool exact : {true, false}) {
+        CAPTURE(int(comp));
+        CAPTURE(passes);
+        CAPTURE(exact);
+        gradsync::Options o;
+        o.shard = gradsync::Shard::optimizer_state;
+        o.compression = comp;
+        o.backward_passes_per_step = passes;
+        Sync sync(gradsync::MpiBackend(MPI_COMM_WORLD), o);
+        std::vector<View> g;
+        for (std::size_t k = 0; k < dp_sizes.size(); ++k) {
+          g.emplace_back("g", dp_sizes[k]);
+          sync.add<Dense>(g.back());
+        }
+        bool done = false;
+        for (int q = 0; q < passes; ++q) {
+          for (std::size_t k = 0; k < g.size(); ++k)
+            for (std::size_t i = 0; i < g[k].size(); ++i)
+              g[k](i) = exact ? exact_value(k, i, rank, q) : grad_value(k, i, rank, q);
+          done = sync.synchronize();
+        }
+        REQUIRE(done);
+        // Each owned value against the sum of the passes averaged over ranks: equal where the
+        // sums are exact, else within the bound of p roundings of the sum (docs/COMPRESSION.md).
+        const double unit = std::ldexp(1.0, comp == gradsync::Compression::bf16 ? -8 : -11);
+        double worst = 0, moved = 0;
+        std::size_t seen = 0;
+        for (const auto& [data, count] : sync.owned_slices())
+          for (std::size_t j = 0; j < count; ++j, ++seen) {
+            std::size_t k = 0, i = 0;
+            for (; k < g.size(); ++k)
+              if (data + j >= g[k].data() && data + j < g[k].data() + g[k].size()) {
+                i = std::size_t(data + j - g[k].data());
+                break;
+              }
+            REQUIRE(k < g.size());
+            double sum = 0, mag = 0;
+            for (int r = 0; r < n; ++r)
+              for (int q = 0; q < passes; ++q) {
+                const double v = exact ? exact_value(k, i, r, q) : grad_value(k, i, r, q);
+                sum += v;
+                mag += std::abs(v);
+              }
+            const double want = sum / n, err = std::abs(data[j] - want);  // passes summed (Horovod's default)
+            moved = std::max(moved, err);
+            // (fp16: plus half its subnormals' spacing, 2^-25, per rounding, for sums near 0)
+            worst = std::max(worst, exact ? err : err / (unit * n * (mag / n) + std::ldexp(1.0, -25)));
+          }
+        CAPTURE(worst);
+        CAPTURE(moved);
+        GRADSYNC_CHECK_ALL(seen > 0 || n > 4);
+        GRADSYNC_CHECK_ALL(exact ? worst <= 1e-15 : worst <= 1.0);
+        // Not exact: the 16-bit rounding shows, so the values did cross in 16 bits.
+        if (!exact) GRADSYNC_CHECK_ALL(gradsync_test::max_over_ranks(moved) > 1e-6);
+      }
+}
+
+TEST_CASE("sharded fp16: a sum past 65504 in one rank's slice is an Error naming the tensor on every rank") {
+  const int n = world_size(), r = world_rank();
+  gradsync::Options o;
+  o.shard = gradsync::Shard::optimizer_state;
+  o.compression = gradsync::Compression::fp16;
+  o.op = gradsync::ReduceOp::sum;
+  Sync sync(gradsync::MpiBackend(MPI_COMM_WORLD), o);
+  View small("small", 100), big("big", 40000);  // packed, and in place
+  sync.add<Dense>(small, "small");
+  sync.add<Dense>(big, "big");
+  // The last value of each: in the last rank's slice only. One rank's values are within range, their
+  // sum over the ranks is not (one rank: 70000 alone).
+  for (View* bad : {&big, &small}) {
+    const std::string name = bad == &big ? "big" : "small";
+    CAPTURE(name);
+    for (View* v : {&small, &big})
+      for (std::size_t i = 0; i < v->size(); ++i) (*v)(i) = 1.0;
+    (*bad)(bad->size() - 1) = n == 1 ? 70000.0 : 40000.0;
+    const std::string msg = error_of<gradsync::Error>([&] { (void)sync.synchronize(); });
+    CAPTURE(msg);
+    GRADSYNC_CHECK_ALL(msg.find("the fp16 sum of gradient '" + name + "'") != std::string::npos);
+    // The next step, within range, goes through: each slice holds its exact sum.
+    for (View* v : {&small, &big})
+      for (std::size_t i = 0; i < v->size(); ++i) (*v)(i) = double(i % 7) + r;
+    GRADSYNC_CHECK_ALL(error_of<gradsync::Error>([&] { (void)sync.synchronize(); }).empty());
+    bool exact = true;
+    for (const auto& [data, count] : sync.owned_slices())
+      for (std::size_t j = 0; j < count; ++j) {
+        const View& v = data >= big.data() && data < big.data() + big.size() ? big : small;
+        const std::size_t i = std::size_t(data + j - v.data());
+        exact = exact && data[j] == n * double(i % 7) + n * (n - 1) / 2;
+      }
+    GRADSYNC_CHECK_ALL(exact);
+  }
 }
 
 TEST_CASE("sharded Adam holds a 1/p share of the data-parallel state, and the slices cover each value once") {
@@ -165,10 +282,6 @@ TEST_CASE("sharded Adam holds a 1/p share of the data-parallel state, and the sl
 TEST_CASE("what a sharded step cannot do yet is a ConfigError naming it") {
   gradsync::Options o;
   o.shard = gradsync::Shard::optimizer_state;
-  o.compression = gradsync::Compression::bf16;
-  CHECK(error_of<gradsync::ConfigError>([&] { Sync s(gradsync::MpiBackend(MPI_COMM_WORLD), o); }).find("compression") !=
-        std::string::npos);
-  o.compression = gradsync::Compression::none;
   o.tuning.fusion_threshold_bytes = gradsync::fusion_threshold_auto;
   CHECK(error_of<gradsync::ConfigError>([&] {
           Sync s(gradsync::MpiBackend(MPI_COMM_WORLD), o);

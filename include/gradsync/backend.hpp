@@ -125,6 +125,12 @@
 //       Local, then collective and nonblocking: compressed sums in place, converting as they go
 //       (impl/wire_ring.hpp); the Request has `std::int64_t non_finite`. Without them: the sync
 //       packs a 16-bit copy and sums it.
+//   template <class W, class T>
+//   Request ireduce_scatter_wire_in_place(T* buf, std::size_t n, T pre, T post, T* residual) const;
+//       [Capability::wire_shard] Collective, nonblocking: the reduce-scatter half of the above (a
+//       sharded step with compression): this rank's slice (shard_slice) ends holding post * its sum,
+//       the rest is unspecified; `non_finite` covers that slice. Without it: Options::shard with
+//       compression is a ConfigError.
 //   template <class MemorySpace> static constexpr bool reads_memory_space = ...;  [Capability::reads_memory_space]
 //       Compile time: whether the backend can read MemorySpace at all, whatever the run time
 //       (NcclBackend: device memory only); GradientSync over a space it cannot is a static_assert.
@@ -192,6 +198,7 @@ enum class Capability {
   wire_sums,                     ///< the sums take WireFp16 / WireBf16 (compression.hpp)
   can_reduce_wire,               ///< bool can_reduce_wire\<MemorySpace\>() const
   wire_ring,                     ///< sums_wire_in_place(bytes) and iallreduce_wire_in_place
+  wire_shard,                    ///< ireduce_scatter_wire_in_place (Options::shard with compression)
   reads_memory_space,            ///< static constexpr bool reads_memory_space\<MemorySpace\>
   abort,                         ///< void abort() const noexcept
   retire,                        ///< void retire(std::string) const noexcept; std::string retired() const
@@ -536,6 +543,14 @@ template <class B>
 struct has_folds_factor : std::bool_constant<declares<B>(Capability::folds_factor)> {};
 template <class B>
 struct has_weighted_fold : std::bool_constant<declares<B>(Capability::weighted_fold)> {};
+template <class B, class = void>
+struct detects_wire_shard : std::false_type {};
+template <class B>
+struct detects_wire_shard<
+    B, std::void_t<decltype(std::declval<const B&>().template ireduce_scatter_wire_in_place<WireBf16>(
+           static_cast<float*>(nullptr), std::size_t(), 1.0f, 1.0f, static_cast<float*>(nullptr)))>> : std::true_type {
+};
+
 template <class B>
 struct has_region_sums : std::bool_constant<declares<B>(Capability::region_sums)> {};
 template <class B>
@@ -550,6 +565,8 @@ template <class B, class M>
 struct has_can_reduce_wire : std::bool_constant<declares<B>(Capability::can_reduce_wire)> {};
 template <class B>
 struct has_wire_ring : std::bool_constant<declares<B>(Capability::wire_ring)> {};
+template <class B>
+struct has_wire_shard : std::bool_constant<declares<B>(Capability::wire_shard)> {};
 template <class B>
 struct has_abort : std::bool_constant<declares<B>(Capability::abort)> {};
 // Undeclared: every memory space (decided at run time by can_access).
@@ -609,6 +626,10 @@ constexpr bool check_capabilities() {
   GRADSYNC_CHECK_CAPABILITY(can_reduce_wire, (detects_can_reduce_wire<B, MemorySpace>::value),
                             "template <class MemorySpace> bool can_reduce_wire() const");
   GRADSYNC_CHECK_CAPABILITY(wire_ring, detects_wire_ring<B>::value, "bool sums_wire_in_place(std::size_t) const");
+  GRADSYNC_CHECK_CAPABILITY(
+      wire_shard, detects_wire_shard<B>::value,
+      "template <class W, class T> Request ireduce_scatter_wire_in_place(T*, std::size_t, T, T, T*) "
+      "const");
   GRADSYNC_CHECK_CAPABILITY(reads_memory_space, (detects_reads_memory_space<B, MemorySpace>::value),
                             "template <class MemorySpace> static constexpr bool reads_memory_space");
   GRADSYNC_CHECK_CAPABILITY(abort, detects_abort<B>::value, "void abort() const noexcept");

@@ -175,7 +175,7 @@ class MpiBackend {
                    Capability::hierarchical_sum, Capability::nonblocking_hierarchical_sum, Capability::folds_factor,
                    Capability::weighted_fold, Capability::region_sums, Capability::shard_sums, Capability::cuda_aware,
                    Capability::blocking_preference, Capability::wire_sums, Capability::can_reduce_wire,
-                   Capability::wire_ring, Capability::retire>;
+                   Capability::wire_ring, Capability::wire_shard, Capability::retire>;
   /// This rank in the backend's communicator. Local.
   int rank() const { return rank_; }
   /// The communicator's size. Local.
@@ -341,6 +341,24 @@ class MpiBackend {
                   "gradsync: iallreduce_wire_in_place<W>(T*, ...) takes a wire format and float or double values");
     Request r;
     r.ring = comm_->rings.template start_wire<W>(buf, checked_count(n), pre, post, residual, comm(), rank_, size_);
+    return r;
+  }
+  /// The reduce-scatter half of iallreduce_wire_in_place (a sharded step, Options::shard with
+  /// compression): this rank's slice (gradsync::shard_slice) of buf ends holding post * the sum over
+  /// ranks of (pre * buf + residual), 16 bits on the wire and added in fp32; the rest is unspecified.
+  /// Always gradsync's ring (any size); `non_finite` covers this rank's slice only. One rank rounds
+  /// its values through the wire format as a sum of one would.
+  template <class W, class T>
+  Request ireduce_scatter_wire_in_place(T* buf, std::size_t n, T pre, T post, T* residual) const {
+    static_assert(impl::is_wire_v<W> && std::is_floating_point_v<T>,
+                  "gradsync: ireduce_scatter_wire_in_place<W>(T*, ...) takes a wire format and float or double values");
+    Request r;
+    if (size_ == 1) {
+      r.non_finite = impl::round_through_wire<W>(buf, checked_count(n), pre, post, residual);
+      return r;
+    }
+    r.ring = comm_->rings.template start_wire<W>(buf, checked_count(n), pre, post, residual, comm(), rank_, size_,
+                                                 impl::RingAllreduce::Half::reduce_scatter);
     return r;
   }
   /// Blocks until `r` completes (polling a ring or hierarchical sum, which advance only when

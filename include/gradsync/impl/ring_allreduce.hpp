@@ -142,9 +142,10 @@ class RingAllreduce {
   /// error feedback: it gets what each of this rank's roundings dropped. Nothing is posted before a
   /// buffer is lent: the first send is converted into it. The sum holds its buffer to the end (its
   /// allgather receives 16-bit values too).
+  /// With Half::reduce_scatter (a sharded step), only this rank's segment ends holding the sum.
   template <class W, class T>
   void start_wire(T* buf, int count, T pre, T post, T* residual, MPI_Comm comm, int rank, int size, int tag,
-                  std::uint64_t order) {
+                  std::uint64_t order, Half half = Half::both) {
     busy_ = true;
     one_region(buf, count);
     res_ = reinterpret_cast<unsigned char*>(residual);
@@ -158,6 +159,10 @@ class RingAllreduce {
     wire_ = &wire_ring_ops<W, T>;
     non_finite_ = -1;
     begin_on(comm, rank, size, tag, order);
+    if (half == Half::reduce_scatter) {  // as start_sum's: rank r owns segment r
+      rot_ = size_ - 1;
+      end_step_ = size_ - 1;
+    }
   }
 
   /// Without a buffer and needing one: in the reduce-scatter (its send is posted), or a compressed
@@ -352,7 +357,8 @@ class RingAllreduce {
           seg = mod(rank_ - (step_ - (size_ - 1)));
           bad = wire_->write(values(seg), in, factor_, std::size_t(len(seg)));
         }
-        // Every rank sees every final value once, in some order: the smallest index is the same everywhere.
+        // Both halves: every rank sees every final value once, in some order, so the smallest index is
+        // the same everywhere. The reduce-scatter alone sees its own slice's (the sync agrees on them).
         if (bad >= 0) {
           const std::int64_t at = std::int64_t(begin(seg)) + bad;
           non_finite_ = non_finite_ < 0 ? at : std::min(non_finite_, at);
@@ -361,7 +367,7 @@ class RingAllreduce {
       }
       if (reqs_[1] != MPI_REQUEST_NULL) return;
       reduced_ = false;
-      if (++step_ == 2 * (size_ - 1))
+      if (++step_ == end_step_)
         busy_ = false;
       else
         post_wire();
@@ -449,9 +455,9 @@ class RingPool {
   /// Starts a compressed sum in place (RingAllreduce::start_wire).
   template <class W, class T>
   std::shared_ptr<RingAllreduce> start_wire(T* buf, int count, T pre, T post, T* residual, MPI_Comm comm, int rank,
-                                            int size) {
+                                            int size, RingAllreduce::Half half = RingAllreduce::Half::both) {
     std::shared_ptr<RingAllreduce> s = idle_state();
-    s->template start_wire<W>(buf, count, pre, post, residual, comm, rank, size, next_tag(), ++started_);
+    s->template start_wire<W>(buf, count, pre, post, residual, comm, rank, size, next_tag(), ++started_, half);
     lend();
     return s;
   }

@@ -241,12 +241,14 @@ class StepPipeline : public SyncParts<Backend, V, MemorySpace, ExecutionSpace> {
     checks_.require_staging_possible(cx);
     if (opt_.shard != Shard::none) refuse_unshardable();
     const auto layout = plan_.build(registry_, opt_, backend_.size(), Plan::staging_wanted(backend_, opt_), backend_);
-    if (opt_.shard != Shard::none)
-      for (const Chunk& c : plan_.chunks())
-        if (c.kind != 0)
-          throw ConfigError(
-              "shard = optimizer_state: a group compresses its gradients (CompressWith): not "
-              "supported sharded yet");
+    if constexpr (!has_wire_shard<Backend>::value)
+      if (opt_.shard != Shard::none && backend_.size() > 1)
+        for (const Chunk& c : plan_.chunks())
+          if (c.kind != 0)
+            throw ConfigError(
+                cat("shard = optimizer_state: compressed gradients need a backend with "
+                    "Capability::wire_shard (a compressed reduce-scatter); backend '",
+                    Backend::name(), "' does not declare it"));
     Frame f = frame(cx);
     for_each_exchange(exchanges_, [&](auto& x) { x.provision(f, layout); });
     if (timeline_) plan_.note_in(*timeline_, registry_.data_parallel_names_in_fused_order(opt_), layout.tensor_chunks);
@@ -328,7 +330,7 @@ class StepPipeline : public SyncParts<Backend, V, MemorySpace, ExecutionSpace> {
     ++stats_.steps;
     if (dense().watches_overflow()) {
       Context cx = ctx();
-      overflow = dense().take_overflow(cx);
+      overflow = dense().take_overflow(cx, plan_);
     }
     if (plan_.tuner().active()) {
       const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <type_traits>
 #include <utility>
@@ -191,8 +192,20 @@ class SyncEngine {
 
   // fp16: whether the plan has fp16 chunks (an overflow flag to read after each step), and the
   // flag: the first value of the segment whose sum overflowed (the flag is cleared), or null.
+  // Sharded over several ranks each rank sees its slice's sums only: the ranks agree on the first
+  // (one small collective a step, fp16 only), so that every rank throws, naming the same value.
   bool watches_overflow() const { return overflow_.extent(0) > 0; }
-  const V* take_overflow(Context& cx) {
+  const V* take_overflow(Context& cx, const Plan& plan) {
+    if (plan.sharded() && cx.backend.size() > 1) {
+      std::int64_t at = wire_shard_bad_ < 0 ? std::numeric_limits<std::int64_t>::max() : wire_shard_bad_;
+      wire_shard_bad_ = -1;
+      cx.ctl.allreduce_min(cx.backend, &at, 1, cx.opt,
+                           WaitSite{"fp16 overflow agreement", std::int64_t(cx.stats.passes), -1, 0});
+      if (at == std::numeric_limits<std::int64_t>::max()) return nullptr;
+      for (const Seg& g : host_segs_)
+        if (at >= g.off && at < g.off + g.count) return g.ptr + (at - g.off);
+      return nullptr;
+    }
     copy_buffer(cx.exec, overflow_host_, 0, overflow_, 0, 1);
     fence(cx.exec, label_fence_sync());
     const std::int64_t k = overflow_host_.data()[0];
@@ -318,27 +331,29 @@ class SyncEngine {
   }
 
   // Packs chunk c into its place (the kernels index the buffer by segment offset - base), times `pre`.
-  void pack_chunk(Context& cx, const Plan& plan, std::size_t c, bool aggregated, V pre) {
+  // `values`: into the buffer as V whatever the chunk's wire format (sharded, the ring converts).
+  void pack_chunk(Context& cx, const Plan& plan, std::size_t c, bool aggregated, V pre, bool values = false) {
     TimelineScope span(cx.timeline, Timeline::Kind::pack, "pack", std::int64_t(c));
     ProfileRegion region(Region::pack);
     const Chunk& ch = plan.chunk(c);
-    launch_segments(
-        label_pack(), cx.exec, ch.seg_end - ch.seg_begin,
-        PackKernel<V, ExecutionSpace, MemorySpace>{dp_segs_, buffer_, ch.seg_begin, ch.begin - plan.buffer_pos(c), pre,
-                                                   aggregated, wire_, residual_, Compression(ch.kind)});
+    launch_segments(label_pack(), cx.exec, ch.seg_end - ch.seg_begin,
+                    PackKernel<V, ExecutionSpace, MemorySpace>{
+                        dp_segs_, buffer_, ch.seg_begin, ch.begin - plan.buffer_pos(c), pre, aggregated, wire_,
+                        residual_, values ? Compression::none : Compression(ch.kind)});
   }
 
   // Kept out of line: inlined into complete_chunk, GCC 12 gives its
   // per-segment loop one more instruction (callgrind, bench_sync hostpath).
-  [[gnu::noinline]] void unpack_chunk(Context& cx, const Plan& plan, std::size_t c, V post) {
+  // `values`: from the buffer as V (pack_chunk's).
+  [[gnu::noinline]] void unpack_chunk(Context& cx, const Plan& plan, std::size_t c, V post, bool values = false) {
     TimelineScope span(cx.timeline, Timeline::Kind::unpack, "unpack", std::int64_t(c));
     ProfileRegion region(Region::unpack);
     const Chunk& ch = plan.chunk(c);
-    launch_segments(
-        label_unpack(), cx.exec, ch.seg_end - ch.seg_begin,
-        UnpackKernel<V, ExecutionSpace, MemorySpace>{
-            dp_segs_, buffer_, ch.seg_begin, ch.begin - plan.buffer_pos(c), post, wire_, Compression(ch.kind),
-            ch.kind == int(Compression::fp16) ? overflow_ : BufferView<std::int64_t, MemorySpace>{}});
+    const int kind = values ? 0 : ch.kind;
+    launch_segments(label_unpack(), cx.exec, ch.seg_end - ch.seg_begin,
+                    UnpackKernel<V, ExecutionSpace, MemorySpace>{
+                        dp_segs_, buffer_, ch.seg_begin, ch.begin - plan.buffer_pos(c), post, wire_, Compression(kind),
+                        kind == int(Compression::fp16) ? overflow_ : BufferView<std::int64_t, MemorySpace>{}});
   }
 
   // Packs chunk c and hands it to the backend without waiting for the reduction.
@@ -395,7 +410,7 @@ class SyncEngine {
           regions_.push_back(SumRegion<V>{plan.chunk_data(k), len});
           cx.stats.bytes_in_place += len * sizeof(V);
         } else {
-          pack_chunk(cx, plan, k, aggregated && !gathering_, pre);
+          pack_chunk(cx, plan, k, aggregated && !gathering_, pre, true);
           regions_.push_back(SumRegion<V>{buffer_.data() + plan.buffer_pos(k), len});
         }
         bytes += len * sizeof(V);
@@ -460,6 +475,49 @@ class SyncEngine {
     cx.stats.bytes_in_place += std::size_t(len) * sizeof(std::uint16_t);
     cx.stats.bytes_uncompressed += std::size_t(len) * sizeof(V);
   }
+  // Sharded, a compressed chunk: the ring's reduce-scatter converts as it goes (impl/wire_ring.hpp),
+  // over the chunk in place or its values packed into the buffer (with this rank's pre when the
+  // buffer holds an aggregation cycle's sums, as launch_group's).
+  void launch_wire_shard([[maybe_unused]] Context& cx, [[maybe_unused]] const Plan& plan,
+                         [[maybe_unused]] std::size_t c, [[maybe_unused]] bool aggregated) {
+    if constexpr (has_wire_shard<Backend>::value) {  // else the plan refused it
+      const Chunk& ch = plan.chunk(c);
+      const std::size_t len = std::size_t(ch.size());
+      V* data = plan.chunk_data(c);
+      if (plan.reduced_in_place(c)) {
+        cx.stats.bytes_in_place += len * sizeof(std::uint16_t);
+      } else {
+        pack_chunk(cx, plan, c, aggregated, plan.windowed() ? V(1) : plan.pre_factor(), true);
+        data = buffer_.data() + plan.buffer_pos(c);
+      }
+      if (!ordered_on(cx.backend, cx.exec)) fence(cx.exec, label_fence_pack());
+      if (cx.timeline) cx.timeline->reduce_begin(c);
+      ProfileRegion region(Region::reduce);
+      V* res = residual_.extent(0) > 0 ? residual_.data() + ch.begin : nullptr;
+      const V pre = plan.windowed() ? plan.pre_factor() : V(1);
+      if (ch.kind == int(Compression::fp16))
+        requests_[c] =
+            cx.backend.template ireduce_scatter_wire_in_place<WireFp16>(data, len, pre, plan.post_factor(), res);
+      else
+        requests_[c] =
+            cx.backend.template ireduce_scatter_wire_in_place<WireBf16>(data, len, pre, plan.post_factor(), res);
+      ++cx.stats.allreduce_calls;
+      cx.stats.bytes_allreduced += len * sizeof(std::uint16_t);
+      cx.stats.bytes_uncompressed += len * sizeof(V);
+    }
+  }
+  // A completed compressed reduce-scatter: the first sum in this rank's slice that is not finite
+  // (fp16), by fused position, for take_overflow's agreement.
+  void note_wire_shard([[maybe_unused]] const Plan& plan, [[maybe_unused]] std::size_t c) {
+    if constexpr (has_wire_shard<Backend>::value) {
+      const std::int64_t bad = requests_[c].non_finite;
+      if (bad >= 0) {
+        const std::int64_t at = plan.chunk(c).begin + bad;
+        wire_shard_bad_ = wire_shard_bad_ < 0 ? at : std::min(wire_shard_bad_, at);
+      }
+    }
+  }
+
   template <class W>
   void sum_wire([[maybe_unused]] Context& cx, [[maybe_unused]] const Plan& plan, [[maybe_unused]] std::size_t c,
                 [[maybe_unused]] W* data, [[maybe_unused]] std::size_t n) {
@@ -513,10 +571,12 @@ class SyncEngine {
       wait_for(cx.backend, requests_[c], cx.ctl, cx.opt,
                WaitSite{what, std::int64_t(cx.stats.passes), std::int64_t(c), std::int64_t(plan.num_chunks())});
     }
-    if (e > c + 1 || plan.sharded()) {  // launch_group's: its packed member has its factors already
+    const Route how = route(plan, c, e);
+    if (how != Route::alone) {  // launch_group's or launch_wire_shard's: the factors are in already
+      if (how == Route::wire_shard) note_wire_shard(plan, c);
       for (std::size_t k = c; k < e; ++k) {
         if (cx.timeline && !gathering_) cx.timeline->reduce_end(k, waited_from);
-        if (!plan.reduced_in_place(k)) unpack_chunk(cx, plan, k, V(1));
+        if (!plan.reduced_in_place(k)) unpack_chunk(cx, plan, k, V(1), true);
       }
       return;
     }
@@ -551,8 +611,11 @@ class SyncEngine {
         complete_chunk(cx, plan);
       }
       for (std::size_t k = c; k < e; ++k) scan(plan.chunk(k).seg_begin, plan.chunk(k).seg_end);  // before it leaves
-      if (e > c + 1 || plan.sharded())
+      const Route how = route(plan, c, e);
+      if (how == Route::group)
         launch_group(cx, plan, c, e, aggregated);
+      else if (how == Route::wire_shard)
+        launch_wire_shard(cx, plan, c, aggregated);
       else
         launch_chunk(cx, plan, c, aggregated);
       launched_ = e;
@@ -560,6 +623,16 @@ class SyncEngine {
       if (plan.blocking()) complete_chunk(cx, plan);
     }
   }
+  // How chunk c (its group [c, e)) goes: as one collective over regions (plan_groups; sharded,
+  // every uncompressed chunk and every allgather), as a compressed reduce-scatter, or alone.
+  enum class Route { group, wire_shard, alone };
+  Route route(const Plan& plan, std::size_t c, std::size_t e) const {
+    if (e > c + 1) return Route::group;
+    if (!plan.sharded()) return Route::alone;
+    if (gathering_ || plan.chunk(c).kind == 0) return Route::group;
+    return plan.wire_shard(c) ? Route::wire_shard : Route::alone;  // alone: one rank, as unsharded
+  }
+
   // Whether a packed chunk of [c, e) waits for the previous user of its slot.
   bool slot_taken(const Plan& plan, std::size_t c, std::size_t e) const {
     for (std::size_t k = c; k < e; ++k)
@@ -587,6 +660,7 @@ class SyncEngine {
   BufferView<std::uint16_t, staging_space_t<MemorySpace>> wire_staging_;
   bool wire_staged_ = false;
   const V* wire_non_finite_ = nullptr;  // fp16 in place: a sum the ring found not finite this step
+  std::int64_t wire_shard_bad_ = -1;    // sharded fp16: the first such sum in this rank's slice (fused)
   Buffer residual_;
   BufferView<std::int64_t, MemorySpace> overflow_;
   BufferView<std::int64_t, staging_space_t<MemorySpace>> overflow_host_;

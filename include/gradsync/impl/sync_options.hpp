@@ -36,8 +36,6 @@ inline void validate_options(const Options& o) {
     throw ConfigError(
         cat("stall_warning must be finite and >= 0 seconds (0: no warning), got ", o.tuning.stall_warning));
   if (o.shard == Shard::optimizer_state) {  // what a sharded step cannot do yet, each named
-    if (o.compression != Compression::none)
-      throw ConfigError("shard = optimizer_state with compression: not supported yet (use Compression::none)");
     if (o.tuning.collectives == Collectives::blocking)
       throw ConfigError(
           "shard = optimizer_state needs nonblocking collectives (its reduce-scatter and allgather "
@@ -64,6 +62,12 @@ Options prepare_options(const Options& given, const Backend& backend) {
       throw ConfigError(
           cat("shard = optimizer_state needs a backend with Capability::shard_sums (a reduce-scatter "
               "and an allgather); backend '",
+              Backend::name(), "' does not declare it"));
+    if (o.shard != Shard::none && o.compression != Compression::none && backend.size() > 1 &&
+        !has_wire_shard<Backend>::value)
+      throw ConfigError(
+          cat("shard = optimizer_state with compression needs a backend with Capability::wire_shard "
+              "(a compressed reduce-scatter); backend '",
               Backend::name(), "' does not declare it"));
     return o;
   } catch (const std::exception& e) {

@@ -172,6 +172,10 @@ class SyncPlan {
     for (Chunk& ch : chunks_)  // compressed chunks in place where the backend's ring converts as it goes
       ch.wire_ring =
           in_place_ && !blocking_ && !hierarchical_ && ch.contiguous && wire_ring_fits(backend, ch.kind, ch.size());
+    wire_shards_ = sharded_ && ranks > 1;
+    if (wire_shards_)            // every compressed chunk is a ring's reduce-scatter: in place where it is on every
+      for (Chunk& ch : chunks_)  // rank, else from the fusion buffer
+        ch.wire_ring = in_place_ && ch.own && ch.kind != 0;
     // Without aggregation the buffer is chunk-sized slots that chunks cycle through (one when each
     // chunk is reduced before the next is packed); with it the buffer holds every data-parallel
     // sum between passes.
@@ -274,6 +278,9 @@ class SyncPlan {
   // Options::shard: each group (or chunk) is reduce-scattered, this rank keeping shard_slice of it;
   // owned(): those slices in the gradients' memory, in fused order (empty unless sharded).
   bool sharded() const { return sharded_; }
+  // Sharded over several ranks, a compressed chunk goes as the backend's compressed reduce-scatter
+  // (Capability::wire_shard); at one rank as an unsharded compressed chunk (the slice is everything).
+  bool wire_shard(std::size_t c) const { return wire_shards_ && chunks_[c].kind != 0; }
   const std::vector<std::pair<V*, std::size_t>>& owned() const { return owned_; }
   // The buffer is chunk-sized slots (N == 1) rather than every sum of an aggregation cycle.
   bool windowed() const { return windowed_; }
@@ -432,6 +439,7 @@ class SyncPlan {
   std::vector<V*> first_ptr_;                                // per chunk, its first value in the gradients
   std::vector<std::pair<std::size_t, std::size_t>> groups_;  // per chunk, its group [begin, end)
   bool sharded_ = false;                                     // Options::shard
+  bool wire_shards_ = false;                                 // sharded over several ranks (wire_shard)
   std::vector<std::pair<V*, std::size_t>> owned_;            // sharded: this rank's slices
   std::size_t widest_group_ = 1;
   std::int64_t slot_size_ = 0;

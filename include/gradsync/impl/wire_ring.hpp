@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "../backend.hpp"
 #include "../compression.hpp"
@@ -128,6 +129,16 @@ struct WireRingLoops {
 template <class W, class T>
 inline constexpr WireRingOps wire_ring_ops = {&WireRingLoops<W, T>::first, &WireRingLoops<W, T>::add,
                                               &WireRingLoops<W, T>::finish, &WireRingLoops<W, T>::write};
+
+/// A compressed sum over one rank: buf[0, n) = post * wire(pre * buf + residual), `residual` (or null)
+/// keeping what the rounding dropped, as the packed path rounds. Returns the first value that is not
+/// finite (fp16), or -1. Allocates its 16-bit copy (one rank only: not a steady-state path).
+template <class W, class T>
+std::int64_t round_through_wire(T* buf, int n, T pre, T post, T* residual) {
+  std::vector<std::uint16_t> wire(std::size_t(n > 0 ? n : 0));
+  wire_ring_ops<W, T>.first(buf, wire.data(), residual, double(pre), wire.size());
+  return wire_ring_ops<W, T>.write(buf, wire.data(), double(post), wire.size());
+}
 
 // A backend that sums compressed chunks in place, converting as it goes (has_wire_ring,
 // backend.hpp): `bool sums_wire_in_place(std::size_t wire_bytes) const` (MpiBackend: its ring's sums)
