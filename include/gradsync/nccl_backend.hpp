@@ -19,6 +19,7 @@
 #include <mpi.h>
 #include <nccl.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -121,7 +122,11 @@ class NcclBackend {
   /// WireBf16 arrays as ncclFloat16 / ncclBfloat16 (bf16 needs NCCL 2.10+).
   using capabilities =
       Capabilities<Capability::comm, Capability::ordered_on, Capability::reads_memory_space, Capability::ibroadcast,
-                   Capability::iallreduce_min, Capability::iallgather, Capability::wire_sums, Capability::abort>;
+                   Capability::iallreduce_min, Capability::iallgather, Capability::wire_sums,
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 11, 0)
+                   Capability::shard_sums,
+#endif
+                   Capability::abort>;
   /// This rank in the communicator. Local.
   int rank() const { return state_->rank; }
   /// The communicator's size. Local.
@@ -251,6 +256,33 @@ class NcclBackend {
     enqueue_allgather(send, recv, n);
     return record();
   }
+
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 11, 0)
+  // The two halves of a sharded step (Options::shard, Capability::shard_sums) over k device regions
+  // taken as one buffer of n values, rank r's slice gradsync::shard_slice(n, size, r). The slices
+  // differ by up to one value, and ncclReduceScatter / ncclAllGather take equal counts (padding
+  // would move the slices off the rule every backend shares), so each rank's slice is one
+  // ncclReduce rooted at it (the allgather: one ncclBroadcast from it), a piece per region it spans,
+  // all in one NCCL group: one launch, the same bytes on each link as a reduce-scatter ring.
+
+  /// The reduce-scatter half: this rank's slice ends holding factor * the sum over ranks (each
+  /// rank's values multiplied by factor as they enter: ncclRedOpCreatePreMulSum); the rest is
+  /// unspecified. Enqueued on the stream; every rank passes regions of the same sizes.
+  template <class T>
+  Request ireduce_scatter_sum_regions(const SumRegion<T>* regions, std::size_t k, T factor) const {
+    return slices(regions, k, factor, true);
+  }
+  /// The same with each rank's values multiplied by its own `pre` first (set_samples' weights).
+  template <class T>
+  Request ireduce_scatter_sum_regions(const SumRegion<T>* regions, std::size_t k, T factor, T pre) const {
+    return slices(regions, k, T(factor * pre), true);
+  }
+  /// The allgather half: every rank's slice of the regions (taken as one buffer) to every rank.
+  template <class T>
+  Request iallgather_regions(const SumRegion<T>* regions, std::size_t k) const {
+    return slices(regions, k, T(1), false);
+  }
+#endif
 
   /// Each rank sends n values to every rank (send and recv hold size()*n values): grouped
   /// point-to-point, which every NCCL since 2.7 has.
@@ -448,6 +480,42 @@ class NcclBackend {
     impl::nccl_check(ncclAllGather(send, recv, n, impl::nccl_type<T>(), live_comm(), stream()), "ncclAllGather",
                      nccl_comm());
   }
+
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 11, 0)
+  // Each rank's slice of the regions: reduced into it (`reduce`, pre-multiplied by `factor`) or
+  // broadcast from it, one grouped launch.
+  template <class T>
+  Request slices(const SumRegion<T>* regions, std::size_t k, T factor, bool reduce) const {
+    ncclComm_t comm = live_comm();  // before the group opens
+    std::size_t n = 0;
+    for (std::size_t i = 0; i < k; ++i) n += regions[i].count;
+    ncclRedOp_t op = ncclSum;
+    if (reduce)
+      impl::nccl_check(ncclRedOpCreatePreMulSum(&op, &factor, impl::nccl_type<T>(), ncclScalarHostImmediate, comm),
+                       "ncclRedOpCreatePreMulSum", comm);
+    impl::nccl_check(ncclGroupStart(), "ncclGroupStart");
+    std::size_t at = 0;  // where region i starts in the buffer the regions make
+    for (std::size_t i = 0; i < k; ++i) {
+      for (int q = 0; q < size(); ++q) {
+        const auto [lo, hi] = shard_slice(n, size(), q);
+        const std::size_t a = std::max(lo, at), b = std::min(hi, at + regions[i].count);
+        if (a >= b) continue;
+        T* piece = regions[i].data + (a - at);
+        if (reduce)
+          impl::nccl_check(ncclReduce(piece, piece, b - a, impl::nccl_type<T>(), op, q, comm, stream()), "ncclReduce",
+                           comm);
+        else
+          impl::nccl_check(ncclBroadcast(piece, piece, b - a, impl::nccl_type<T>(), q, comm, stream()), "ncclBroadcast",
+                           comm);
+      }
+      at += regions[i].count;
+    }
+    const ncclResult_t rc = ncclGroupEnd();
+    if (reduce) ncclRedOpDestroy(op, comm);  // allowed once the calls given it returned
+    impl::nccl_check(rc, reduce ? "ncclGroupEnd (sharded reduce-scatter)" : "ncclGroupEnd (sharded allgather)", comm);
+    return record();
+  }
+#endif
 
   // The communicator, or an Error when abort() has released it.
   ncclComm_t live_comm() const {

@@ -90,8 +90,17 @@ void fill(std::vector<Tensor<T>>& m, int rank, int pass) {
   }
 }
 
+// Sharded (Options::shard), a data-parallel value is specified only in this rank's slices.
 template <class T>
-double max_error(const std::vector<Tensor<T>>& m, const gradsync::Options& o, int n, int rank, int last_pass) {
+bool owned_by(const std::vector<std::pair<T*, std::size_t>>& owned, const T* p) {
+  for (const auto& [data, count] : owned)
+    if (p >= data && p < data + count) return true;
+  return false;
+}
+
+template <class T>
+double max_error(const std::vector<Tensor<T>>& m, const gradsync::Options& o, int n, int rank, int last_pass,
+                 const std::vector<std::pair<T*, std::size_t>>& owned = {}) {
   const int N = o.backward_passes_per_step;
   const double agg = o.average_aggregated_gradients ? N : 1;
   double worst = 0;
@@ -106,6 +115,7 @@ double max_error(const std::vector<Tensor<T>>& m, const gradsync::Options& o, in
       double expect = 0;
       switch (t.kind) {
         case Kind::dense: {
+          if (o.shard != gradsync::Shard::none && !owned_by(owned, t.dev.data() + i)) continue;
           double s = 0;  // a 1-rank backend (SelfBackend) holds this rank's values alone, at any world size
           if (n == 1)
             s = cycle(rank);
@@ -131,9 +141,11 @@ double max_error(const std::vector<Tensor<T>>& m, const gradsync::Options& o, in
 }
 
 // Every row: both ops, aggregation with and without averaging, scale factors, small and default
-// fusion thresholds. `make` builds a fresh backend; `n` is the number of ranks it reduces over.
+// fusion thresholds. `make` builds a fresh backend; `n` is the number of ranks it reduces over;
+// `shard`: Options::shard, each rank's slices checked.
 template <class T, class Backend, class Make>
-void check_every_row(Make make, int n, gradsync::HostStaging staging, cudaStream_t stream) {
+void check_every_row(Make make, int n, gradsync::HostStaging staging, cudaStream_t stream,
+                     gradsync::Shard shard = gradsync::Shard::none) {
   const int rank = world_rank();
   int config = 0;
   for (auto op : {gradsync::ReduceOp::sum, gradsync::ReduceOp::average})
@@ -145,6 +157,7 @@ void check_every_row(Make make, int n, gradsync::HostStaging staging, cudaStream
         o.average_aggregated_gradients = avg_agg;
         o.scale_local_gradients = config % 2 == 0;
         o.tuning.host_staging = staging;
+        o.shard = shard;
         if (config % 3 == 1) o.prescale_factor = 0.5, o.postscale_factor = 3.0;
         o.tuning.fusion_threshold_bytes = config % 4 == 0 ? 256 : std::size_t(4) << 20;
         CAPTURE(config);
@@ -159,7 +172,7 @@ void check_every_row(Make make, int n, gradsync::HostStaging staging, cudaStream
           CAPTURE(p);
           GRADSYNC_CHECK_ALL(ready == ((p + 1) % N == 0));
           if (ready) {
-            const double err = max_error(m, o, n, rank, p);
+            const double err = max_error(m, o, n, rank, p, sync.owned_slices());
             CAPTURE(err);
             GRADSYNC_CHECK_ALL(err <= gradsync_test::tol<T>());
           }
@@ -185,6 +198,9 @@ TEST_CASE_TEMPLATE("semantics on device memory: NcclBackend", T, float, double) 
   Stream st;
   gradsync::NcclBackend nccl(MPI_COMM_WORLD, st.s);  // one communicator, shared by every sync
   check_every_row<T, gradsync::NcclBackend>([&] { return nccl; }, world_size(), gradsync::HostStaging::automatic, st.s);
+  // Sharded: the reduce-scatter of grouped ncclReduce calls, each rank's slices against the same sums.
+  check_every_row<T, gradsync::NcclBackend>([&] { return nccl; }, world_size(), gradsync::HostStaging::automatic, st.s,
+                                            gradsync::Shard::optimizer_state);
 }
 
 TEST_CASE_TEMPLATE("semantics on device memory: MpiBackend staging through pinned host memory", T, float, double) {

@@ -187,6 +187,41 @@ TEST_CASE_TEMPLATE("NcclBackend collectives on device memory", T, float, double)
         for (int i = 0; i <= rank; ++i) ok = ok && r[std::size_t(rd[std::size_t(q)] + i)] == T(q * 100 + rank);
     }
     GRADSYNC_CHECK_ALL(ok);
+    if constexpr (gradsync::impl::has_shard_sums<gradsync::NcclBackend>::value) {
+      // The halves of a sharded step over two regions (m and 7 values) taken as one buffer: this
+      // rank's slice (shard_slice) holds factor * the sum (pre first), then every slice everywhere.
+      DeviceArray<T> a(mine), c(std::vector<T>(mine.begin(), mine.begin() + 7));
+      const gradsync::SumRegion<T> regions[2] = {{a.data(), m}, {c.data(), 7}};
+      const T factor = T(0.5), pre = T(rank + 1);
+      auto rs = b.ireduce_scatter_sum_regions(regions, 2, factor, pre);
+      b.wait(rs);
+      auto ha = a.download(), hc = c.download();
+      const auto [lo, hi] = gradsync::shard_slice(m + 7, n, rank);
+      auto weighted_sum = [&](std::size_t i) {
+        T s = 0;
+        for (int r = 0; r < n; ++r) s += factor * T(r + 1) * value(r, i);
+        return s;
+      };
+      for (std::size_t j = lo; j < hi; ++j) {
+        const T got = j < m ? ha[j] : hc[j - m];
+        ok = ok && gradsync_test::rel_err(got, weighted_sum(j < m ? j : j - m)) <= 1e-6;
+      }
+      GRADSYNC_CHECK_ALL(ok);
+      // Each rank writes a mark into its slice; the allgather brings every rank's.
+      for (std::size_t j = 0; j < m + 7; ++j) (j < m ? ha[j] : hc[j - m]) = T(-1);
+      for (std::size_t j = lo; j < hi; ++j) (j < m ? ha[j] : hc[j - m]) = T(rank * 1000) + T(j % 10);
+      DeviceArray<T> ga(ha), gc(hc);
+      const gradsync::SumRegion<T> gathered[2] = {{ga.data(), m}, {gc.data(), 7}};
+      auto rg = b.iallgather_regions(gathered, 2);
+      b.wait(rg);
+      ha = ga.download();
+      hc = gc.download();
+      for (int q = 0; q < n; ++q) {
+        const auto [qlo, qhi] = gradsync::shard_slice(m + 7, n, q);
+        for (std::size_t j = qlo; j < qhi; ++j) ok = ok && (j < m ? ha[j] : hc[j - m]) == T(q * 1000) + T(j % 10);
+      }
+      GRADSYNC_CHECK_ALL(ok);
+    }
     b.barrier();
     // Copies share one communicator; the last one destroys it.
     gradsync::NcclBackend copy = b;
@@ -238,67 +273,75 @@ struct gradsync::LocalVarPolicy<Tower> : gradsync::KeepLocal<gradsync::LocalScal
 // broadcast_parameters (its count agreement and broadcasts), the global norm and clipping (an
 // allreduce of one value) run through the backend's nonblocking forms under the stall watchdog.
 // Checked against analytic per-rank values. Built only against a Kokkos with CUDA (tests/gpu/run.sh).
-TEST_CASE("DistributedOptimizer over NcclBackend on Kokkos::CudaSpace views: broadcast, norm, clip, step") {
+TEST_CASE(
+    "DistributedOptimizer over NcclBackend on Kokkos::CudaSpace views: broadcast, norm, clip, step, sharded too") {
   if (!gpu_setup().nccl_ok) {
     MESSAGE("skipped: " << gpu_setup().why);
     return;
   }
-  using V = Kokkos::View<double*, Kokkos::CudaSpace>;
-  using Sync = gradsync::GradientSync<gradsync::NcclBackend, V>;
-  const int rank = world_rank(), n = world_size(), root = n - 1;
-  auto tower_size = [](int r) { return std::size_t(3 + r); };  // differs by rank
-  const std::size_t m = 1000, k = tower_size(rank);
-  Kokkos::Cuda exec;
-  gradsync::SgdOptions so;
-  so.lr = 0.5;
-  gradsync::DistributedOptimizer dopt(gradsync::Sgd<V>(so),
-                                      Sync(gradsync::NcclBackend(MPI_COMM_WORLD, exec), gradsync::Options{}, exec));
-  V w("w", m), gw("gw", m), t("tower", k), gt("gt", k);
-  dopt.add<Dense>(w, gw, "w");
-  dopt.add<Tower>(t, gt, "tower");
-  auto w0 = [](int r, std::size_t i) { return 10.0 * r + double(i % 7); };
-  auto t0 = [](int r, std::size_t j) { return r + 0.25 * double(j); };
-  auto gw_of = [](int r, std::size_t i) { return r + 1.0 + double(i % 5) / 4; };
-  auto gt_of = [](int r, std::size_t j) { return (r + 1.0) * double(j + 1) / 8; };
-  gradsync_test::fill_host(w, [&](std::size_t i) { return w0(rank, i); });
-  gradsync_test::fill_host(t, [&](std::size_t j) { return t0(rank, j); });
-  dopt.broadcast_parameters(root);
-  bool ok = true;
-  {
-    const auto hw = gradsync_test::host_values(w), ht = gradsync_test::host_values(t);
-    for (std::size_t i = 0; i < m; ++i) ok = ok && hw[i] == w0(root, i);
-    for (std::size_t j = 0; j < k; ++j) ok = ok && ht[j] == t0(rank, j);  // local: kept
-  }
-  GRADSYNC_CHECK_ALL(ok);
+  // Sharded (Options::shard): the reduce-scatter and allgather are grouped ncclReduce / ncclBroadcast
+  // of each rank's slice; SGD on the slices and the allgather give the same parameters.
+  for (auto shard : {gradsync::Shard::none, gradsync::Shard::optimizer_state}) {
+    CAPTURE(int(shard));
+    gradsync::Options opts;
+    opts.shard = shard;
+    using V = Kokkos::View<double*, Kokkos::CudaSpace>;
+    using Sync = gradsync::GradientSync<gradsync::NcclBackend, V>;
+    const int rank = world_rank(), n = world_size(), root = n - 1;
+    auto tower_size = [](int r) { return std::size_t(3 + r); };  // differs by rank
+    const std::size_t m = 1000, k = tower_size(rank);
+    Kokkos::Cuda exec;
+    gradsync::SgdOptions so;
+    so.lr = 0.5;
+    gradsync::DistributedOptimizer dopt(gradsync::Sgd<V>(so),
+                                        Sync(gradsync::NcclBackend(MPI_COMM_WORLD, exec), opts, exec));
+    V w("w", m), gw("gw", m), t("tower", k), gt("gt", k);
+    dopt.add<Dense>(w, gw, "w");
+    dopt.add<Tower>(t, gt, "tower");
+    auto w0 = [](int r, std::size_t i) { return 10.0 * r + double(i % 7); };
+    auto t0 = [](int r, std::size_t j) { return r + 0.25 * double(j); };
+    auto gw_of = [](int r, std::size_t i) { return r + 1.0 + double(i % 5) / 4; };
+    auto gt_of = [](int r, std::size_t j) { return (r + 1.0) * double(j + 1) / 8; };
+    gradsync_test::fill_host(w, [&](std::size_t i) { return w0(rank, i); });
+    gradsync_test::fill_host(t, [&](std::size_t j) { return t0(rank, j); });
+    dopt.broadcast_parameters(root);
+    bool ok = true;
+    {
+      const auto hw = gradsync_test::host_values(w), ht = gradsync_test::host_values(t);
+      for (std::size_t i = 0; i < m; ++i) ok = ok && hw[i] == w0(root, i);
+      for (std::size_t j = 0; j < k; ++j) ok = ok && ht[j] == t0(rank, j);  // local: kept
+    }
+    GRADSYNC_CHECK_ALL(ok);
 
-  gradsync_test::fill_host(gw, [&](std::size_t i) { return gw_of(rank, i); });
-  gradsync_test::fill_host(gt, [&](std::size_t j) { return gt_of(rank, j); });
-  GRADSYNC_CHECK_ALL(dopt.synchronize());
-  // The single-process norm on the global batch: the average of the data-parallel gradient, and
-  // every rank's tower gradient scaled by 1/n, each counted once.
-  auto average = [&](std::size_t i) {
-    double s = 0;
-    for (int r = 0; r < n; ++r) s += gw_of(r, i);
-    return s / n;
-  };
-  double sq = 0;
-  for (std::size_t i = 0; i < m; ++i) sq += average(i) * average(i);
-  for (int r = 0; r < n; ++r)
-    for (std::size_t j = 0; j < tower_size(r); ++j) sq += (gt_of(r, j) / n) * (gt_of(r, j) / n);
-  const double norm = std::sqrt(sq), max_norm = norm / 2, coef = max_norm / (norm + 1e-6);
-  const double got = dopt.clip_grad_norm(max_norm);
-  CAPTURE(got);
-  CAPTURE(norm);
-  GRADSYNC_CHECK_ALL(gradsync_test::rel_err(got, norm) < 1e-12);
-  dopt.apply();
-  double err = 0;
-  const auto hw = gradsync_test::host_values(w), ht = gradsync_test::host_values(t);
-  for (std::size_t i = 0; i < m; ++i)
-    err = std::max(err, gradsync_test::rel_err(hw[i], w0(root, i) - so.lr * coef * average(i)));
-  for (std::size_t j = 0; j < k; ++j)
-    err = std::max(err, gradsync_test::rel_err(ht[j], t0(rank, j) - so.lr * coef * gt_of(rank, j) / n));
-  CAPTURE(err);
-  GRADSYNC_CHECK_ALL(err < 1e-12);
+    gradsync_test::fill_host(gw, [&](std::size_t i) { return gw_of(rank, i); });
+    gradsync_test::fill_host(gt, [&](std::size_t j) { return gt_of(rank, j); });
+    GRADSYNC_CHECK_ALL(dopt.synchronize());
+    // The single-process norm on the global batch: the average of the data-parallel gradient, and
+    // every rank's tower gradient scaled by 1/n, each counted once.
+    auto average = [&](std::size_t i) {
+      double s = 0;
+      for (int r = 0; r < n; ++r) s += gw_of(r, i);
+      return s / n;
+    };
+    double sq = 0;
+    for (std::size_t i = 0; i < m; ++i) sq += average(i) * average(i);
+    for (int r = 0; r < n; ++r)
+      for (std::size_t j = 0; j < tower_size(r); ++j) sq += (gt_of(r, j) / n) * (gt_of(r, j) / n);
+    const double norm = std::sqrt(sq), max_norm = norm / 2, coef = max_norm / (norm + 1e-6);
+    const double got = dopt.clip_grad_norm(max_norm);
+    CAPTURE(got);
+    CAPTURE(norm);
+    GRADSYNC_CHECK_ALL(gradsync_test::rel_err(got, norm) < 1e-12);
+    dopt.apply();
+    double err = 0;
+    const auto hw = gradsync_test::host_values(w), ht = gradsync_test::host_values(t);
+    for (std::size_t i = 0; i < m; ++i)
+      err = std::max(err, gradsync_test::rel_err(hw[i], w0(root, i) - so.lr * coef * average(i)));
+    for (std::size_t j = 0; j < k; ++j)
+      err = std::max(err, gradsync_test::rel_err(ht[j], t0(rank, j) - so.lr * coef * gt_of(rank, j) / n));
+    CAPTURE(err);
+    GRADSYNC_CHECK_ALL(err < 1e-12);
+  }
 }
 #endif
 
