@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# gradsync's sync under SimGrid's SMPI (docs/SCALING.md). The program (sim_sync, built by CMake with
+# smpicxx where SimGrid is installed) is gradsync's own code on simulated ranks of a fat-tree.
+#
+#   sim.sh run SIM_SYNC HOSTS GBPS MODEL [RANKS_PER_HOST [sim_sync args after the model...]]
+#       one simulation; prints sim_sync's RESULT line and the ring's alpha-beta bound
+#   sim.sh smoke SIM_SYNC MODELS_DIR
+#       ctest's `simulation` smoke: ResNet-50 on 16 simulated ranks, blocking; the simulated sync must
+#       lie between the ring's alpha-beta bound and 3x it (exit 77 where SimGrid is not installed)
+#
+# Simulation settings (why, in docs/SCALING.md): computation not simulated, MPI_Test and MPI_Iprobe
+# 0.1 us each and not growing, a 256 MiB shared-malloc block (one mapping per rank's tensors).
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+mode=${1:?usage: sim.sh run|smoke ...}
+shift
+
+if ! command -v smpirun >/dev/null; then
+  echo "sim.sh: skipped: SimGrid's smpirun is not installed (apt-get install libsimgrid-dev)"
+  exit 77
+fi
+
+# The ring's lower bound in ms: 2(p-1)/p * B/bw + 2(p-1) * alpha, alpha 1 us host to host.
+bound_ms() {  # ranks bytes gbps
+  python3 -c "p,B,g=$1,$2,$3; print('%.3f' % ((2*(p-1)/p*B/(g*1e9/8) + 2*(p-1)*1e-6)*1e3))"
+}
+
+run() {  # sim_sync hosts gbps model [ranks_per_host [args...]]
+  local bin=$1 hosts=$2 gbps=$3 model=$4 per=${5:-1}
+  shift $(($# < 5 ? $# : 5))
+  local dir
+  dir=$(mktemp -d)
+  trap 'rm -rf "$dir"' RETURN
+  mapfile -t files < <(python3 "$here/platforms.py" "$dir" "$hosts" --gbps "$gbps" --ranks-per-host "$per")
+  local ranks=$((hosts * per))
+  smpirun -np "$ranks" -platform "${files[0]}" -hostfile "${files[1]}" \
+    --cfg=smpi/simulate-computation:no --cfg=smpi/test:1e-7 --cfg=smpi/iprobe:1e-7 \
+    --cfg=smpi/grow-injected-times:no --cfg=contexts/stack-size:1024 \
+    --cfg=smpi/shared-malloc-blocksize:268435456 --cfg=smpi/coll-selector:ompi \
+    --log=root.thres:warning --log=xbt_cfg.thres:warning --log=smpi_config.thres:error \
+    "$bin" "$model" "$@" | tee "$dir/out"
+  local bytes
+  bytes=$(sed -n 's/.* bytes=\([0-9]*\).*/\1/p' "$dir/out")
+  echo "BOUND ranks=$ranks gbps=$gbps bound_ms=$(bound_ms "$ranks" "$bytes" "$gbps")"
+}
+
+case $mode in
+  run) run "$@" ;;
+  smoke)
+    bin=${1:?sim.sh smoke SIM_SYNC MODELS_DIR}
+    models=${2:?sim.sh smoke SIM_SYNC MODELS_DIR}
+    out=$(run "$bin" 16 100 "$models/resnet50.csv" 1 1 blocking)
+    echo "$out"
+    python3 - "$out" <<'PY'
+import re, sys
+out = sys.argv[1]
+t = float(re.search(r"sync_ms=([0-9.]+)", out).group(1))
+b = float(re.search(r"bound_ms=([0-9.]+)", out).group(1))
+print(f"simulated {t:.3f} ms, ring bound {b:.3f} ms, ratio {t / b:.2f}")
+if not (b <= t <= 3 * b):
+    sys.exit(f"sim.sh smoke: the simulated sync ({t:.3f} ms) is not within [bound, 3 x bound] = [{b:.3f}, {3 * b:.3f}] ms")
+PY
+    ;;
+  *) echo "sim.sh: unknown mode $mode" >&2; exit 2 ;;
+esac
