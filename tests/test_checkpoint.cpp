@@ -708,6 +708,24 @@ TEST_CASE("in the middle of an aggregation cycle: refused on every rank; after t
   CHECK(sync.synchronize());
   gradsync::save_checkpoint(sync, path, st);
   CHECK(all_ranks(exists(path)));
+  // A sharded DistributedOptimizer: the same refusal, in its first cycle (no slices yet) and after
+  // its first update.
+  o.shard = gradsync::Shard::optimizer_state;
+  gradsync::DistributedOptimizer dopt(gradsync::Adam<View>(), Sync(gradsync::MpiBackend(MPI_COMM_WORLD), o));
+  View p("p", 5000), gp("gp", 5000);
+  dopt.add<Mlp>(p, gp, "p");
+  const std::string sharded_path = file_name("cycle_sharded");
+  for (int step = 0; step < 2; ++step) {
+    CAPTURE(step);
+    fill_host(gp, [](std::size_t i) { return double(i % 9); });
+    CHECK(!dopt.synchronize());
+    const std::string es = error_of<gradsync::CheckpointError>([&] { gradsync::save_checkpoint(dopt, sharded_path); });
+    CHECK(all_ranks(has(es, "called in the middle of an aggregation cycle (1 of 2 backward passes accumulated)")));
+    CHECK(dopt.synchronize());
+    dopt.apply();
+  }
+  gradsync::save_checkpoint(dopt, sharded_path);
+  CHECK(all_ranks(exists(sharded_path)));
 }
 
 TEST_CASE("float parameters, an optimizer without state; another optimizer's file is refused") {

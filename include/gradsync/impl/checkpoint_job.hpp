@@ -49,8 +49,10 @@ struct CheckpointAccess {
   // prepare(), collective) so that a save or load before the first apply() has them.
   template <class D>
   static void make_shards(D& d) {
-    if (!d.sharded()) return;
-    d.sync().prepare();
+    // In the middle of an aggregation cycle the checkpoint refuses the call with its own message
+    // (prepare() would refuse it too, naming itself).
+    if (!d.sharded() || d.sync().passes_into_cycle() > 0) return;
+    if (!d.shards_.built()) d.sync().prepare();  // the plan, which the slices come from
     d.make_shards();
   }
   template <class D>
