@@ -21,6 +21,13 @@ struct Dense {};
 struct Tower {};
 template <>
 struct gradsync::LocalVarPolicy<Tower> : gradsync::KeepLocal<gradsync::LocalScale::world_size> {};
+struct Pairs {};    // process sets of ranks {0, 1}, {2, 3}: at 3 ranks {0, 1} and {2}
+struct PairSum {};  // reduced over the pair, / n (the global mean loss)
+template <>
+struct gradsync::LocalVarPolicy<PairSum> : gradsync::ReduceOver<Pairs> {};
+struct PairMean {};  // reduced over the pair, / |S|
+template <>
+struct gradsync::LocalVarPolicy<PairMean> : gradsync::ReduceOver<Pairs, gradsync::SetScale::set_size> {};
 
 namespace {
 
@@ -31,6 +38,14 @@ using Sync = gradsync::GradientSync<gradsync::MpiBackend, View>;
 // and a local tower whose size differs per rank.
 const std::vector<std::size_t> dp_sizes = {13, 70001, 5, 30011, 1, 9001, 7};
 std::size_t tower_size(int rank) { return 37 + 1000 * std::size_t(rank); }
+// A process set's tensors (Sets::with): sizes no set size divides, one larger than a chunk.
+const std::vector<std::size_t> set_sizes = {4099, 3, 20011};
+std::vector<int> pair_of(int rank, int n) {
+  std::vector<int> s{rank / 2 * 2};
+  if (s[0] + 1 < n) s.push_back(s[0] + 1);
+  return s;
+}
+enum class Sets { none, with, sums_only };  // sums_only: no PairMean (set_samples refuses it)
 
 double grad_value(std::size_t k, std::size_t i, int rank, int pass) {
   return std::sin(0.37 * double(i) + 1.3 * double(k) + 0.7 * rank + 0.11 * pass) * (1.0 + 0.1 * rank);
@@ -46,16 +61,24 @@ template <class Opt>
 struct Model {
   std::vector<View> p, g;
   gradsync::DistributedOptimizer<Opt, Sync> dopt;
-  Model(Opt opt, gradsync::Options o, int rank) : dopt(std::move(opt), Sync(gradsync::MpiBackend(MPI_COMM_WORLD), o)) {
-    for (std::size_t k = 0; k <= dp_sizes.size(); ++k) {
-      const std::size_t n = k < dp_sizes.size() ? dp_sizes[k] : tower_size(rank);
+  Model(Opt opt, gradsync::Options o, int rank, Sets sets = Sets::none)
+      : dopt(std::move(opt), Sync(gradsync::MpiBackend(MPI_COMM_WORLD), o)) {
+    if (sets != Sets::none) dopt.sync().template bind_process_set<Pairs>(pair_of(rank, world_size()));
+    const std::size_t ns = sets == Sets::none ? 0 : set_sizes.size();
+    for (std::size_t k = 0; k <= dp_sizes.size() + ns; ++k) {
+      const std::size_t j = k - dp_sizes.size() - 1;  // among the set's tensors
+      const std::size_t n = k < dp_sizes.size() ? dp_sizes[k] : k == dp_sizes.size() ? tower_size(rank) : set_sizes[j];
       p.emplace_back("p", n);
       g.emplace_back("g", n);
       for (std::size_t i = 0; i < n; ++i) p.back()(i) = init_value(k, i);
       if (k < dp_sizes.size())
         dopt.template add<Dense>(p.back(), g.back());
-      else
+      else if (k == dp_sizes.size())
         dopt.template add<Tower>(p.back(), g.back());
+      else if (j == 1 && sets == Sets::with)
+        dopt.template add<PairMean>(p.back(), g.back());
+      else
+        dopt.template add<PairSum>(p.back(), g.back());
     }
   }
   void fill(int rank, int pass, bool exact = false) {
@@ -69,6 +92,7 @@ struct Case {
   int passes;
   bool samples, clip;
   gradsync::Compression compression = gradsync::Compression::none;  // both runs; exact values with it
+  Sets sets = Sets::none;
 };
 
 // K steps of the sharded and the unsharded model side by side; the worst relative difference of
@@ -80,9 +104,9 @@ double run_case(const Opt& opt, const Case& c, int steps, double* state_ratio = 
   o.backward_passes_per_step = c.passes;
   o.compression = c.compression;
   const bool exact = c.compression != gradsync::Compression::none;
-  Model<Opt> plain(opt, o, rank);
+  Model<Opt> plain(opt, o, rank, c.sets);
   o.shard = gradsync::Shard::optimizer_state;
-  Model<Opt> sharded(opt, o, rank);
+  Model<Opt> sharded(opt, o, rank, c.sets);
   int pass = 0;
   for (int s = 0; s < steps; ++s) {
     for (int q = 0; q < c.passes; ++q, ++pass) {
@@ -110,7 +134,11 @@ double run_case(const Opt& opt, const Case& c, int steps, double* state_ratio = 
   if (state_ratio) {
     const double full = double(plain.dopt.state_bytes()), mine = double(sharded.dopt.state_bytes());
     const double local = 2.0 * double(tower_size(rank)) * sizeof(double);  // Adam: two moments
-    *state_ratio = (mine - local) / ((full - local) / n);
+    double set = 0;  // Adam's state of the set's tensors: whole unsharded, 1/|S| of it sharded
+    for (std::size_t k = 0; k < set_sizes.size() && c.sets != Sets::none; ++k)
+      set += 2.0 * double(set_sizes[k]) * sizeof(double);
+    const double members = double(pair_of(rank, n).size());
+    *state_ratio = (mine - local - set / members) / ((full - local - set) / n);
   }
   (void)n;
   return gradsync_test::max_over_ranks(worst);
@@ -337,4 +365,69 @@ TEST_CASE("sharded with mark_ready during backward: each chunk's reduce-scatter 
     for (std::size_t i = 0; i < plain.p[k].size(); ++i) same &= plain.p[k](i) == marked.p[k](i);
   GRADSYNC_CHECK_ALL(same);
   GRADSYNC_CHECK_ALL(marked.dopt.sync().stats().allreduce_calls == plain.dopt.sync().stats().allreduce_calls);
+}
+
+TEST_CASE("process-set groups sharded within their set: the unsharded run's parameters, each slice the set's sum") {
+  const int rank = world_rank(), n = world_size();
+  gradsync::AdamOptions ao;
+  ao.lr = 1e-2;
+  gradsync::SgdOptions so;
+  so.lr = 0.1;
+  so.momentum = 0.9;
+  for (const Case& c : {Case{1, false, false, gradsync::Compression::none, Sets::with},
+                        Case{2, false, true, gradsync::Compression::none, Sets::with},
+                        Case{1, true, true, gradsync::Compression::none, Sets::sums_only},
+                        Case{2, true, false, gradsync::Compression::none, Sets::sums_only}}) {
+    CAPTURE(c.passes);
+    CAPTURE(c.samples);
+    CAPTURE(c.clip);
+    double ratio = 0;
+    const double adam = run_case(gradsync::Adam<View>(ao), c, 3, &ratio);
+    const double sgd = run_case(gradsync::Sgd<View>(so), c, 3);
+    CAPTURE(adam);
+    CAPTURE(sgd);
+    CAPTURE(ratio);
+    GRADSYNC_CHECK_ALL(adam <= 1e-12 && sgd <= 1e-12);
+    // The data-parallel state is 1/p of it and each set's 1/|S|, each within a few values.
+    GRADSYNC_CHECK_ALL(ratio <= 1.01 && ratio >= 0.99);
+  }
+  // One sharded step: each slice of a set's tensor holds its analytic sum over the set's members,
+  // / n (PairSum) or / |S| (PairMean), and the members' slices cover the set's values once.
+  gradsync::Options o;
+  o.shard = gradsync::Shard::optimizer_state;
+  Model<gradsync::Adam<View>> m(gradsync::Adam<View>(), o, rank, Sets::with);
+  m.fill(rank, 0);
+  REQUIRE(m.dopt.synchronize());
+  const std::vector<int> set = pair_of(rank, n);
+  double worst = 0, mine = 0;
+  for (const auto& [data, count] : m.dopt.sync().owned_slices())
+    for (std::size_t k = dp_sizes.size() + 1; k < m.g.size(); ++k) {
+      const double* g0 = m.g[k].data();
+      if (data < g0 || data >= g0 + m.g[k].size()) continue;
+      const std::size_t j = k - dp_sizes.size() - 1;
+      const double f = j == 1 ? 1.0 / double(set.size()) : 1.0 / double(n);
+      for (std::size_t i = std::size_t(data - g0); i < std::size_t(data - g0) + count; ++i) {
+        double sum = 0;
+        for (int r : set) sum += grad_value(k, i, r, 0);
+        worst = std::max(worst, std::abs(m.g[k](i) - f * sum));
+      }
+      mine += double(count);
+    }
+  CAPTURE(worst);
+  GRADSYNC_CHECK_ALL(worst <= 1e-13);
+  double covered = mine;
+  MPI_Allreduce(MPI_IN_PLACE, &covered, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+  double per_set = 0;
+  for (std::size_t s : set_sizes) per_set += double(s);
+  GRADSYNC_CHECK_ALL(covered == per_set * double((n + 1) / 2));  // every set's values once
+  GRADSYNC_CHECK_ALL(mine <= per_set / double(set.size()) + 2);
+  // The norm counts each set's values once: that of the unsharded step.
+  o.shard = gradsync::Shard::none;
+  Model<gradsync::Adam<View>> u(gradsync::Adam<View>(), o, rank, Sets::with);
+  u.fill(rank, 0);
+  REQUIRE(u.dopt.synchronize());
+  const double a = m.dopt.global_norm(), b = u.dopt.global_norm();
+  CAPTURE(a);
+  CAPTURE(b);
+  GRADSYNC_CHECK_ALL(rel_err(a, b) <= 1e-12);
 }

@@ -160,8 +160,6 @@ inline void validate(const Config& c) {
   if (c.uneven && !c.scale_tables) fail("--uneven takes the default --table-scale world_size");
   if (!c.weights && !c.uneven) fail("--weights off goes with --uneven");
   if (!(c.clip >= 0)) fail("--clip must be >= 0");
-  if (c.shard && c.replicas > 0) fail("--shard with --replicas: process-set groups are not sharded yet");
-  if (c.shard && c.compression != "none") fail("--shard with --compression: not sharded yet");
   if (c.check && (!c.save_path.empty() || !c.load_path.empty()))
     fail("--save and --load go with training runs, not --check");
 }

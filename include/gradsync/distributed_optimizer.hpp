@@ -356,9 +356,12 @@ class DistributedOptimizer {
   }
   template <class Span_>
   void make_shard_slots(const std::vector<std::pair<value_type*, std::size_t>>& owned) {
+    // Local parameters whole; data-parallel ones and those of process sets (sharded within their
+    // set) by the slices the sync owns.
     std::unordered_map<const value_type*, bool> local;
-    impl::SyncAccess::for_each_gradient(sync(),
-                                        [&](const value_type* d, std::size_t, bool l, value_type) { local[d] = l; });
+    const auto& sets = impl::SyncAccess::process_sets(sync());
+    impl::SyncAccess::for_each_gradient(
+        sync(), [&](const value_type* d, std::size_t, bool l, value_type) { local[d] = l && !sets.set_holding(d); });
     std::vector<typename Shards::Whole> dp;
     for (Entry& e : entries_) {
       if (local.at(e.grad))

@@ -9,8 +9,9 @@
 // and one allreduce of that single value gives the square of the norm on every rank (dividing the
 // replicated parts, rather than counting them on one rank, makes the result independent of
 // last-bit differences between ranks' copies). Row-sparse gradients count the rows() rows they
-// hold after the sync, by the same weights. Sharded (Options::shard), a data-parallel gradient holds
-// its average only in the slice a rank owns: each rank counts its own slices, with weight 1.
+// hold after the sync, by the same weights. Sharded (Options::shard), a data-parallel gradient (or
+// a process set's dense one) holds its average only in the slice a rank owns (its set's slice):
+// each rank counts its own slices, with weight 1.
 #pragma once
 
 #include <algorithm>
@@ -220,7 +221,7 @@ class GlobalNorm {
     for (const Key& k : scratch_) {
       if (k.sparse) continue;
       const auto* set = sets.set_holding(k.data);
-      if (sharded && !set && !k.local) continue;  // its owned slices, above
+      if (sharded && (set || !k.local)) continue;  // its owned slices, above (sets': sharded within the set)
       const double weight = set ? 1.0 / double(set->ranks.size()) : k.local ? 1.0 : 1.0 / double(n);
       // for_each_gradient hands out const pointers; clip() scales these same gradients in place.
       value_type* const data = const_cast<value_type*>(k.data);

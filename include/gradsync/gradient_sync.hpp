@@ -296,10 +296,11 @@ class GradientSync {
   /// The options in effect: the constructor's, after the GRADSYNC_* environment was applied.
   const Options& options() const { return pipe_.options(); }
   /// Options::shard: this rank's slices of the data-parallel gradients (pieces of them, in fused
-  /// order; the gradsync::shard_slice of each chunk or group), where a sharded synchronize() leaves
-  /// the averages; the other values are unspecified. Built with the plan (empty before it, and when
+  /// order; the gradsync::shard_slice of each chunk or group), then of its process sets' dense
+  /// gradients (sharded within each set, in binding order), where a sharded synchronize() leaves
+  /// the sums; the other values are unspecified. Built with the plan (empty before it, and when
   /// not sharded). Local; any state.
-  const std::vector<std::pair<value_type*, std::size_t>>& owned_slices() const { return pipe_.sync_plan().owned(); }
+  const std::vector<std::pair<value_type*, std::size_t>>& owned_slices() const { return pipe_.owned(); }
   /// The backend the sync reduces over (its rank(), size(), communicator).
   const Backend& backend() const { return pipe_.backend(); }
   /// Dense tensors registered with add<Group>() (row-sparse gradients not counted).

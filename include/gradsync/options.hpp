@@ -159,8 +159,9 @@ struct Options {
   /// Shard::optimizer_state: data-parallel gradients are reduce-scattered, so that each rank holds
   /// the average only on its slice of each chunk (GradientSync::owned_slices(); the other values are
   /// unspecified after synchronize()), and a DistributedOptimizer keeps optimizer state for that
-  /// slice only, updates it, and allgathers the parameters (docs/SHARDING.md). Needs a backend with
-  /// Capability::shard_sums (MpiBackend, on host memory).
+  /// slice only, updates it, and allgathers the parameters (docs/SHARDING.md). A process set's dense
+  /// gradients (ReduceOver groups) are sharded within their set. Needs a backend with
+  /// Capability::shard_sums (MpiBackend on host memory, NcclBackend).
   Shard shard = Shard::none;
   /// Seconds a collective may wait for the other ranks before the stall is reported (a StallError
   /// naming the missing ranks, on every waiting rank). 0: no deadline; a rank then waits forever for

@@ -31,6 +31,13 @@
 // DistributedOptimizer::broadcast_parameters (or broadcast_set_parameter for parameters it does not
 // hold) sends their parameters from the set's first rank, its lowest rank of the sync, over the
 // set's communicator.
+//
+// Sharded (Options::shard), a set's dense tensors are sharded within the set: taken as one buffer
+// in registration order and cut into pieces of at most max_count_of(backend) values, each piece is
+// reduce-scattered over the set's communicator (Capability::shard_sums), member m of the set
+// keeping shard_slice(piece, |S|, m), scaled as above; owned() lists those slices, which the
+// sync's owned_slices() appends to the data-parallel ones, and gather() allgathers them back
+// after the optimizer's update.
 #pragma once
 
 #include <algorithm>
@@ -133,7 +140,8 @@ class ProcessSets {
     std::vector<int> ranks;
     std::shared_ptr<SetBackend> backend;  // created at connect()
     std::vector<Tensor> tensors;
-    std::vector<std::int64_t> sparse;  // the row-sparse registrations' sizes, for the check
+    std::vector<std::int64_t> sparse;               // the row-sparse registrations' sizes, for the check
+    std::vector<std::pair<T*, std::size_t>> owned;  // sharded: this member's slices (at connect())
   };
 
   bool empty() const { return sets_.empty(); }
@@ -161,7 +169,7 @@ class ProcessSets {
       throw Error(cat(what, ": the set must contain this rank (each rank binds the set it reduces with)"));
     Set* s = find(tag);
     if (s && s->ranks != ranks) throw Error(cat(what, ": already bound to ", rank_list(s->ranks)));
-    if (!s) sets_.push_back(Set{tag, std::move(ranks), nullptr, {}, {}});
+    if (!s) sets_.push_back(Set{tag, std::move(ranks), nullptr, {}, {}, {}});
   }
 
   Set& set_of(const std::string& tag, const std::string& name, const std::string& group, int me) {
@@ -274,6 +282,7 @@ class ProcessSets {
     // Every set is consistent: one communicator per set, created once.
     for (std::size_t i = 0; i < k; ++i)
       if (!sets_[i].backend) sets_[i].backend = std::make_shared<SetBackend>(world.split(sets_[i].ranks.front(), me));
+    for (Set& s : sets_) find_owned(s);
     // A backend that cannot reach the tensors' memory (device memory, an MPI that is not
     // CUDA-aware) sums a host copy: one staging buffer, as large as the largest piece, made here.
     largest_ = 0;
@@ -293,6 +302,10 @@ class ProcessSets {
     for (Set& s : sets_) {
       if (!s.backend) throw Error(cat("process set ", s.tag, " has no communicator (internal: connect() did not run)"));
       const SetBackend& sb = *s.backend;
+      if (o.shard != Shard::none) {
+        reduce_scatter(exec, s, o, ctl, world, call, stats, weighted, total);
+        continue;
+      }
       const std::size_t piece = max_count_of(sb);
       if (staged_) provision_staging(piece);  // only when a test raised the limit since connect()
       for (std::size_t j = 0; j < s.tensors.size(); ++j) {
@@ -312,6 +325,33 @@ class ProcessSets {
         if (f != T(1) && t.size > 0)
           Kokkos::parallel_for(label_process_set_scale(), step_range(exec, std::int64_t(t.size)),
                                SetScaleKernel<T>{t.data, f});
+      }
+    }
+  }
+
+  /// Sharded: this rank's slices of its sets' dense tensors, appended to `out` (binding order).
+  void append_owned(std::vector<std::pair<T*, std::size_t>>& out) const {
+    for (const Set& s : sets_) out.insert(out.end(), s.owned.begin(), s.owned.end());
+  }
+
+  /// Sharded, after the optimizer's update wrote each member's slices: every set's pieces
+  /// allgathered over its communicator, in the pieces of the reduce-scatter, under the stall watchdog.
+  void gather([[maybe_unused]] const ExecutionSpace& exec, [[maybe_unused]] const Options& o,
+              [[maybe_unused]] Control<Backend>& ctl, [[maybe_unused]] std::int64_t call,
+              [[maybe_unused]] Stats& stats) {
+    if constexpr (has_shard_sums<SetBackend>::value) {
+      fence(exec, label_fence_pack());
+      for (const Set& s : sets_) {
+        if (s.tensors.empty()) continue;
+        const SetBackend& sb = *s.backend;
+        std::int64_t j = 0;
+        const std::int64_t pieces = num_pieces(s, max_count_of(sb));
+        for_each_piece(s, max_count_of(sb), [&](const std::vector<SumRegion<T>>& regions, std::size_t n) {
+          auto req = sb.iallgather_regions(regions.data(), regions.size());
+          ctl.wait_until_done([&] { return sb.test(req); }, o, WaitSite{"process set allgather", call, j++, pieces});
+          stats.process_set_bytes += n * sizeof(T);
+          ++stats.process_set_calls;
+        });
       }
     }
   }
@@ -356,6 +396,90 @@ class ProcessSets {
                            const WaitSite& site) {
     auto req = sb.iallreduce_sum(data, n);
     ctl.wait_until_done([&] { return sb.test(req); }, o, site);
+  }
+
+  // The set's dense tensors as one buffer in registration order, cut into pieces of at most
+  // `limit` values: f(regions of the piece, its values), in order (every member cuts alike).
+  template <class F>
+  static void for_each_piece(const Set& s, std::size_t limit, F&& f) {
+    std::vector<SumRegion<T>> regions;
+    std::size_t n = 0;
+    for (const Tensor& t : s.tensors)
+      for (std::size_t off = 0; off < t.size;) {
+        const std::size_t k = std::min(t.size - off, limit - n);
+        regions.push_back(SumRegion<T>{t.data + off, k});
+        n += k;
+        off += k;
+        if (n == limit) {
+          f(regions, n);
+          regions.clear();
+          n = 0;
+        }
+      }
+    if (n > 0) f(regions, n);
+  }
+
+  static std::int64_t num_pieces(const Set& s, std::size_t limit) {
+    std::size_t n = 0;
+    for (const Tensor& t : s.tensors) n += t.size;
+    return std::int64_t((n + limit - 1) / limit);
+  }
+
+  // Sharded: this member's slice of each piece (shard_slice over the set's communicator), as
+  // pieces of the tensors; neighbours within one tensor merge.
+  void find_owned(Set& s) const {
+    s.owned.clear();
+    if (!s.backend || s.tensors.empty()) return;
+    const SetBackend& sb = *s.backend;
+    for_each_piece(s, max_count_of(sb), [&](const std::vector<SumRegion<T>>& regions, std::size_t n) {
+      const auto [lo, hi] = shard_slice(n, sb.size(), sb.rank());
+      std::size_t at = 0;
+      for (const SumRegion<T>& r : regions) {
+        const std::size_t x = std::max(lo, at), y = std::min(hi, at + r.count);
+        if (x < y) {
+          T* p = r.data + (x - at);
+          if (!s.owned.empty() && s.owned.back().first + s.owned.back().second == p &&
+              same_tensor(s, s.owned.back().first, p))
+            s.owned.back().second += y - x;
+          else
+            s.owned.emplace_back(p, y - x);
+        }
+        at += r.count;
+      }
+    });
+  }
+  static bool same_tensor(const Set& s, const T* a, const T* b) {
+    for (const Tensor& t : s.tensors)
+      if (a >= t.data && a < t.data + t.size) return b >= t.data && b <= t.data + t.size;
+    return false;
+  }
+
+  // Sharded: each piece reduce-scattered over the set (the sum on this member's slice only), then
+  // each tensor's factor on the slices this member owns.
+  void reduce_scatter([[maybe_unused]] const ExecutionSpace& exec, [[maybe_unused]] Set& s,
+                      [[maybe_unused]] const Options& o, [[maybe_unused]] Control<Backend>& ctl,
+                      [[maybe_unused]] int world, [[maybe_unused]] std::int64_t call, [[maybe_unused]] Stats& stats,
+                      [[maybe_unused]] bool weighted, [[maybe_unused]] T total) {
+    if constexpr (has_shard_sums<SetBackend>::value) {  // else GradientSync refused the plan
+      const SetBackend& sb = *s.backend;
+      std::int64_t j = 0;
+      const std::int64_t pieces = num_pieces(s, max_count_of(sb));
+      for_each_piece(s, max_count_of(sb), [&](const std::vector<SumRegion<T>>& regions, std::size_t n) {
+        auto req = sb.ireduce_scatter_sum_regions(regions.data(), regions.size(), T(1));
+        ctl.wait_until_done([&] { return sb.test(req); }, o, WaitSite{"process set reduce-scatter", call, j++, pieces});
+        stats.process_set_bytes += n * sizeof(T);
+        ++stats.process_set_calls;
+      });
+      for (const auto& [p, n] : s.owned)
+        for (const Tensor& t : s.tensors)
+          if (p >= t.data && p < t.data + t.size) {
+            const T f = factor(t.scale, o, world, s.ranks.size(), weighted, total);
+            if (f != T(1))
+              Kokkos::parallel_for(label_process_set_scale(), step_range(exec, std::int64_t(n)),
+                                   SetScaleKernel<T>{p, f});
+            break;
+          }
+    }
   }
 
   // The staging buffer holds one piece: the largest tensor, or the backend's limit if smaller.

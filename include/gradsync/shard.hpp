@@ -40,9 +40,10 @@ void allgather_parameters(
   using V = typename S::value_type;
   if (sync.options().shard == Shard::none)
     throw Error("allgather_parameters: the sync is not sharded (Options::shard is none)");
-  std::vector<const V*> local;
+  std::vector<const V*> local;  // whole on their rank (a process set's tensors are sharded within it)
+  const auto& sets = impl::SyncAccess::process_sets(sync);
   impl::SyncAccess::for_each_gradient(sync, [&](const V* d, std::size_t, bool l, V) {
-    if (l) local.push_back(d);
+    if (l && !sets.set_holding(d)) local.push_back(d);
   });
   impl::ShardedParams<V, typename S::memory_space> shards;
   std::vector<typename decltype(shards)::Whole> dp;

@@ -179,6 +179,15 @@ class CkptComm {
   void min(std::vector<T>& v) const {
     in_cell(v, [&](T* p) { w_.allreduce_min(p, v.size()); });
   }
+  // sum() over another communicator (a process set's, `b`), watched alike where it is of the
+  // sync's backend type.
+  template <class B, class T>
+  void sum_over(const B& b, std::vector<T>& v) const {
+    in_cell(v, [&](T* p) {
+      decltype(auto) over = w_.over(b);
+      over.allreduce_sum(p, v.size());
+    });
+  }
   // `root`'s string on every rank.
   std::string broadcast(const std::string& s, int root) const {
     std::vector<std::uint64_t> n{s.size()};

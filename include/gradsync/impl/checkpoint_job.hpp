@@ -227,30 +227,63 @@ inline void add_state_items(CkptJob& job, const CheckpointState& state,
   }
 }
 
-// Sharded (Options::shard): the data-parallel parameters' state, whole, as an unsharded optimizer
-// holds it, so that the file depends neither on the rank count nor on the shard setting. A save
-// sums it from the ranks' slices (each value is one rank's; the others add zeros: exact); a load
-// reads it whole on every rank and hands each rank its slices (after_load). The whole state stays
-// in host memory for the call: the memory a sharded optimizer saves is spent again during it.
+// Sharded (Options::shard): the sharded parameters' state, whole, as an unsharded optimizer holds
+// it, so that the file depends neither on the rank count nor on the shard setting. A save sums it
+// from the ranks' slices (each value is one rank's; the others add zeros: exact): the data-parallel
+// parameters' over every rank, a process set's over the set; a load reads it whole on every rank
+// and hands each rank its slices (after_load). The whole state stays in host memory for the call:
+// the memory a sharded optimizer saves is spent again during it.
 template <class T>
 struct ShardedWholeState {
   std::vector<T> values;                   // state k of the parameter at `at` begins at k * total + at
-  std::size_t total = 0;                   // values of every sharded parameter
+  std::size_t total = 0;                   // values of every parameter of this part
   int nstate = 0;                          // value buffers per slot (Adam: 2, 3 with amsgrad)
-  std::int64_t step = 0;                   // the slots' step count (every slot steps alike)
   std::map<const T*, std::size_t> at;      // parameter -> its offset
+  std::map<const T*, std::size_t> count;   // parameter -> its values
   std::vector<std::int64_t> loaded_steps;  // a load's counters, per parameter (in `at` order)
+  // The offset of the value at p, or npos when no parameter of this part holds it.
+  std::size_t offset_of(const T* p) const {
+    auto e = at.upper_bound(p);
+    if (e == at.begin()) return npos;
+    --e;
+    return p < e->first + count.at(e->first) ? e->second + std::size_t(p - e->first) : npos;
+  }
+  std::int64_t& steps_of(const T* param) {
+    return loaded_steps[std::size_t(std::distance(at.begin(), at.find(param)))];
+  }
+  static constexpr std::size_t npos = std::size_t(-1);
+};
+// The parts: [0] the data-parallel parameters (over every rank), then one per process set with
+// tensors (over the set), and which part holds each sharded parameter.
+template <class T>
+struct ShardedWhole {
+  std::vector<std::shared_ptr<ShardedWholeState<T>>> parts;
+  std::map<const T*, std::size_t> part_of;
+  std::int64_t step = 0;  // the slots' step count (every slot steps alike)
 };
 
 template <class D, class Comm>
-std::shared_ptr<ShardedWholeState<typename D::value_type>> sharded_whole_state(const CkptJob& job, D& dopt,
-                                                                               const Comm& comm) {
+std::shared_ptr<ShardedWhole<typename D::value_type>> sharded_whole_state(const CkptJob& job, D& dopt,
+                                                                          const Comm& comm) {
   using T = typename D::value_type;
   using Space = typename D::memory_space;
-  auto w = std::make_shared<ShardedWholeState<T>>();
+  auto w = std::make_shared<ShardedWhole<T>>();
   [[maybe_unused]] auto& opt = CheckpointAccess::optimizer(dopt);
-  for (const auto& e : CheckpointAccess::entries(dopt))
-    if (e.slot == CheckpointAccess::no_slot<D>) w->at[e.param] = w->total, w->total += e.size;
+  const auto& sets = SyncAccess::process_sets(dopt.sync()).sets();
+  w->parts.resize(1 + sets.size());
+  for (auto& part : w->parts) part = std::make_shared<ShardedWholeState<T>>();
+  for (const auto& e : CheckpointAccess::entries(dopt)) {
+    if (e.slot != CheckpointAccess::no_slot<D>) continue;
+    std::size_t k = 0;
+    for (std::size_t i = 0; i < sets.size() && k == 0; ++i)
+      for (const auto& t : sets[i].tensors)
+        if (t.data == e.grad) k = 1 + i;
+    ShardedWholeState<T>& part = *w->parts[k];
+    part.at[e.param] = part.total;
+    part.count[e.param] = e.size;
+    part.total += e.size;
+    w->part_of[e.param] = k;
+  }
   // The slots' shape and step count, agreed: a rank may hold no slot at all.
   std::vector<std::int64_t> mine{1, 1};  // -(buffers), -(step): min over ranks is the max
   if constexpr (has_state_visitor<typename D::optimizer_type>::value)
@@ -266,41 +299,46 @@ std::shared_ptr<ShardedWholeState<typename D::value_type>> sharded_whole_state(c
       break;
     }
   comm.min(mine);
-  w->nstate = int(-std::min<std::int64_t>(mine[0], 0));
   w->step = -std::min<std::int64_t>(mine[1], 0);
-  w->values.assign(std::size_t(w->nstate) * w->total, T(0));
-  w->loaded_steps.assign(w->at.size(), w->step);
+  for (auto& part : w->parts) {
+    part->nstate = int(-std::min<std::int64_t>(mine[0], 0));
+    part->values.assign(std::size_t(part->nstate) * part->total, T(0));
+    part->loaded_steps.assign(part->at.size(), w->step);
+  }
   if (!job.saving) return w;
   if constexpr (has_state_visitor<typename D::optimizer_type>::value)
     for (const auto& p : CheckpointAccess::shards(dopt).pieces()) {
-      const auto e = std::prev(w->at.upper_bound(p.param));  // the parameter holding the slice
-      T* out = w->values.data() + e->second + std::size_t(p.param - e->first);
+      ShardedWholeState<T>& part = *w->parts[w->part_of.at(std::prev(w->part_of.upper_bound(p.param))->first)];
+      T* out = part.values.data() + part.offset_of(p.param);
       opt.for_each_state(p.slot, [&](auto* data, std::size_t n) {
         if constexpr (std::is_same_v<std::remove_pointer_t<decltype(data)>, T>) {
           copy_values<Kokkos::HostSpace, Space>(out, data, n);
-          out += w->total;
+          out += part.total;
         }
       });
     }
-  comm.sum(w->values);
+  comm.sum(w->parts[0]->values);
+  for (std::size_t i = 0; i < sets.size(); ++i)
+    if (!sets[i].tensors.empty()) comm.sum_over(*sets[i].backend, w->parts[1 + i]->values);
   return w;
 }
 
 // After a sharded load: each slice's state from the whole, and every slot's step count.
 template <class D>
-void adopt_sharded_state(D& dopt, const ShardedWholeState<typename D::value_type>& w) {
+void adopt_sharded_state(D& dopt, ShardedWhole<typename D::value_type>& w) {
   using T = typename D::value_type;
   using Space = typename D::memory_space;
   [[maybe_unused]] auto& opt = CheckpointAccess::optimizer(dopt);
   if constexpr (has_state_visitor<typename D::optimizer_type>::value)
     for (const auto& p : CheckpointAccess::shards(dopt).pieces()) {
-      const auto e = std::prev(w.at.upper_bound(p.param));
-      const T* in = w.values.data() + e->second + std::size_t(p.param - e->first);
-      const std::int64_t step = w.loaded_steps[std::size_t(std::distance(w.at.begin(), e))];
+      const T* param = std::prev(w.part_of.upper_bound(p.param))->first;
+      ShardedWholeState<T>& part = *w.parts[w.part_of.at(param)];
+      const T* in = part.values.data() + part.offset_of(p.param);
+      const std::int64_t step = part.steps_of(param);
       opt.for_each_state(p.slot, [&](auto* data, std::size_t n) {
         if constexpr (std::is_same_v<std::remove_pointer_t<decltype(data)>, T>) {
           copy_values<Space, Kokkos::HostSpace>(data, in, n);
-          in += w.total;
+          in += part.total;
         } else {
           for (std::size_t i = 0; i < n; ++i) data[i] = step;
         }
@@ -318,7 +356,7 @@ void add_optimizer_items(CkptJob& job, D& dopt, const CheckpointState& state,
   using Opt = typename D::optimizer_type;
   static_assert(std::is_same_v<T, double> || std::is_same_v<T, float>,
                 "gradsync checkpoints: parameters are float or double");
-  std::shared_ptr<ShardedWholeState<T>> whole;
+  std::shared_ptr<ShardedWhole<T>> whole;
   if (dopt.sharded()) {
     whole = sharded_whole_state(job, dopt, comm);
     if (!job.saving) job.after_load.push_back([&dopt, whole] { adopt_sharded_state(dopt, *whole); });
@@ -335,12 +373,13 @@ void add_optimizer_items(CkptJob& job, D& dopt, const CheckpointState& state,
     const bool rowwise = it.kind == CkptKind::sharded;
     it.data.push_back(ckpt_data<T, Space>("param", e.param, e.size, rowwise));
     std::vector<std::int64_t*> counters;
-    if (e.slot == CheckpointAccess::no_slot<D>) {  // sharded data-parallel: from the whole state
-      const std::size_t at = whole->at.at(e.param);
-      for (int k = 0; k < whole->nstate; ++k)
-        it.data.push_back(ckpt_data<T, Kokkos::HostSpace>(cat("state", k), whole->values.data() + k * whole->total + at,
-                                                          e.size, false, whole));
-      std::int64_t* step = &whole->loaded_steps[std::size_t(std::distance(whole->at.begin(), whole->at.find(e.param)))];
+    if (e.slot == CheckpointAccess::no_slot<D>) {  // sharded: from the whole state of its part
+      const auto part = whole->parts[whole->part_of.at(e.param)];
+      const std::size_t at = part->at.at(e.param);
+      for (int k = 0; k < part->nstate; ++k)
+        it.data.push_back(ckpt_data<T, Kokkos::HostSpace>(cat("state", k), part->values.data() + k * part->total + at,
+                                                          e.size, false, part));
+      std::int64_t* step = &part->steps_of(e.param);
       CkptData d;
       d.name = "counters";
       d.type = CkptType::i64;

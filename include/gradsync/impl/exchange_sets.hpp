@@ -41,6 +41,12 @@ class SetExchange : public ExchangeBase {
         sets_->reduce(f.cx.exec, f.cx.opt, f.cx.ctl, f.cx.backend.size(), std::int64_t(f.cx.stats.passes), f.cx.stats,
                       f.plan.weighted(), f.plan.weights().total);
   }
+  // Options::shard, after the optimizer's update: each set's slices allgathered over the set.
+  template <class Context>
+  void gather(Context& cx) {
+    if constexpr (supported)
+      if (sets_->has_tensors()) sets_->gather(cx.exec, cx.opt, cx.ctl, std::int64_t(cx.stats.passes), cx.stats);
+  }
   std::shared_ptr<void> park() { return sets_; }
 
  private:

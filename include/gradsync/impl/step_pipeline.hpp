@@ -218,7 +218,10 @@ class StepPipeline : public SyncParts<Backend, V, MemorySpace, ExecutionSpace> {
   // in memory only if every rank has the same.
   void compare_registrations(bool needed, bool force) {
     const std::int64_t call = step_.call();
-    if (needed) sets_exchange().connect(Watched<Backend>(backend_, ctl_, opt_, call, "process sets' setup"));
+    if (needed) {
+      sets_exchange().connect(Watched<Backend>(backend_, ctl_, opt_, call, "process sets' setup"));
+      this->refresh_owned();
+    }
     if (!checks_.comparison_due(opt_, needed, force)) return;
     TimelineScope span(timeline_.get(), Timeline::Kind::call, "consistency check", call);
     ProfileRegion region(Region::consistency_check);
@@ -254,6 +257,7 @@ class StepPipeline : public SyncParts<Backend, V, MemorySpace, ExecutionSpace> {
     if (timeline_) plan_.note_in(*timeline_, registry_.data_parallel_names_in_fused_order(opt_), layout.tensor_chunks);
     ++stats_.plan_builds;
     plan_.built();
+    this->refresh_owned();
     if (!announced_) announce();
   }
 
@@ -275,10 +279,13 @@ class StepPipeline : public SyncParts<Backend, V, MemorySpace, ExecutionSpace> {
             throw ConfigError(cat("shard = optimizer_state: row-sparse data-parallel gradient '", name, "' (group ",
                                   group, "): not supported sharded yet (local row-sparse tables are)"));
         });
-    for (const auto& s : this->sets().sets())
-      if (!s.tensors.empty())
-        throw ConfigError(cat("shard = optimizer_state: process set ", s.tag, " reduces '", s.tensors.front().name,
-                              "': process-set groups are not supported sharded yet"));
+    using SetBackend = typename std::decay_t<decltype(this->sets())>::SetBackend;
+    if constexpr (!has_shard_sums<SetBackend>::value)
+      for (const auto& s : this->sets().sets())
+        if (!s.tensors.empty())
+          throw ConfigError(cat("shard = optimizer_state: process set ", s.tag, " reduces '", s.tensors.front().name,
+                                "' (group ", s.tensors.front().group,
+                                ") over a backend without Capability::shard_sums"));
   }
 
   // check: with check_finite, everything that leaves in this step, before the first byte does.

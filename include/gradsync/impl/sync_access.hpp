@@ -145,6 +145,7 @@ struct SyncAccess {
       auto& p = s.pipe_;
       auto cx = p.ctx();
       p.dense().gather(cx, p.sync_plan());
+      p.sets_exchange().gather(cx);
     });
   }
 
@@ -166,6 +167,7 @@ struct SyncAccess {
   template <class S, class W>
   static void connect_process_sets(S& s, const W& world) {
     s.pipe_.sets_exchange().connect(world);
+    s.pipe_.refresh_owned();
   }
 
   // ---- The checkpoints ----

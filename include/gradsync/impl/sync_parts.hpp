@@ -93,6 +93,15 @@ class SyncParts {
   bool weighted() const { return plan_.weighted(); }
   Context ctx() { return Context{backend_, opt_, exec_, ctl_, timeline_.get(), stats_}; }
 
+  // Options::shard: this rank's slices, the data-parallel ones (the plan's, fused order) then its
+  // process sets' (binding order); rebuilt after a plan build and after the sets connected.
+  const std::vector<std::pair<V*, std::size_t>>& owned() const { return owned_; }
+  void refresh_owned() {
+    if (opt_.shard == Shard::none) return;
+    owned_ = plan_.owned();
+    sets().append_owned(owned_);
+  }
+
   // Registrations change between steps only (checked by the caller before anything changed).
   void begin_change() {
     plan_.registrations_changed();
@@ -123,15 +132,16 @@ class SyncParts {
   bool announced_ = false;        // announce() ran (first plan build)
   ExecutionSpace exec_;
   Stats stats_;
-  Registry registry_;                   // the dense gradients
-  Plan plan_;                           // what to send, in which chunks, by which algorithm
-  Checks checks_;                       // the cross-rank agreements
-  Exchanges exchanges_;                 // what crosses, in finishing order
-  SyncStep step_;                       // state, pass, call, samples, pending (impl/sync_step.hpp)
-  std::string needs_samples_;           // a tensor whose policy needs set_samples(), or empty
-  Control<Backend> ctl_;                // side channel: agreement, stall reports, peer failures
-  OneThread one_thread_;                // one thread at a time
-  std::unique_ptr<Timeline> timeline_;  // Options::tuning.timeline; null when off
+  Registry registry_;                              // the dense gradients
+  Plan plan_;                                      // what to send, in which chunks, by which algorithm
+  Checks checks_;                                  // the cross-rank agreements
+  Exchanges exchanges_;                            // what crosses, in finishing order
+  SyncStep step_;                                  // state, pass, call, samples, pending (impl/sync_step.hpp)
+  std::string needs_samples_;                      // a tensor whose policy needs set_samples(), or empty
+  Control<Backend> ctl_;                           // side channel: agreement, stall reports, peer failures
+  OneThread one_thread_;                           // one thread at a time
+  std::unique_ptr<Timeline> timeline_;             // Options::tuning.timeline; null when off
+  std::vector<std::pair<V*, std::size_t>> owned_;  // sharded: owned()
 };
 
 }  // namespace gradsync::impl
