@@ -222,3 +222,55 @@ TEST_CASE("a parameter longer than one kernel segment (2^20 values) is updated e
   for (std::size_t i = 0; i < n; ++i) wrong += ph(i) != -0.25;
   CHECK(wrong == 0);
 }
+
+TEST_CASE("step_slots(first, last) updates those slots only; in ranges it equals step()") {
+  using View = Kokkos::View<double*>;
+  const std::size_t sizes[] = {5, 3, 7};
+  std::vector<View> p1, p2, g;
+  gradsync::AdamOptions ao;
+  ao.lr = 0.05;
+  gradsync::Adam<View> whole(ao), ranged(ao);
+  gradsync::SgdOptions so;
+  so.momentum = 0.9;
+  gradsync::Sgd<View> sgd_whole(so), sgd_ranged(so);
+  std::vector<View> s1, s2;
+  for (std::size_t k = 0; k < 3; ++k) {
+    for (auto* v : {&p1, &p2, &s1, &s2}) {
+      v->emplace_back("p", sizes[k]);
+      fill_host(v->back(), [&](std::size_t i) { return 0.1 * double(i) - 0.2 * double(k); });
+    }
+    g.emplace_back("g", sizes[k]);
+    fill_host(g.back(), [&](std::size_t i) { return 0.3 - 0.07 * double(i * (k + 1)); });
+    whole.add(p1[k], g[k]);
+    ranged.add(p2[k], g[k]);
+    sgd_whole.add(s1[k], g[k]);
+    sgd_ranged.add(s2[k], g[k]);
+  }
+  // Slot 2 alone first: it moves, the others do not.
+  const auto before = host_copy(p2[0]);
+  ranged.step_slots(2, 3);
+  CHECK(ranged.step_count(2) == 1);
+  CHECK(ranged.step_count(0) == 0);
+  const auto after = host_copy(p2[0]);
+  bool untouched = true;
+  for (std::size_t i = 0; i < sizes[0]; ++i) untouched = untouched && before(i) == after(i);
+  CHECK(untouched);
+  ranged.step_slots(0, 2);  // the same first step for the others
+  whole.step();
+  for (int s = 0; s < 3; ++s) {
+    whole.step();
+    ranged.step_slots(0, 1);
+    ranged.step_slots(1, 3);
+    sgd_whole.step();
+    sgd_ranged.step_slots(0, 2);
+    sgd_ranged.step_slots(2, 3);
+  }
+  bool same = true;
+  for (std::size_t k = 0; k < 3; ++k) {
+    const auto a = host_copy(p1[k]), b = host_copy(p2[k]), c = host_copy(s1[k]), d = host_copy(s2[k]);
+    for (std::size_t i = 0; i < sizes[k]; ++i) same = same && a(i) == b(i) && c(i) == d(i);
+  }
+  CHECK(same);
+  CHECK(ranged.step_count(1) == 4);
+  CHECK(gradsync_test::error_of([&] { ranged.step_slots(2, 1); }).find("not a range of slots") != std::string::npos);
+}

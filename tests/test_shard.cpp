@@ -431,3 +431,56 @@ TEST_CASE("process-set groups sharded within their set: the unsharded run's para
   CAPTURE(b);
   GRADSYNC_CHECK_ALL(rel_err(a, b) <= 1e-12);
 }
+
+namespace {
+// Adam that records, at each step_slots(), how many collectives its sync had launched.
+struct RecordingAdam : gradsync::Adam<View> {
+  using gradsync::Adam<View>::Adam;
+  const Sync* sync = nullptr;
+  std::vector<std::uint64_t> seen;
+  void step_slots(std::size_t first, std::size_t last) {
+    if (sync) seen.push_back(sync->stats().allreduce_calls);
+    gradsync::Adam<View>::step_slots(first, last);
+  }
+};
+// Adam with step() only: the update of every slot, then the allgather of every chunk.
+struct WholeStepAdam {
+  gradsync::Adam<View> adam;
+  template <class P, class G>
+  std::size_t add(const P& p, const G& g) {
+    return adam.add(p, g);
+  }
+  void step() { adam.step(); }
+  template <class F>
+  void for_each_state(std::size_t slot, F&& f) {
+    adam.for_each_state(slot, std::forward<F>(f));
+  }
+};
+}  // namespace
+
+TEST_CASE("sharded apply(): each group's allgather starts once its slices are updated, the same bits") {
+  const int rank = world_rank();
+  gradsync::Options o;
+  o.shard = gradsync::Shard::optimizer_state;
+  o.tuning.fusion_threshold_bytes = 64 << 10;  // several groups of chunks
+  Model<RecordingAdam> chunked(RecordingAdam(), o, rank, Sets::with);
+  Model<WholeStepAdam> whole(WholeStepAdam(), o, rank, Sets::with);
+  chunked.dopt.optimizer().sync = &chunked.dopt.sync();
+  for (int s = 0; s < 3; ++s) {
+    chunked.fill(rank, s);
+    whole.fill(rank, s);
+    REQUIRE(chunked.dopt.step());
+    REQUIRE(whole.dopt.step());
+  }
+  bool same = true;
+  for (std::size_t k = 0; k < whole.p.size(); ++k)
+    for (std::size_t i = 0; i < whole.p[k].size(); ++i) same &= whole.p[k](i) == chunked.p[k](i);
+  GRADSYNC_CHECK_ALL(same);
+  // The last step: the local slots, then one update per group (and the process set's slices);
+  // collectives were launched between the first group's update and the last one's.
+  const auto& seen = chunked.dopt.optimizer().seen;
+  const std::size_t per_step = seen.size() / 3;
+  CAPTURE(per_step);
+  GRADSYNC_CHECK_ALL(per_step >= 4);
+  GRADSYNC_CHECK_ALL(seen.back() > seen[seen.size() - per_step + 1]);
+}

@@ -202,11 +202,15 @@ class DistributedOptimizer {
   /// Runs the wrapped optimizer on the current gradients (and their pending local factors). Local;
   /// after synchronize() returned true.
   /// Sharded (Options::shard), the optimizer updates this rank's slices, and the parameters are
-  /// allgathered before it returns: collective then, under the sync's stall watchdog.
+  /// allgathered before it returns: collective then, under the sync's stall watchdog. With an
+  /// optimizer that has step_slots() (gradsync's do), the slices are updated group of chunks by
+  /// group, and each group's allgather starts as soon as its slices are updated.
   void apply() {
     impl::ProfileRegion region(impl::Region::optimizer_update);
     if (sharded()) make_shards();
     if constexpr (folds) hand_factors();
+    if (sharded())
+      if constexpr (impl::has_step_slots<Optimizer>::value) return apply_chunk_by_chunk();
     opt_.step();
     if (!sharded()) return;
     shards_.slices_to_gradients();
@@ -374,6 +378,30 @@ class DistributedOptimizer {
     });
     factors_valid_ = false;
   }
+  // Sharded, with an optimizer that steps a range of slots: the local parameters first (their
+  // slots come first; a refused option throws here, before anything crosses), then the slices
+  // group of chunks by group, each group's allgather started once its slices are updated and in
+  // the gradients, while the next group's are updated. The slices of process sets are
+  // allgathered last, over their sets.
+  void apply_chunk_by_chunk() {
+    const auto& pieces = shards_.pieces();
+    opt_.step_slots(0, pieces.empty() ? std::size_t(-1) : pieces.front().slot);  // every slot before the slices'
+    const auto& ends = impl::SyncAccess::owned_chunk_ends(sync());
+    const auto end_of = [&](const auto& piece) {
+      return piece.from < ends.size() ? ends[piece.from] : std::size_t(-1);  // -1: a process set's
+    };
+    impl::SyncAccess::gather_slices(sync(), "DistributedOptimizer::apply()", [&](auto&& through) {
+      for (std::size_t i = 0, j = 0; i < pieces.size(); i = j) {
+        const std::size_t end = end_of(pieces[i]);
+        while (j < pieces.size() && end_of(pieces[j]) == end) ++j;
+        opt_.step_slots(pieces[i].slot, pieces[j - 1].slot + 1);
+        shards_.slices_to_gradients(i, j);
+        through(end);
+      }
+    });
+    shards_.gradients_to_parameters();
+  }
+
   // Every slot of the optimizer: the entries' and, sharded, the slices'.
   std::vector<std::size_t> slots() const {
     std::vector<std::size_t> out;

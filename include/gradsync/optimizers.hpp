@@ -10,6 +10,10 @@
 //       parameter's state once, in the parameter's memory space. Returns the pair's slot number.
 //   void step();
 //       Updates every registered parameter from its gradient.
+//   void step_slots(std::size_t first, std::size_t last);                     (optional)
+//       The same for slots [first, last) only (each slot stepped once per step() of the others).
+//       A sharded DistributedOptimizer updates its slices chunk by chunk with it, and each chunk's
+//       allgather starts as soon as its slices are updated.
 //   template <class F> void for_each_state(std::size_t slot, F&& f);          (optional)
 //       Calls f(value_type* data, std::size_t n) for each state buffer of a slot (memory space of the
 //       parameters) and f(std::int64_t* data, std::size_t n) for its host-side counters (the step
@@ -26,6 +30,7 @@
 // returns.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstddef>
@@ -268,20 +273,22 @@ class OptimizerSlots {
     return index;
   }
 
-  // Calls launch(first_seg, nsegs, step) for each run of consecutive slots with the same step
-  // count (one run in the normal case), then counts the step and fences.
+  // Calls launch(first_seg, nsegs, step) for each run of consecutive slots of [lo, hi) with the
+  // same step count (one run in the normal case), then counts their step and fences.
   template <class Launch>
-  void for_each_run(Launch&& launch) {
+  void for_each_run(Launch&& launch, std::size_t lo = 0, std::size_t hi = std::size_t(-1)) {
     if (dirty_) build_table();
     if (scales_dirty_) upload_scales();
-    for (std::size_t a = 0; a < slots_.size();) {
+    hi = std::min(hi, slots_.size());
+    if (lo > hi) throw Error(impl::cat("optimizer step_slots(", lo, ", ", hi, "): not a range of slots"));
+    for (std::size_t a = lo; a < hi;) {
       std::size_t b = a + 1;
-      while (b < slots_.size() && slots_[b].step == slots_[a].step) ++b;
+      while (b < hi && slots_[b].step == slots_[a].step) ++b;
       const std::int64_t first = slots_[a].seg_begin, n = slots_[b - 1].seg_end - first;
       if (n > 0) launch(first, n, slots_[a].step);
       a = b;
     }
-    for (Slot& s : slots_) ++s.step;
+    for (std::size_t a = lo; a < hi; ++a) ++slots_[a].step;
     impl::fence(exec_, impl::label_fence_optimizer());
   }
 
@@ -368,27 +375,31 @@ class Sgd : public impl::OptimizerSlots<Tensor, 1> {
   /// Updates every registered parameter from its gradient; they hold their new values on return.
   /// Local; validates the options first (ConfigError). Allocates the kernels' table at the first
   /// step after add(), nothing otherwise.
-  void step() {
+  void step() { step_slots(0, this->slots_.size()); }
+  /// The same for slots [first, last) only (the optimizer interface's optional member).
+  void step_slots(std::size_t first_slot, std::size_t end_slot) {
     validate();
     if (opt_.momentum != 0)
       for (const auto& s : this->slots_)
         if (s.nstate == 0)
           throw ConfigError("Sgd: momentum was switched on after parameters were added without a momentum buffer");
     using T = value_type;
-    this->for_each_run([&](std::int64_t first, std::int64_t n, std::int64_t step) {
-      impl::SgdKernel<T, execution_space, memory_space> k;
-      k.segs = this->segs_;
-      k.first_seg = first;
-      k.neg_lr = T(-opt_.lr);
-      k.momentum = T(opt_.momentum);
-      k.keep = T(1 - opt_.dampening);
-      k.weight_decay = T(opt_.weight_decay);
-      k.use_momentum = opt_.momentum != 0;
-      k.first_step = step == 0;  // PyTorch's momentum buffer starts as the first direction
-      k.nesterov = opt_.nesterov;
-      k.maximize = opt_.maximize;
-      impl::launch_per_segment(impl::label_sgd(), this->exec_, n, k);
-    });
+    this->for_each_run(
+        [&](std::int64_t first, std::int64_t n, std::int64_t step) {
+          impl::SgdKernel<T, execution_space, memory_space> k;
+          k.segs = this->segs_;
+          k.first_seg = first;
+          k.neg_lr = T(-opt_.lr);
+          k.momentum = T(opt_.momentum);
+          k.keep = T(1 - opt_.dampening);
+          k.weight_decay = T(opt_.weight_decay);
+          k.use_momentum = opt_.momentum != 0;
+          k.first_step = step == 0;  // PyTorch's momentum buffer starts as the first direction
+          k.nesterov = opt_.nesterov;
+          k.maximize = opt_.maximize;
+          impl::launch_per_segment(impl::label_sgd(), this->exec_, n, k);
+        },
+        first_slot, end_slot);
   }
 
  private:
@@ -431,35 +442,38 @@ class AdamBase : public OptimizerSlots<Tensor, 3> {
     return this->add_slot(param, grad, opt_.amsgrad ? 3 : 2, labels, Decoupled ? "AdamW::add:" : "Adam::add:");
   }
 
-  void step() {
+  void step() { step_slots(0, this->slots_.size()); }
+  void step_slots(std::size_t first_slot, std::size_t end_slot) {
     validate();
     if (opt_.amsgrad)
       for (const auto& s : this->slots_)
         if (s.nstate < 3)
           throw ConfigError(impl::cat(name(), ": amsgrad was switched on after parameters were added without it"));
     using T = value_type;
-    this->for_each_run([&](std::int64_t first, std::int64_t n, std::int64_t done) {
-      // Host scalars in double, as PyTorch computes them in Python before the tensor kernels.
-      const double t = double(done + 1);
-      const double bias_correction1 = 1 - std::pow(opt_.beta1, t);
-      const double bias_correction2 = 1 - std::pow(opt_.beta2, t);
-      AdamKernel<T, execution_space, memory_space> k;
-      k.segs = this->segs_;
-      k.first_seg = first;
-      k.beta1 = T(opt_.beta1);
-      k.one_minus_beta1 = T(1 - opt_.beta1);
-      k.beta2 = T(opt_.beta2);
-      k.one_minus_beta2 = T(1 - opt_.beta2);
-      k.eps = T(opt_.eps);
-      k.weight_decay = T(opt_.weight_decay);
-      k.decay_factor = T(Decoupled ? 1 - opt_.lr * opt_.weight_decay : 1.0);
-      k.neg_step_size = T(-(opt_.lr / bias_correction1));
-      k.bias_correction2_sqrt = T(std::sqrt(bias_correction2));
-      k.decoupled = Decoupled;
-      k.amsgrad = opt_.amsgrad;
-      k.maximize = opt_.maximize;
-      launch_per_segment(label_adam(), this->exec_, n, k);
-    });
+    this->for_each_run(
+        [&](std::int64_t first, std::int64_t n, std::int64_t done) {
+          // Host scalars in double, as PyTorch computes them in Python before the tensor kernels.
+          const double t = double(done + 1);
+          const double bias_correction1 = 1 - std::pow(opt_.beta1, t);
+          const double bias_correction2 = 1 - std::pow(opt_.beta2, t);
+          AdamKernel<T, execution_space, memory_space> k;
+          k.segs = this->segs_;
+          k.first_seg = first;
+          k.beta1 = T(opt_.beta1);
+          k.one_minus_beta1 = T(1 - opt_.beta1);
+          k.beta2 = T(opt_.beta2);
+          k.one_minus_beta2 = T(1 - opt_.beta2);
+          k.eps = T(opt_.eps);
+          k.weight_decay = T(opt_.weight_decay);
+          k.decay_factor = T(Decoupled ? 1 - opt_.lr * opt_.weight_decay : 1.0);
+          k.neg_step_size = T(-(opt_.lr / bias_correction1));
+          k.bias_correction2_sqrt = T(std::sqrt(bias_correction2));
+          k.decoupled = Decoupled;
+          k.amsgrad = opt_.amsgrad;
+          k.maximize = opt_.maximize;
+          launch_per_segment(label_adam(), this->exec_, n, k);
+        },
+        first_slot, end_slot);
   }
 
  private:

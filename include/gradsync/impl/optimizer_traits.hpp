@@ -43,4 +43,10 @@ struct has_step : std::false_type {};
 template <class O>
 struct has_step<O, std::void_t<decltype(std::declval<O&>().step())>> : std::true_type {};
 
+template <class O, class = void>
+struct has_step_slots : std::false_type {};
+template <class O>
+struct has_step_slots<O, std::void_t<decltype(std::declval<O&>().step_slots(std::size_t(0), std::size_t(0)))>>
+    : std::true_type {};
+
 }  // namespace gradsync::impl

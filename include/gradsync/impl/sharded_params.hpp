@@ -32,6 +32,7 @@ class ShardedParams {
     V* grad;
     std::size_t count;
     std::size_t slot = 0;  // the optimizer's
+    std::size_t from = 0;  // the owned slice it was cut from
   };
   // A run of a data-parallel parameter and of its gradient: a whole one, or the part other ranks own.
   struct Whole {
@@ -51,7 +52,8 @@ class ShardedParams {
     RangeIndex<V> by_grad;
     for (std::size_t i = 0; i < dp.size(); ++i)
       if (dp[i].count > 0) by_grad.insert(dp[i].grad, dp[i].count, i);
-    for (auto [g, n] : owned) {
+    for (std::size_t from = 0; from < owned.size(); ++from) {
+      auto [g, n] = owned[from];
       while (n > 0) {
         const std::size_t i = by_grad.holding(g);
         if (i == RangeIndex<V>::npos)
@@ -60,7 +62,7 @@ class ShardedParams {
               "parameter's gradient (a gradient registered with the sync but not with add<Group>())");
         const Whole& w = dp[i];
         const std::size_t off = std::size_t(g - w.grad), k = std::min(n, w.count - off);
-        pieces_.push_back(Piece{w.param + off, g, k, 0});
+        pieces_.push_back(Piece{w.param + off, g, k, 0, from});
         add(pieces_.back());
         g += k;
         n -= k;
@@ -97,9 +99,9 @@ class ShardedParams {
               rank, "; sharded optimizer state cannot follow them yet"));
   }
 
-  // Before the allgather: this rank's updated slices into its gradients' slices.
-  void slices_to_gradients() const {
-    for (const Piece& p : pieces_) copy(p.grad, p.param, p.count);
+  // Before the allgather: this rank's updated slices (pieces [i, j)) into its gradients' slices.
+  void slices_to_gradients(std::size_t i = 0, std::size_t j = std::size_t(-1)) const {
+    for (j = std::min(j, pieces_.size()); i < j; ++i) copy(pieces_[i].grad, pieces_[i].param, pieces_[i].count);
     Kokkos::fence();
   }
   // After it: the rest of every data-parallel parameter from its gradient, which now holds every

@@ -141,12 +141,28 @@ struct SyncAccess {
   // holds parameters, which only the optimizer means.
   template <class S>
   static void gather_slices(S& s, const char* call = "DistributedOptimizer::apply()") {
+    gather_slices(s, call, [](auto&&) {});
+  }
+  // The same, with the update inside: update(through) updates the slices in owned() order and
+  // calls through(end) once those of chunks [0, end) are in the gradients (owned_chunk_ends()),
+  // so that their allgather starts while later slices are updated. One collective call.
+  template <class S, class Update>
+  static void gather_slices(S& s, const char* call, Update&& update) {
     collective(s, call, "allgather of the parameters' slices", [&](const auto&) {
       auto& p = s.pipe_;
       auto cx = p.ctx();
-      p.dense().gather(cx, p.sync_plan());
+      auto& dense = p.dense();
+      const auto& plan = p.sync_plan();
+      dense.gather_begin();
+      update([&](std::size_t end) { dense.gather_through(cx, plan, end); });
+      dense.gather_end(cx, plan);
       p.sets_exchange().gather(cx);
     });
+  }
+  // Per slice of owned_slices() that is data-parallel: the end of its group of chunks.
+  template <class S>
+  static const std::vector<std::size_t>& owned_chunk_ends(const S& s) {
+    return s.pipe_.sync_plan().owned_chunk_ends();
   }
 
   // ---- Process sets and row-sparse gradients: GlobalNorm, DistributedOptimizer,

@@ -143,8 +143,22 @@ class SyncEngine {
   // regions of the step's reduce-scatter (the caller put what each rank owns into its gradients'
   // slices). Blocks until done, under the stall watchdog.
   void gather(Context& cx, const Plan& plan) {
+    gather_begin();
+    gather_end(cx, plan);
+  }
+  // The same chunk by chunk, as the optimizer's update completes their slices: gather_begin(),
+  // gather_through(end) once the slices of chunks [0, end) are in the gradients (launches what
+  // the in-flight limit allows, tests what flies; never blocks), gather_end() for the rest.
+  void gather_begin() {
     launched_ = completed_ = flying_ = 0;
     gathering_ = true;
+  }
+  void gather_through(Context& cx, const Plan& plan, std::size_t end) {
+    NoScan scan;
+    while (completed_ < launched_ && cx.backend.test(requests_[completed_])) complete_chunk(cx, plan);
+    launch_through(cx, plan, std::min(end, plan.num_chunks()), false, false, scan);
+  }
+  void gather_end(Context& cx, const Plan& plan) {
     struct Done {
       bool& flag;
       ~Done() { flag = false; }

@@ -282,6 +282,9 @@ class SyncPlan {
   // (Capability::wire_shard); at one rank as an unsharded compressed chunk (the slice is everything).
   bool wire_shard(std::size_t c) const { return wire_shards_ && chunks_[c].kind != 0; }
   const std::vector<std::pair<V*, std::size_t>>& owned() const { return owned_; }
+  // Per slice of owned(): the end of the group of chunks it lies in (its allgather can start
+  // once every slice before that end is updated).
+  const std::vector<std::size_t>& owned_chunk_ends() const { return owned_end_; }
   // The buffer is chunk-sized slots (N == 1) rather than every sum of an aggregation cycle.
   bool windowed() const { return windowed_; }
   // Chunks summed as one collective (plan_groups): chunk c's group is [group_begin(c), group_end(c)).
@@ -354,6 +357,7 @@ class SyncPlan {
   // gradients (the segments', which lie in fused order), neighbours merged.
   void find_owned(const std::vector<Seg>& segs, int ranks, int rank) {
     owned_.clear();
+    owned_end_.clear();
     if (!sharded_) return;
     for (std::size_t c = 0; c < chunks_.size(); c = groups_[c].second) {
       const Chunk &first = chunks_[c], &last = chunks_[groups_[c].second - 1];
@@ -364,10 +368,13 @@ class SyncPlan {
         const std::int64_t x = std::max(a, g.off), y = std::min(b, g.off + g.count);
         if (x >= y) continue;
         V* at = g.ptr + (x - g.off);
-        if (!owned_.empty() && owned_.back().first + owned_.back().second == at)
+        if (!owned_.empty() && owned_.back().first + owned_.back().second == at) {
           owned_.back().second += std::size_t(y - x);
-        else
+          owned_end_.back() = groups_[c].second;
+        } else {
           owned_.emplace_back(at, std::size_t(y - x));
+          owned_end_.push_back(groups_[c].second);
+        }
       }
     }
   }
@@ -441,6 +448,7 @@ class SyncPlan {
   bool sharded_ = false;                                     // Options::shard
   bool wire_shards_ = false;                                 // sharded over several ranks (wire_shard)
   std::vector<std::pair<V*, std::size_t>> owned_;            // sharded: this rank's slices
+  std::vector<std::size_t> owned_end_;                       // and the end of each one's group
   std::size_t widest_group_ = 1;
   std::int64_t slot_size_ = 0;
   std::int64_t slots_ = pipeline_depth;
