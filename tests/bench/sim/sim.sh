@@ -12,7 +12,9 @@
 #       lie between the ring's alpha-beta bound and 3x it (exit 77 where SimGrid is not installed)
 #
 # Simulation settings (why, in docs/SCALING.md): computation not simulated, MPI_Test and MPI_Iprobe
-# 0.1 us each and not growing, a 256 MiB shared-malloc block (one mapping per rank's tensors).
+# 0.1 us each and not growing, a 256 MiB shared-malloc block (one mapping per rank's tensors), local
+# shared malloc (the global one backs every rank with a file in /tmp: its page faults took 61% of
+# the wall time at 256 ranks where /tmp is on disk; the same simulated times).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 mode=${1:?usage: sim.sh run|smoke ...}
@@ -36,10 +38,16 @@ run() {  # sim_sync hosts gbps model [ranks_per_host [args...]]
   trap 'rm -rf "$dir"' RETURN
   mapfile -t files < <(python3 "$here/platforms.py" "$dir" "$hosts" --gbps "$gbps" --ranks-per-host "$per")
   local ranks=$((hosts * per))
+  # From 512 ranks, a binomial-tree bcast: SMPI's ompi selection runs two allgathers over every rank
+  # for each new communicator's id (113 s of wall time for the sync's constructor at 1024 ranks);
+  # the simulated sync moves by +0.05% (ResNet-50) and +2% (DLRM's MLP) with it.
+  local bcast=()
+  [ "$ranks" -ge 512 ] && bcast=(--cfg=smpi/bcast:binomial_tree)
   smpirun -np "$ranks" -platform "${files[0]}" -hostfile "${files[1]}" \
     --cfg=smpi/simulate-computation:no --cfg=smpi/test:1e-7 --cfg=smpi/iprobe:1e-7 \
     --cfg=smpi/grow-injected-times:no --cfg=contexts/stack-size:1024 \
-    --cfg=smpi/shared-malloc-blocksize:268435456 --cfg=smpi/coll-selector:ompi \
+    --cfg=smpi/shared-malloc-blocksize:268435456 --cfg=smpi/shared-malloc:local --cfg=smpi/coll-selector:ompi \
+    "${bcast[@]}" \
     --log=root.thres:warning --log=xbt_cfg.thres:warning --log=smpi_config.thres:error \
     "$bin" "$model" "$@" | tee "$dir/out"
   local bytes
