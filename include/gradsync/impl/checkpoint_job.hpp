@@ -269,15 +269,14 @@ std::shared_ptr<ShardedWhole<typename D::value_type>> sharded_whole_state(const 
   using Space = typename D::memory_space;
   auto w = std::make_shared<ShardedWhole<T>>();
   [[maybe_unused]] auto& opt = CheckpointAccess::optimizer(dopt);
-  const auto& sets = SyncAccess::process_sets(dopt.sync()).sets();
+  const auto& process_sets = SyncAccess::process_sets(dopt.sync());
+  const auto& sets = process_sets.sets();
   w->parts.resize(1 + sets.size());
   for (auto& part : w->parts) part = std::make_shared<ShardedWholeState<T>>();
   for (const auto& e : CheckpointAccess::entries(dopt)) {
     if (e.slot != CheckpointAccess::no_slot<D>) continue;
-    std::size_t k = 0;
-    for (std::size_t i = 0; i < sets.size() && k == 0; ++i)
-      for (const auto& t : sets[i].tensors)
-        if (t.data == e.grad) k = 1 + i;
+    const auto* set = process_sets.set_holding(e.grad);  // its part: [0] data-parallel, 1 + its set's index
+    const std::size_t k = set ? 1 + std::size_t(set - sets.data()) : 0;
     ShardedWholeState<T>& part = *w->parts[k];
     part.at[e.param] = part.total;
     part.count[e.param] = e.size;

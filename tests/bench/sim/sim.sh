@@ -61,6 +61,16 @@ run() {  # sim_sync hosts gbps model [ranks_per_host [args...]]
 # this_machine.xml's fit: bandwidth factors by message size, latency as given, and the measured cost
 # of one MPI_Test on a pending request (0.065 us).
 machine_bw_factor="0:0.3;512:0.155;2048:0.225;8192:0.30;32768:0.465;131072:0.57;524288:0.60;16777216:0.56;33554432:0.54"
+# One sync on a fitted platform: fitted PLATFORM HOSTFILE BW_FACTOR LAT_FACTOR TEST_COST SIM_SYNC MODEL [args...]
+fitted() {
+  local platform=$1 hosts=$2 bw=$3 lat=$4 test=$5 bin=$6 model=$7
+  shift 7
+  smpirun -np "$(wc -l <"$hosts")" -platform "$platform" -hostfile "$hosts" \
+    --cfg=smpi/bw-factor:"$bw" --cfg=smpi/lat-factor:"$lat" --cfg=smpi/coll-selector:ompi \
+    --cfg=smpi/simulate-computation:no --cfg=smpi/test:"$test" --cfg=smpi/iprobe:"$test" \
+    --cfg=smpi/grow-injected-times:no --cfg=contexts/stack-size:1024 --cfg=smpi/shared-malloc-blocksize:268435456 \
+    --log=root.thres:warning --log=xbt_cfg.thres:warning --log=smpi_config.thres:error "$bin" "$model" "$@"
+}
 machine() {  # sim_sync ranks model [args...]
   local bin=$1 ranks=$2 model=$3
   shift 3
@@ -68,11 +78,7 @@ machine() {  # sim_sync ranks model [args...]
   hosts=$(mktemp)
   trap 'rm -f "$hosts"' RETURN
   for ((i = 0; i < ranks; ++i)); do echo "node-$i"; done >"$hosts"
-  smpirun -np "$ranks" -platform "$here/this_machine.xml" -hostfile "$hosts" \
-    --cfg=smpi/bw-factor:"$machine_bw_factor" --cfg=smpi/lat-factor:0:1 --cfg=smpi/coll-selector:ompi \
-    --cfg=smpi/simulate-computation:no --cfg=smpi/test:6.5e-8 --cfg=smpi/iprobe:6.5e-8 \
-    --cfg=smpi/grow-injected-times:no --cfg=contexts/stack-size:1024 --cfg=smpi/shared-malloc-blocksize:268435456 \
-    --log=root.thres:warning --log=xbt_cfg.thres:warning --log=smpi_config.thres:error "$bin" "$model" "$@"
+  fitted "$here/this_machine.xml" "$hosts" "$machine_bw_factor" 0:1 6.5e-8 "$bin" "$model" "$@"
 }
 
 # bed.xml's fit (the two-namespace bed of tests/multihost): factors at 87 sizes from a dense one-way
@@ -87,11 +93,7 @@ bed() {  # sim_sync ranks_per_host model [args...]
   hosts=$(mktemp)
   trap 'rm -f "$hosts"' RETURN
   for h in gsmh-h0 gsmh-h1; do for ((i = 0; i < per; ++i)); do echo "$h"; done; done >"$hosts"
-  smpirun -np $((2 * per)) -platform "$here/bed.xml" -hostfile "$hosts" \
-    --cfg=smpi/bw-factor:"$bed_bw_factor" --cfg=smpi/lat-factor:"$bed_lat_factor" --cfg=smpi/coll-selector:ompi \
-    --cfg=smpi/simulate-computation:no --cfg=smpi/test:2.925e-7 --cfg=smpi/iprobe:2.925e-7 \
-    --cfg=smpi/grow-injected-times:no --cfg=contexts/stack-size:1024 --cfg=smpi/shared-malloc-blocksize:268435456 \
-    --log=root.thres:warning --log=xbt_cfg.thres:warning --log=smpi_config.thres:error "$bin" "$model" "$@"
+  fitted "$here/bed.xml" "$hosts" "$bed_bw_factor" "$bed_lat_factor" 2.925e-7 "$bin" "$model" "$@"
 }
 
 case $mode in
