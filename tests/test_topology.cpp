@@ -139,7 +139,30 @@ TEST_CASE("ranks_per_node override: nodes of k ranks, as the analytic layout") {
   }
 }
 
-TEST_CASE("across nodes the rule picks 1 MiB chunks and 2 in flight; on one node 4 MiB and 16; options win") {
+TEST_CASE("the rule across nodes grows the chunk with the ranks (256 KiB a ring step) and flies 8 from 16 ranks") {
+  // ranks -> (MiB, in flight): docs/SCALING.md's table, not the formula
+  const std::map<int, std::pair<double, int>> want = {
+      {1, {1, 2}},    {2, {1, 2}},     {3, {1, 2}},     {4, {1, 2}},       {6, {1.5, 2}},
+      {8, {2, 2}},    {15, {3.75, 2}}, {16, {4, 8}},    {64, {16, 8}},     {100, {25, 8}},
+      {256, {64, 8}}, {1024, {64, 8}}, {4096, {64, 8}}, {1 << 20, {64, 8}}};
+  for (const auto& [p, w] : want) {
+    CHECK(double(gradsync::impl::network_chunk_bytes(p)) == w.first * (1 << 20));
+    CHECK(gradsync::impl::network_chunks_in_flight(p) == w.second);
+  }
+  CHECK(gradsync::impl::network_chunk_bytes(0) == std::size_t(1) << 20);  // no ranks: the floor, no wrap
+  // A model smaller than the chunks in flight: its share, at least 1 MiB (ResNet-50 and DLRM's MLP).
+  const std::size_t resnet = 102228128, mlp = 1903940, mib = std::size_t(1) << 20;
+  CHECK(gradsync::impl::network_chunk_for_model(4 * mib, resnet, 8) == 4 * mib);    // 16 ranks: the rule
+  CHECK(gradsync::impl::network_chunk_for_model(16 * mib, resnet, 8) == 12778516);  // 64: an eighth of it
+  CHECK(gradsync::impl::network_chunk_for_model(64 * mib, resnet, 8) == 12778516);
+  CHECK(gradsync::impl::network_chunk_for_model(16 * mib, mlp, 8) == mib);  // the floor
+  CHECK(gradsync::impl::network_chunk_for_model(mib, mlp, 2) == mib);
+  CHECK(gradsync::impl::network_chunk_for_model(64 * mib, resnet, 0) == 64 * mib);  // no division by 0
+}
+
+TEST_CASE(
+    "across nodes the rule picks 1 MiB chunks and 2 in flight at up to 4 ranks; on one node 4 MiB and 16; options "
+    "win") {
   const int n = world_size();
   {
     RanksPerNode k(1);  // every rank its own node: the network between all of them, nothing to gather first

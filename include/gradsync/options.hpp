@@ -74,9 +74,9 @@ inline const char* to_string(Compression c) {
 inline constexpr std::size_t fusion_threshold_auto = ~std::size_t(0);
 
 /// Options::tuning.fusion_threshold_bytes = fusion_threshold_by_topology (the default) lets the plan pick
-/// the chunk size from the topology: 4 MiB when every rank is on one node, 1 MiB across nodes
-/// (docs/BENCHMARKS.md, "Across hosts"); 64 MiB when the backend runs on the sync's own stream
-/// (NcclBackend there: its chunks cannot overlap one another).
+/// the chunk size from the topology: 4 MiB when every rank is on one node; across nodes p x 256 KiB
+/// for p ranks, within 1 MiB (docs/BENCHMARKS_HOSTS.md) and 64 MiB (docs/SCALING.md); 64 MiB when
+/// the backend runs on the sync's own stream (NcclBackend there: its chunks cannot overlap one another).
 inline constexpr std::size_t fusion_threshold_by_topology = ~std::size_t(0) - 1;
 
 /// Options::tuning.spin_before_yield = spin_before_yield_auto (the default): no spinning where this
@@ -90,15 +90,16 @@ inline constexpr double spin_before_yield_auto = -1.0;
 struct Tuning {
   /// Largest fused chunk handed to the backend in one call. 0: no fusion (one call per tensor);
   /// fusion_threshold_auto: picked by timing candidates on the first steps; fusion_threshold_by_topology
-  /// (the default): 4 MiB when every rank is on one node, 1 MiB across nodes, 64 MiB for a backend on
-  /// the sync's own stream. GRADSYNC_FUSION_THRESHOLD.
+  /// (the default): 4 MiB when every rank is on one node, p x 256 KiB within 1-64 MiB across nodes,
+  /// 64 MiB for a backend on the sync's own stream. GRADSYNC_FUSION_THRESHOLD.
   std::size_t fusion_threshold_bytes = fusion_threshold_by_topology;
   /// How chunks cross the ranks: automatic is flat on one node and, across nodes with several ranks
   /// on a node, times flat and hierarchical on the first steps and keeps the faster. GRADSYNC_ALGORITHM.
   Algorithm algorithm = Algorithm::automatic;
   /// Blocking or nonblocking collectives (automatic: nonblocking where the backend has them).
   Collectives collectives = Collectives::automatic;
-  /// Nonblocking path: most chunks reduced at once. 0: by topology (16 on one node, 2 across nodes).
+  /// Nonblocking path: most chunks reduced at once. 0: by topology (16 on one node; across nodes 2
+  /// below 16 ranks, 8 from 16).
   int max_chunks_in_flight = 0;
   /// The order tensors are fused in: reverse registration order by default, the order backward
   /// produces gradients in.

@@ -4,6 +4,7 @@
 // kept for the rest of the run.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <vector>
 
@@ -19,11 +20,35 @@ inline const std::vector<std::size_t>& chunk_candidates() {
   return c;
 }
 
+/// Across nodes, the chunk size the plan picks for `ranks` ranks. Each of a ring's 2(p-1) steps moves
+/// chunk/p bytes and pays the network's per-message latency once, so the chunk grows with p to keep
+/// a step's message near 256 KiB: 1 MiB up to 4 ranks (the two-host bed's measured best,
+/// docs/BENCHMARKS_HOSTS.md), 4 MiB at 16, 16 MiB at 64, at most 64 MiB (Horovod's fusion buffer)
+/// from 256. A simulated sweep at 16-256 ranks is behind it (docs/SCALING.md).
+inline std::size_t network_chunk_bytes(int ranks) {
+  const std::size_t by_ranks = std::size_t(ranks > 0 ? ranks : 1) << 18;  // ranks x 256 KiB
+  return std::clamp(by_ranks, std::size_t(1) << 20, std::size_t(64) << 20);
+}
+
+/// The rule's chunk for a model of `model_bytes` (data-parallel): no larger than its share of the
+/// chunks in flight, so that a small model still has that many collectives to overlap (DLRM's MLP,
+/// 1.9 MB, at 64 simulated ranks: 0.79 ms in 1 MiB chunks, 1.03 ms as one), and never under 1 MiB.
+inline std::size_t network_chunk_for_model(std::size_t rule_bytes, std::size_t model_bytes, int in_flight) {
+  const std::size_t share = model_bytes / std::size_t(in_flight > 1 ? in_flight : 1);
+  return std::min(rule_bytes, std::max(share, std::size_t(1) << 20));
+}
+
+/// Across nodes, the nonblocking chunks in flight for `ranks` ranks: 2 on a short ring, 8 from 16
+/// ranks, where each chunk's 2(p-1) dependent steps leave the link idle unless other chunks'
+/// messages fill it (docs/SCALING.md; on the two-host bed more than 2 only contended for its 2 cores).
+inline int network_chunks_in_flight(int ranks) { return ranks >= 16 ? 8 : 2; }
+
 /// One way to run the sync's collectives: what the plan decides.
 struct PlanChoice {
   std::size_t chunk_bytes = 0;  // fusion threshold (0: one call per tensor)
   int in_flight = 1;            // nonblocking chunks reduced at once
   Algorithm algorithm = Algorithm::flat;
+  bool fill = false;  // chunk_bytes is the rule's across nodes: network_chunk_for_model caps it
 };
 
 class PlanTuner {

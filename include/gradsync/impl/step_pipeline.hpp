@@ -244,6 +244,7 @@ class StepPipeline : public SyncParts<Backend, V, MemorySpace, ExecutionSpace> {
     checks_.require_staging_possible(cx);
     if (opt_.shard != Shard::none) refuse_unshardable();
     const auto layout = plan_.build(registry_, opt_, backend_.size(), Plan::staging_wanted(backend_, opt_), backend_);
+    stats_.chunk_bytes = plan_.fusion_threshold_bytes();  // the rule's chunk across nodes fits the model
     if constexpr (!has_wire_shard<Backend>::value)
       if (opt_.shard != Shard::none && backend_.size() > 1)
         for (const Chunk& c : plan_.chunks())

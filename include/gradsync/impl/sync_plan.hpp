@@ -62,7 +62,7 @@ class SyncPlan {
   // stream_ordered: the backend's collectives run in order on the sync's own stream (ordered_on).
   SyncPlan(const Backend& backend, const Options& opt, bool stream_ordered)
       : topology_(find_topology(backend)),
-        choices_(plan_candidates(opt, topology_, stream_ordered)),
+        choices_(plan_candidates(opt, topology_, backend.size(), stream_ordered)),
         tuner_(choices_.size()),
         collectives_block_(opt.shard == Shard::none &&
                            (opt.tuning.collectives == Collectives::blocking ||
@@ -75,7 +75,7 @@ class SyncPlan {
   const std::vector<PlanChoice>& choices() const { return choices_; }
   const PlanTuner& tuner() const { return tuner_; }
   const PlanChoice& current() const { return choices_[tuner_.current()]; }
-  std::size_t fusion_threshold_bytes() const { return current().chunk_bytes; }
+  std::size_t fusion_threshold_bytes() const { return std::min(current().chunk_bytes, fill_cap_); }
   Algorithm algorithm() const { return current().algorithm; }
   int chunks_in_flight() const { return current().in_flight; }
   bool collectives_block() const { return collectives_block_; }  // Options::tuning.collectives as resolved
@@ -157,6 +157,12 @@ class SyncPlan {
 
     // Data-parallel tensors in fused order: offsets, chunks, segments split at chunk boundaries.
     L.data_parallel = registry.data_parallel_in_fused_order(opt);
+    fill_cap_ = ~std::size_t(0);
+    if (current().fill) {  // the same on every rank: the registrations are compared
+      std::size_t bytes = 0;
+      for (const FusedTensor& t : L.data_parallel) bytes += t.size * sizeof(V);
+      fill_cap_ = network_chunk_for_model(current().chunk_bytes, bytes, current().in_flight);
+    }
     // Large tensors are reduced where they are, in chunks of their own, skipping both copies
     // through the fusion buffer: not when staged or when the buffer holds aggregated sums.
     windowed_ = N == 1;
@@ -398,7 +404,7 @@ class SyncPlan {
   // on the sync's own stream) runs pack, collective and unpack of every chunk one after another on
   // that stream: smaller chunks overlap nothing there and only add calls and launches, so its chunks
   // are 64 MiB (Horovod's fusion buffer), and auto tries that size first.
-  static std::vector<PlanChoice> plan_candidates(const Options& o, const Topology& t, bool stream_ordered) {
+  static std::vector<PlanChoice> plan_candidates(const Options& o, const Topology& t, int ranks, bool stream_ordered) {
     const bool network = t.spans_nodes();
     constexpr std::size_t ordered_chunk = std::size_t(64) << 20;
     std::vector<std::size_t> sizes;
@@ -406,11 +412,14 @@ class SyncPlan {
       sizes = chunk_candidates();
       if (stream_ordered) sizes.insert(sizes.begin(), ordered_chunk);
     } else if (o.tuning.fusion_threshold_bytes == fusion_threshold_by_topology) {
-      sizes = {stream_ordered ? ordered_chunk : network ? std::size_t(1) << 20 : std::size_t(4) << 20};
+      sizes = {stream_ordered ? ordered_chunk : network ? network_chunk_bytes(ranks) : std::size_t(4) << 20};
     } else {
       sizes = {o.tuning.fusion_threshold_bytes};
     }
-    const int in_flight = o.tuning.max_chunks_in_flight > 0 ? o.tuning.max_chunks_in_flight : network ? 2 : 16;
+    const bool fill = network && !stream_ordered && o.tuning.fusion_threshold_bytes == fusion_threshold_by_topology;
+    const int in_flight = o.tuning.max_chunks_in_flight > 0 ? o.tuning.max_chunks_in_flight
+                          : network                         ? network_chunks_in_flight(ranks)
+                                                            : 16;
     std::vector<Algorithm> algorithms;
     if (o.tuning.algorithm == Algorithm::hierarchical) {
       if constexpr (!has_hierarchical_sum<Backend>::value)
@@ -425,17 +434,18 @@ class SyncPlan {
     }
     std::vector<PlanChoice> c;
     for (Algorithm a : algorithms)
-      for (std::size_t b : sizes) c.push_back({b, in_flight, a});
+      for (std::size_t b : sizes) c.push_back({b, in_flight, a, fill});
     return c;
   }
 
   Topology topology_;
-  std::vector<PlanChoice> choices_;  // what the plan may run (plan_candidates)
-  PlanTuner tuner_;                  // which of them runs now
-  bool collectives_block_ = false;   // Options::tuning.collectives as resolved for this backend
-  bool blocking_ = false;            // one blocking allreduce per chunk (collectives_block_, or hierarchical)
-  bool hierarchical_ = false;        // chunks summed in three stages (Algorithm::hierarchical)
-  int in_flight_ = 1;                // nonblocking chunks reduced at once
+  std::vector<PlanChoice> choices_;         // what the plan may run (plan_candidates)
+  PlanTuner tuner_;                         // which of them runs now
+  bool collectives_block_ = false;          // Options::tuning.collectives as resolved for this backend
+  bool blocking_ = false;                   // one blocking allreduce per chunk (collectives_block_, or hierarchical)
+  bool hierarchical_ = false;               // chunks summed in three stages (Algorithm::hierarchical)
+  int in_flight_ = 1;                       // nonblocking chunks reduced at once
+  std::size_t fill_cap_ = ~std::size_t(0);  // PlanChoice::fill: the model's cap on the chunk, set by build()
 
   bool dirty_ = true;
   bool merge_neighbours_ = false;  // every rank has the same neighbours in memory

@@ -28,9 +28,17 @@ if ! command -v smpirun >/dev/null; then
   exit 77
 fi
 
-# The ring's lower bound in ms: 2(p-1)/p * B/bw + 2(p-1) * alpha, alpha 1 us host to host.
+# Alpha-beta lower bounds in ms, alpha 1 us host to host: the ring's 2(p-1)/p * B/bw + 2(p-1) * alpha;
+# a pipelined (double binary) tree's 2 B/bw + 2 log2(p) * alpha; Rabenseifner's (recursive halving,
+# then doubling: SMPI's rab_rdb) 2(p-1)/p * B/bw + 2 log2(p) * alpha.
 bound_ms() {  # ranks bytes gbps
   python3 -c "p,B,g=$1,$2,$3; print('%.3f' % ((2*(p-1)/p*B/(g*1e9/8) + 2*(p-1)*1e-6)*1e3))"
+}
+bounds() {  # ranks bytes gbps
+  python3 -c "
+import math
+p,B,g=$1,$2,$3; bw=g*1e9/8; a=1e-6; l=math.log2(p) if p > 1 else 0
+print('tree_ms=%.3f rabenseifner_ms=%.3f' % ((2*B/bw + 2*l*a)*1e3, (2*(p-1)/p*B/bw + 2*l*a)*1e3))"
 }
 
 run() {  # sim_sync hosts gbps model [ranks_per_host [args...]]
@@ -50,12 +58,12 @@ run() {  # sim_sync hosts gbps model [ranks_per_host [args...]]
     --cfg=smpi/simulate-computation:no --cfg=smpi/test:1e-7 --cfg=smpi/iprobe:1e-7 \
     --cfg=smpi/grow-injected-times:no --cfg=contexts/stack-size:1024 \
     --cfg=smpi/shared-malloc-blocksize:268435456 --cfg=smpi/shared-malloc:local --cfg=smpi/coll-selector:ompi \
-    "${bcast[@]}" \
+    "${bcast[@]}" ${SIM_CFG:-} \
     --log=root.thres:warning --log=xbt_cfg.thres:warning --log=smpi_config.thres:error \
     "$bin" "$model" "$@" | tee "$dir/out"
   local bytes
   bytes=$(sed -n 's/.* bytes=\([0-9]*\).*/\1/p' "$dir/out")
-  echo "BOUND ranks=$ranks gbps=$gbps bound_ms=$(bound_ms "$ranks" "$bytes" "$gbps")"
+  echo "BOUND ranks=$ranks gbps=$gbps bound_ms=$(bound_ms "$ranks" "$bytes" "$gbps") $(bounds "$ranks" "$bytes" "$gbps")"
 }
 
 # this_machine.xml's fit: bandwidth factors by message size, latency as given, and the measured cost
