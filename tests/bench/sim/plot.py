@@ -4,7 +4,8 @@
     plot.py scaling.csv scaling.svg
 
 scaling.csv has a header and the columns model,gbps,ranks,ranks_per_host,sim_ms,bound_ms[,note]:
-one simulated sync (sim.sh run) and the ring's alpha-beta bound for the same bytes. Each model and
+one simulated sync (sim.sh run) and the ring's alpha-beta bound for the same bytes (empty: drawn
+with another series of the same bytes). Each model and
 link speed is one colour: the simulation a solid line with dots, the ring's bound a dashed line.
 Rows with ranks_per_host other than 1 are drawn as open diamonds without a line. Log-log axes.
 Only Python's standard library.
@@ -15,8 +16,8 @@ import sys
 from collections import defaultdict
 from xml.sax.saxutils import escape
 
-W, H = 760, 500
-L, R, T, B = 70, 230, 40, 60  # margins: the legend sits in the right one
+W, H = 820, 520
+L, R, T, B = 70, 270, 40, 60  # margins: the legend sits in the right one
 COLOURS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf"]
 
 
@@ -35,7 +36,7 @@ def main(src, dst):
            'font-family="sans-serif" font-size="12">',
            f'<rect width="{W}" height="{H}" fill="white"/>',
            f'<text x="{(L + W - R) / 2}" y="22" text-anchor="middle" font-size="14">'
-           'gradsync sync time under SimGrid SMPI (blocking path, fat-tree)</text>']
+           'gradsync sync time under SimGrid SMPI (fat-tree; blocking, old rule, unless named)</text>']
     # grid and ticks
     for e in range(int(math.ceil(x0)), int(math.floor(x1)) + 1):
         x = px(2**e)
@@ -73,10 +74,13 @@ def main(src, dst):
         out.append(f'<line x1="{W - R + 12}" y1="{ly}" x2="{W - R + 36}" y2="{ly}" stroke="{c}" stroke-width="2"/>')
         out.append(f'<circle cx="{W - R + 24}" cy="{ly}" r="3.5" fill="{c}"/>')
         out.append(f'<text x="{W - R + 42}" y="{ly + 4}">{escape(model)}, {gbps} Gb/s</text>')
-        out.append(f'<line x1="{W - R + 12}" y1="{ly + 16}" x2="{W - R + 36}" y2="{ly + 16}" stroke="{c}" '
-                   'stroke-width="1.3" stroke-dasharray="5,4"/>')
-        out.append(f'<text x="{W - R + 42}" y="{ly + 20}" fill="#555">ring bound</text>')
-        ly += 40
+        if any(r.get("bound_ms") for r in rs):  # a series may leave its bound to another's line
+            out.append(f'<line x1="{W - R + 12}" y1="{ly + 16}" x2="{W - R + 36}" y2="{ly + 16}" stroke="{c}" '
+                       'stroke-width="1.3" stroke-dasharray="5,4"/>')
+            out.append(f'<text x="{W - R + 42}" y="{ly + 20}" fill="#555">ring bound</text>')
+            ly += 40
+        else:
+            ly += 22
     if any(r["ranks_per_host"] not in ("", "1") for r in rows):
         out.append(f'<path d="M{W - R + 24},{ly - 5} L{W - R + 29},{ly} L{W - R + 24},{ly + 5} L{W - R + 19},{ly} Z" '
                    'fill="white" stroke="black" stroke-width="1.5"/>')
