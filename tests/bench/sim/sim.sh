@@ -14,6 +14,9 @@
 #       ctest's `simulation` smoke: ResNet-50 on 16 simulated ranks, blocking; the simulated sync must
 #       lie between the ring's alpha-beta bound and 3x it (exit 77 where SimGrid is not installed)
 #
+# Environment: SIM_CFG, more smpirun --cfg options for `run`; SIM_POLL=test, gradsync's ring polled
+# with MPI_Testsome as written (the default models the poll as MPI_Waitsome: sim_sync.cpp).
+#
 # Simulation settings (why, in docs/SCALING.md): computation not simulated, MPI_Test and MPI_Iprobe
 # 0.1 us each and not growing, a 256 MiB shared-malloc block (one mapping per rank's tensors), local
 # shared malloc (the global one backs every rank with a file in /tmp: its page faults took 61% of
