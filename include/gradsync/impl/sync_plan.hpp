@@ -158,10 +158,10 @@ class SyncPlan {
     // Data-parallel tensors in fused order: offsets, chunks, segments split at chunk boundaries.
     L.data_parallel = registry.data_parallel_in_fused_order(opt);
     fill_cap_ = ~std::size_t(0);
-    if (current().fill) {  // the same on every rank: the registrations are compared
-      std::size_t bytes = 0;
+    if (current().fill) {     // the same on every rank: the registrations are compared, and the
+      std::size_t bytes = 0;  // rule's chunks in flight, not the option (ranks may differ in it)
       for (const FusedTensor& t : L.data_parallel) bytes += t.size * sizeof(V);
-      fill_cap_ = network_chunk_for_model(current().chunk_bytes, bytes, current().in_flight);
+      fill_cap_ = network_chunk_for_model(current().chunk_bytes, bytes, network_chunks_in_flight(ranks));
     }
     // Large tensors are reduced where they are, in chunks of their own, skipping both copies
     // through the fusion buffer: not when staged or when the buffer holds aggregated sums.
