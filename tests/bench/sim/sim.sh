@@ -72,10 +72,15 @@ run() {  # sim_sync hosts gbps model [ranks_per_host [args...]]
 # this_machine.xml's fit: bandwidth factors by message size, latency as given, and the measured cost
 # of one MPI_Test on a pending request (0.065 us).
 machine_bw_factor="0:0.3;512:0.155;2048:0.225;8192:0.30;32768:0.465;131072:0.57;524288:0.60;16777216:0.56;33554432:0.54"
-# One sync on a fitted platform: fitted PLATFORM HOSTFILE BW_FACTOR LAT_FACTOR TEST_COST SIM_SYNC MODEL [args...]
+# One sync on a fitted platform, one rank per line of HOSTS (host names, space-separated):
+# fitted PLATFORM "HOSTS" BW_FACTOR LAT_FACTOR TEST_COST SIM_SYNC MODEL [args...]
 fitted() {
-  local platform=$1 hosts=$2 bw=$3 lat=$4 test=$5 bin=$6 model=$7
+  local platform=$1 names=$2 bw=$3 lat=$4 test=$5 bin=$6 model=$7
   shift 7
+  local hosts
+  hosts=$(mktemp)
+  trap 'rm -f "$hosts"' RETURN
+  printf '%s\n' $names >"$hosts"
   smpirun -np "$(wc -l <"$hosts")" -platform "$platform" -hostfile "$hosts" \
     --cfg=smpi/bw-factor:"$bw" --cfg=smpi/lat-factor:"$lat" --cfg=smpi/coll-selector:ompi \
     --cfg=smpi/simulate-computation:no --cfg=smpi/test:"$test" --cfg=smpi/iprobe:"$test" \
@@ -85,11 +90,8 @@ fitted() {
 machine() {  # sim_sync ranks model [args...]
   local bin=$1 ranks=$2 model=$3
   shift 3
-  local hosts
-  hosts=$(mktemp)
-  trap 'rm -f "$hosts"' RETURN
-  for ((i = 0; i < ranks; ++i)); do echo "node-$i"; done >"$hosts"
-  fitted "$here/this_machine.xml" "$hosts" "$machine_bw_factor" 0:1 6.5e-8 "$bin" "$model" "$@"
+  fitted "$here/this_machine.xml" "$(seq -f 'node-%g' 0 $((ranks - 1)))" "$machine_bw_factor" 0:1 6.5e-8 "$bin" \
+    "$model" "$@"
 }
 
 # bed.xml's fit (the two-namespace bed of tests/multihost): factors at 87 sizes from a dense one-way
@@ -100,11 +102,9 @@ bed_lat_factor="0:0.996881;27:1.00398;35:1.004;43:0.997673;51:1.00066;59:0.99528
 bed() {  # sim_sync ranks_per_host model [args...]
   local bin=$1 per=$2 model=$3
   shift 3
-  local hosts
-  hosts=$(mktemp)
-  trap 'rm -f "$hosts"' RETURN
-  for h in gsmh-h0 gsmh-h1; do for ((i = 0; i < per; ++i)); do echo "$h"; done; done >"$hosts"
-  fitted "$here/bed.xml" "$hosts" "$bed_bw_factor" "$bed_lat_factor" 2.925e-7 "$bin" "$model" "$@"
+  local names="" h i
+  for h in gsmh-h0 gsmh-h1; do for ((i = 0; i < per; ++i)); do names+="$h "; done; done
+  fitted "$here/bed.xml" "$names" "$bed_bw_factor" "$bed_lat_factor" 2.925e-7 "$bin" "$model" "$@"
 }
 
 case $mode in
